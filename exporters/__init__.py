@@ -1,0 +1,1 @@
+"""Writing rm-qdrant encoder graphs (ONNX) with the metadata the runtime reads."""

@@ -1,0 +1,56 @@
+"""rm-qdrant: online backfilling for Qdrant by distance rank merge.
+
+The gallery migrates from an old collection to a new one while every query
+searches both and the hits are merged by distance.
+"""
+
+from __future__ import annotations
+
+from rm_qdrant.dual import DualIndex, PairStatus, pair_status
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import (
+    CollectionNotFound,
+    ConfigError,
+    DimensionMismatch,
+    EncoderError,
+    ImageError,
+    RmqError,
+    StoreError,
+    StoreLocked,
+)
+from rm_qdrant.indexing import ImageItem, IndexReport, index_images, scan_image_folder
+from rm_qdrant.merge import Hit, merge, score_to_distance
+from rm_qdrant.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.store import Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectionNotFound",
+    "ConfigError",
+    "DimensionMismatch",
+    "DualIndex",
+    "EncoderError",
+    "Hit",
+    "ImageError",
+    "ImageItem",
+    "IndexReport",
+    "InputSpec",
+    "ModelInfo",
+    "OnnxEncoder",
+    "PairRecord",
+    "PairStatus",
+    "RmqError",
+    "Store",
+    "StoreError",
+    "StoreLocked",
+    "create_pair",
+    "index_images",
+    "load_pair",
+    "merge",
+    "open_store",
+    "pair_status",
+    "scan_image_folder",
+    "score_to_distance",
+]

@@ -1,0 +1,3 @@
+from rm_qdrant.cli import main
+
+main()

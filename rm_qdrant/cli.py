@@ -1,0 +1,171 @@
+"""``rmq``: the command line, one thin function per command over the library."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import click
+
+from rm_qdrant.dual import DualIndex, pair_status
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import ConfigError, RmqError
+from rm_qdrant.indexing import index_images, scan_image_folder
+from rm_qdrant.pair import create_pair, load_pair
+from rm_qdrant.store import Store, open_store
+
+
+class _Group(click.Group):
+    """Turns library errors into one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RmqError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def _store(ctx: click.Context) -> Store:
+    obj = ctx.find_root().obj
+    if obj.get("store") is None:
+        obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"])
+        ctx.find_root().call_on_close(obj["store"].close)
+    return obj["store"]
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    parsed: dict[str, Any] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"bad --filter {item!r}: expected FIELD=VALUE")
+        parsed[key] = int(value) if value.lstrip("-").isdigit() else value
+    return parsed or None
+
+
+name_option = click.option("--name", required=True, help="The pair's name.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(cls=_Group)
+@click.option(
+    "--qdrant",
+    envvar="RMQ_QDRANT",
+    default="./rmq-data",
+    show_default=True,
+    help="Embedded store folder, ':memory:', or a server URL (http(s)://host:6333).",
+)
+@click.option("--api-key", envvar="QDRANT_API_KEY", default=None, help="Qdrant server API key.")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+@click.pass_context
+def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: bool) -> None:
+    """Online backfilling for Qdrant: serve the new embedding model while the gallery migrates."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None}
+
+
+@cli.command()
+@name_option
+@click.option("--old-collection", required=True, help="The collection the old model filled.")
+@click.option("--encoder", required=True, type=click.Path(), help="New model graph (.onnx).")
+@click.option("--old-encoder", type=click.Path(), help="Old model graph, for the naive mode.")
+@click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
+@click.option("--mode", type=click.Choice(["rm", "naive"]), help="Query mode [default: rm if the encoder has a 'rev' output].")
+@json_option
+@click.pass_context
+def init(ctx: click.Context, name: str, old_collection: str, encoder: str, old_encoder: str | None,
+         new_collection: str | None, mode: str | None, as_json: bool) -> None:
+    """Create the new collection and the pair record."""
+    record = create_pair(
+        _store(ctx),
+        name,
+        old_collection=old_collection,
+        encoder=OnnxEncoder(encoder),
+        old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+        new_collection=new_collection,
+        mode=mode,  # type: ignore[arg-type]
+    )
+    text = f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}"
+    _emit(dataclasses.asdict(record), as_json, text)
+
+
+@cli.command()
+@click.option("--name", help="Index into this pair's old collection.")
+@click.option("--collection", help="Index into this collection (created if missing).")
+@click.option("--data", required=True, type=click.Path(), help="Image folder: DATA/<label>/<image>.")
+@click.option("--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx).")
+@click.option("--batch", default=256, show_default=True, help="Images per batch.")
+@json_option
+@click.pass_context
+def index(ctx: click.Context, name: str | None, collection: str | None, data: str, encoder: str,
+          batch: int, as_json: bool) -> None:
+    """Load an image folder into a collection (reproduces an existing deployment)."""
+    if (name is None) == (collection is None):
+        raise ConfigError("give exactly one of --name and --collection")
+    store = _store(ctx)
+    target = collection or load_pair(store, name or "").old_collection
+    items = scan_image_folder(data)
+    model = OnnxEncoder(encoder)
+    with click.progressbar(length=len(items), label=f"indexing into {target}", hidden=as_json) as bar:
+        report = index_images(store, target, model, items, batch_size=batch, on_batch=bar.update)
+    summary = {"collection": target, "indexed": report.indexed, "failed": report.failed}
+    text = f"indexed {report.indexed} images into {target!r}"
+    if report.failed:
+        text += f"; skipped {len(report.failed)} unreadable, first: {report.failed[0][1]}"
+    _emit(summary, as_json, text)
+
+
+@cli.command()
+@name_option
+@click.argument("image", type=click.Path())
+@click.option("--limit", default=10, show_default=True, help="Number of hits.")
+@click.option("--filter", "filters", multiple=True, help="Payload filter FIELD=VALUE (repeatable).")
+@click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
+@click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
+@click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
+@json_option
+@click.pass_context
+def search(ctx: click.Context, name: str, image: str, limit: int, filters: tuple[str, ...], exact: bool,
+           encoder: str | None, old_encoder: str | None, as_json: bool) -> None:
+    """Search the pair with one image; hits from both collections, merged by distance."""
+    with DualIndex.open(_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact) as dual:
+        hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
+    rows = [dataclasses.asdict(h) for h in hits]
+    lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {'label':10}  id / uri"]
+    for rank, hit in enumerate(hits, 1):
+        where = hit.payload.get("uri", "")
+        lines.append(f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  {str(hit.payload.get('label', '')):10}  {hit.id}  {where}")
+    _emit(rows, as_json, "\n".join(lines))
+
+
+@cli.command()
+@name_option
+@json_option
+@click.pass_context
+def status(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Both collections' sizes, the fraction migrated, the query mode and the models."""
+    store = _store(ctx)
+    state = pair_status(store, load_pair(store, name))
+    data = {**dataclasses.asdict(state), "fraction": state.fraction}
+    text = "\n".join(
+        [
+            f"pair          {state.name} ({state.mode}, {state.state})",
+            f"old           {state.old_collection}: {state.old_count} points",
+            f"new           {state.new_collection}: {state.new_count} points",
+            f"migrated      {state.fraction:.1%}",
+            f"encoder       {state.encoder}",
+            f"old encoder   {state.old_encoder or '-'}",
+        ]
+    )
+    _emit(data, as_json, text)
+
+
+def main() -> None:
+    """Entry point of the ``rmq`` script."""
+    cli(prog_name="rmq")

@@ -1,0 +1,269 @@
+"""DualIndex: serve a gallery split between an old and a new collection as one index."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.images import ImageLike, as_batch
+from rm_qdrant.merge import Hit, PointId, Source, merge_batches, score_to_distance
+from rm_qdrant.pair import ModelRef, PairRecord, load_pair
+from rm_qdrant.store import Filter, ScoredRecord, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    """Sizes and models of a pair, as ``rmq status`` shows them."""
+
+    name: str
+    mode: str
+    state: str
+    old_collection: str
+    new_collection: str
+    old_count: int
+    new_count: int
+    encoder: str
+    old_encoder: str | None
+
+    @property
+    def fraction(self) -> float:
+        """Share of the gallery in the new collection (0 for an empty gallery)."""
+        total = self.old_count + self.new_count
+        return self.new_count / total if total else 0.0
+
+
+def pair_status(store: Store, pair: PairRecord) -> PairStatus:
+    """Both collections' sizes and the pair's models; needs no encoder."""
+    return PairStatus(
+        name=pair.name,
+        mode=pair.mode,
+        state=pair.state,
+        old_collection=pair.old_collection,
+        new_collection=pair.new_collection,
+        old_count=store.count(pair.old_collection),
+        new_count=store.count(pair.new_collection),
+        encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
+        old_encoder=(
+            f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None
+        ),
+    )
+
+
+def _open_encoder(
+    given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str
+) -> OnnxEncoder:
+    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path)
+    if encoder.fingerprint != ref.fingerprint:
+        raise ConfigError(
+            f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "
+            f"{pair!r} was created with ({ref.name}, fingerprint {ref.fingerprint})"
+        )
+    return encoder
+
+
+class DualIndex:
+    """The serving object: one search over the old and the new collection of a pair.
+
+    Open it with :meth:`open`. Queries are encoded once per collection side: in
+    ``rm`` mode one pass of the pair's graph gives both the ``new`` vector (for
+    the new collection) and the ``rev`` vector (for the old one); in ``naive``
+    mode the new and the old model each encode the query.
+
+    Example:
+        >>> from rm_qdrant import DualIndex, open_store
+        >>> index = DualIndex.open(open_store("./rmq-data"), "photos")  # doctest: +SKIP
+        >>> for hit in index.search("query.jpg", limit=5):  # doctest: +SKIP
+        ...     print(hit.id, round(hit.distance, 3), hit.source, hit.payload.get("uri"))
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        pair: PairRecord,
+        encoder: OnnxEncoder,
+        old_encoder: OnnxEncoder | None = None,
+        *,
+        exact: bool = False,
+    ) -> None:
+        if pair.mode == "naive" and old_encoder is None:
+            raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
+        self.store = store
+        self.pair = pair
+        self.encoder = encoder
+        self.old_encoder = old_encoder
+        self.exact = exact
+        self._gallery_output = encoder.info.gallery_output()
+        self._new_dim = store.collection(pair.new_collection).dim
+        self._old_dim = store.collection(pair.old_collection).dim
+        self._pool = ThreadPoolExecutor(max_workers=2) if store.concurrent_search else None
+
+    @classmethod
+    def open(
+        cls,
+        store: Store,
+        name: str,
+        *,
+        encoder: OnnxEncoder | str | None = None,
+        old_encoder: OnnxEncoder | str | None = None,
+        exact: bool = False,
+    ) -> DualIndex:
+        """Open a pair by name, loading its encoders from the paths it recorded unless given.
+
+        Raises:
+            CollectionNotFound: no such pair, or one of its collections is gone.
+            ConfigError: an encoder is not the model the pair was created with.
+            EncoderError: an encoder file cannot be loaded.
+        """
+        pair = load_pair(store, name)
+        new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
+        old_side = None
+        if pair.old_encoder is not None and (pair.mode == "naive" or old_encoder is not None):
+            old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
+        return cls(store, pair, new_side, old_side, exact=exact)
+
+    # -- queries ---------------------------------------------------------------
+
+    def query_vectors(self, images: ImageLike | Sequence[ImageLike]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode query images as ``(new_vectors, old_vectors)``, one row per image."""
+        batch, _ = as_batch(images)
+        if self.pair.mode == "rm":
+            out = self.encoder.encode(batch, [self._gallery_output, "rev"])
+            return out[self._gallery_output], out["rev"]
+        new = self.encoder.encode(batch, [self._gallery_output])[self._gallery_output]
+        old_model = self.old_encoder
+        if old_model is None:  # __init__ refuses a naive pair without one
+            raise ConfigError(f"pair {self.pair.name!r} needs its old encoder")
+        old_output = old_model.info.gallery_output()
+        return new, old_model.encode(batch, [old_output])[old_output]
+
+    def search(
+        self, image: ImageLike, limit: int = 10, filter: Filter | None = None
+    ) -> list[Hit]:
+        """The ``limit`` closest gallery points to one query image, closest first."""
+        return self.search_batch([image], limit=limit, filter=filter)[0]
+
+    def search_batch(
+        self, images: Sequence[ImageLike], limit: int = 10, filter: Filter | None = None
+    ) -> list[list[Hit]]:
+        """:meth:`search` for several images, encoded in one batch."""
+        new, old = self.query_vectors(images)
+        return self.search_vectors_batch(new, old, limit=limit, filter=filter)
+
+    def search_vectors(
+        self,
+        new_vector: np.ndarray,
+        old_vector: np.ndarray,
+        *,
+        limit: int = 10,
+        filter: Filter | None = None,
+    ) -> list[Hit]:
+        """Search with ready-made vectors: ``new_vector`` for new, ``old_vector`` for old."""
+        new = np.asarray(new_vector, dtype=np.float32).reshape(1, -1)
+        old = np.asarray(old_vector, dtype=np.float32).reshape(1, -1)
+        return self.search_vectors_batch(new, old, limit=limit, filter=filter)[0]
+
+    def search_vectors_batch(
+        self,
+        new_vectors: np.ndarray,
+        old_vectors: np.ndarray,
+        *,
+        limit: int = 10,
+        filter: Filter | None = None,
+    ) -> list[list[Hit]]:
+        """Search both collections for each row and merge each pair of lists by distance."""
+        new_q = self._check(new_vectors, self._new_dim, "new")
+        old_q = self._check(old_vectors, self._old_dim, "old")
+        if len(new_q) != len(old_q):
+            raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
+        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": self.exact}
+        if self._pool is not None:
+            pending_old = self._pool.submit(self.store.search, self.pair.old_collection, old_q, **args)
+            new_raw = self.store.search(self.pair.new_collection, new_q, **args)
+            old_raw = pending_old.result()
+        else:
+            old_raw = self.store.search(self.pair.old_collection, old_q, **args)
+            new_raw = self.store.search(self.pair.new_collection, new_q, **args)
+        return merge_batches(self._hits(old_raw, "old"), self._hits(new_raw, "new"), limit)
+
+    def _check(self, vectors: np.ndarray, dim: int, side: str) -> np.ndarray:
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim == 1:
+            array = array.reshape(1, -1)
+        if array.ndim != 2 or array.shape[1] != dim:
+            raise DimensionMismatch(f"{side} collection takes {dim}-d queries, got shape {array.shape}")
+        return array
+
+    def _hits(self, results: list[list[ScoredRecord]], source: Source) -> list[list[Hit]]:
+        d = self.pair.distance
+        return [
+            [Hit(r.id, r.score, score_to_distance(r.score, d), source, r.payload) for r in hits]
+            for hits in results
+        ]
+
+    # -- writes ----------------------------------------------------------------
+
+    def add(self, id: PointId, image: ImageLike, payload: Mapping[str, Any] | None = None) -> None:
+        """Add one image to the gallery (it goes to the new collection)."""
+        self.upsert([id], [image], [payload or {}])
+
+    def upsert(
+        self,
+        ids: Sequence[PointId],
+        images: Sequence[ImageLike],
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Add or replace images: embed with the new model, write to new, then drop from old."""
+        if len(ids) != len(images):
+            raise ConfigError(f"{len(ids)} ids for {len(images)} images")
+        vectors = self.encoder.encode(list(images), [self._gallery_output])[self._gallery_output]
+        self.upsert_vectors(ids, vectors, payloads)
+
+    def upsert_vectors(
+        self,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Write new-model vectors to the new collection, then remove those ids from old.
+
+        The write to new is complete before the removal starts, so a crash in
+        between leaves the point in both collections (search returns it once),
+        never in neither.
+        """
+        self.store.upsert(self.pair.new_collection, ids, vectors, payloads)
+        self.store.delete(self.pair.old_collection, ids)
+
+    def delete(self, ids: Sequence[PointId]) -> None:
+        """Remove points from the gallery: from both collections."""
+        self.store.delete(self.pair.old_collection, ids)
+        self.store.delete(self.pair.new_collection, ids)
+
+    # -- state -----------------------------------------------------------------
+
+    def status(self) -> PairStatus:
+        """Both collections' sizes and the pair's models."""
+        return pair_status(self.store, self.pair)
+
+    def progress(self) -> float:
+        """Fraction of the gallery already in the new collection."""
+        return self.status().fraction
+
+    def close(self) -> None:
+        """Stop the search threads (the store stays open: it belongs to the caller)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> DualIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,35 @@
+"""The library's exceptions: one base class, one subclass per kind of fault."""
+
+from __future__ import annotations
+
+
+class RmqError(Exception):
+    """Base class of every error rm-qdrant raises on purpose."""
+
+
+class ConfigError(RmqError):
+    """Bad configuration: a malformed option, a pair that does not fit its models."""
+
+
+class StoreError(RmqError):
+    """Qdrant could not be reached or refused an operation."""
+
+
+class CollectionNotFound(StoreError):
+    """A named collection (or pair record) does not exist."""
+
+
+class StoreLocked(StoreError):
+    """An embedded store is already open in another process."""
+
+
+class DimensionMismatch(ConfigError):
+    """A vector's size does not match the collection or model it is meant for."""
+
+
+class EncoderError(RmqError):
+    """An ONNX encoder is missing, malformed or lacks the outputs/metadata needed."""
+
+
+class ImageError(RmqError):
+    """An image could not be read or decoded."""

@@ -1,0 +1,196 @@
+"""The pair record: which two collections serve together, with which models.
+
+Records live in Qdrant itself, in a small collection (``rmq_meta``) whose points
+carry the record as payload, so every process that opens the store sees the same
+configuration. The same collection remembers which model filled a collection that
+``rmq index`` created.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
+from rm_qdrant.store import Store
+
+META_COLLECTION = "rmq_meta"
+_NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
+Mode = Literal["rm", "naive"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as a record remembers it: name, graph fingerprint, dimension, file path."""
+
+    name: str
+    fingerprint: str
+    dim: int
+    path: str
+
+    @classmethod
+    def of(cls, encoder: OnnxEncoder, output: str) -> ModelRef:
+        return cls(encoder.info.name, encoder.fingerprint, encoder.info.outputs[output], str(encoder.path.resolve()))
+
+
+@dataclass(frozen=True)
+class PairRecord:
+    """Two collections served as one.
+
+    Attributes:
+        name: The pair's name, as ``rmq --name`` takes it.
+        old_collection: Holds the gallery as the old model embedded it.
+        new_collection: Receives the gallery as the new model embeds it.
+        mode: ``rm`` (one graph with ``new`` and ``rev`` outputs) or ``naive``
+            (the old model queries old, the new model queries new).
+        distance: The distance of both collections.
+        encoder: The graph that makes new-collection vectors (and, in ``rm``
+            mode, old-collection queries).
+        old_encoder: The old model, for the ``naive`` mode (optional in ``rm``).
+        state: ``backfilling`` until the pair is finalised.
+    """
+
+    name: str
+    old_collection: str
+    new_collection: str
+    mode: Mode
+    distance: str
+    encoder: ModelRef
+    old_encoder: ModelRef | None = None
+    state: str = "backfilling"
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"kind": "pair", "name": self.name, "record": asdict(self)}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> PairRecord:
+        raw = dict(payload["record"])
+        raw["encoder"] = ModelRef(**raw["encoder"])
+        if raw.get("old_encoder"):
+            raw["old_encoder"] = ModelRef(**raw["old_encoder"])
+        return cls(**raw)
+
+
+def _key(kind: str, name: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"{kind}:{name}"))
+
+
+def _ensure_meta(store: Store) -> None:
+    if not store.has_collection(META_COLLECTION):
+        store.create_collection(META_COLLECTION, dim=1, distance="dot")
+
+
+def _put(store: Store, kind: str, name: str, payload: dict[str, Any]) -> None:
+    _ensure_meta(store)
+    vector = np.ones((1, 1), dtype=np.float32)
+    store.upsert(META_COLLECTION, [_key(kind, name)], vector, [payload])
+
+
+def _get(store: Store, kind: str, name: str) -> dict[str, Any] | None:
+    if not store.has_collection(META_COLLECTION):
+        return None
+    found = store.retrieve(META_COLLECTION, [_key(kind, name)])
+    return found[0].payload if found else None
+
+
+def save_pair(store: Store, record: PairRecord) -> None:
+    """Write (or overwrite) a pair record."""
+    _put(store, "pair", record.name, record.to_payload())
+
+
+def load_pair(store: Store, name: str) -> PairRecord:
+    """Read a pair record.
+
+    Raises:
+        CollectionNotFound: no pair of that name exists in this store.
+    """
+    payload = _get(store, "pair", name)
+    if payload is None:
+        raise CollectionNotFound(f"no pair named {name!r} in this store; create it with 'rmq init'")
+    return PairRecord.from_payload(payload)
+
+
+def record_collection_model(store: Store, collection: str, model: ModelRef) -> None:
+    """Remember which model made a collection's vectors."""
+    _put(store, "collection", collection, {"kind": "collection", "name": collection, "model": asdict(model)})
+
+
+def collection_model(store: Store, collection: str) -> ModelRef | None:
+    """The model recorded for a collection, or None if rm-qdrant did not fill it."""
+    payload = _get(store, "collection", collection)
+    return ModelRef(**payload["model"]) if payload else None
+
+
+def create_pair(
+    store: Store,
+    name: str,
+    *,
+    old_collection: str,
+    encoder: OnnxEncoder,
+    old_encoder: OnnxEncoder | None = None,
+    new_collection: str | None = None,
+    mode: Mode | None = None,
+) -> PairRecord:
+    """Create the new collection and the pair record (what ``rmq init`` does).
+
+    The mode defaults to ``rm`` when ``encoder`` has a ``rev`` output, else
+    ``naive``, which needs ``old_encoder``. Every check runs before anything is
+    written.
+
+    Raises:
+        CollectionNotFound: the old collection does not exist.
+        DimensionMismatch: a query vector would not fit the collection it searches.
+        ConfigError: the pair exists, the distances differ, or the mode lacks a model.
+    """
+    if _get(store, "pair", name) is not None:
+        raise ConfigError(f"pair {name!r} already exists")
+    chosen: Mode = mode or ("rm" if "rm" in encoder.info.query_modes else "naive")
+    if chosen == "rm" and "rm" not in encoder.info.query_modes:
+        raise ConfigError(f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)")
+    old_spec = store.collection(old_collection)
+    if chosen == "rm":
+        old_query_dim, by = encoder.info.outputs["rev"], f"{encoder.path} output 'rev'"
+    elif old_encoder is None:
+        raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
+    else:
+        old_query_dim = old_encoder.info.outputs[old_encoder.info.gallery_output()]
+        by = str(old_encoder.path)
+    if old_query_dim != old_spec.dim:
+        raise DimensionMismatch(
+            f"collection {old_collection!r} holds {old_spec.dim}-d vectors but {by} makes {old_query_dim}-d queries"
+        )
+    for model in (encoder, old_encoder):
+        if model is not None and model.info.distance != old_spec.distance:
+            raise ConfigError(
+                f"{model.path} is made for {model.info.distance} distance, "
+                f"collection {old_collection!r} uses {old_spec.distance}"
+            )
+    gallery = encoder.info.gallery_output()
+    target = new_collection or f"{name}-new"
+    _prepare_new_collection(store, target, dim=encoder.info.outputs[gallery], distance=old_spec.distance)
+    record = PairRecord(
+        name=name,
+        old_collection=old_collection,
+        new_collection=target,
+        mode=chosen,
+        distance=old_spec.distance,
+        encoder=ModelRef.of(encoder, gallery),
+        old_encoder=ModelRef.of(old_encoder, old_encoder.info.gallery_output()) if old_encoder else None,
+    )
+    save_pair(store, record)
+    record_collection_model(store, target, record.encoder)
+    return record
+
+
+def _prepare_new_collection(store: Store, name: str, *, dim: int, distance: str) -> None:
+    # An empty collection of the right shape is what a crashed 'init' leaves: reuse it.
+    if not store.has_collection(name):
+        store.create_collection(name, dim=dim, distance=distance)
+        return
+    spec = store.collection(name)
+    if spec.dim != dim or spec.distance != distance or store.count(name) > 0:
+        raise ConfigError(f"collection {name!r} already exists and is not an empty {dim}-d {distance} collection")

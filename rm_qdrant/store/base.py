@@ -1,0 +1,162 @@
+"""The one interface to Qdrant that everything above the store is written against.
+
+Two implementations: :class:`~rm_qdrant.store.edge.EdgeStore` (Qdrant's engine
+in-process, one shard per collection folder) and
+:class:`~rm_qdrant.store.client.ClientStore` (qdrant-client: a remote server, or
+its in-memory local mode for tests).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.merge import PointId, check_distance
+
+#: Payload filter: every key must match. A scalar value matches exactly; a list
+#: matches any of its values. Example: ``{"label": "cat", "shard": [0, 1]}``.
+Filter = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """A collection's vector size and distance."""
+
+    name: str
+    dim: int
+    distance: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """A stored point as read back: id, payload and (when asked for) its vector."""
+
+    id: PointId
+    payload: dict[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ScoredRecord:
+    """A search result straight from the store: id, raw Qdrant score, payload."""
+
+    id: PointId
+    score: float
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """What rm-qdrant needs from Qdrant. Every write returns once it is durable."""
+
+    #: True where two searches gain from being sent at once (a remote server).
+    concurrent_search: bool
+
+    def create_collection(self, name: str, *, dim: int, distance: str) -> None: ...
+
+    def collection(self, name: str) -> CollectionSpec:
+        """The collection's spec; raises CollectionNotFound if it does not exist."""
+        ...
+
+    def has_collection(self, name: str) -> bool: ...
+
+    def delete_collection(self, name: str) -> None: ...
+
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None: ...
+
+    def delete(self, name: str, ids: Sequence[PointId]) -> None: ...
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
+    ) -> list[Record]: ...
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        limit: int,
+        offset: PointId | None = None,
+        with_vectors: bool = False,
+    ) -> tuple[list[Record], PointId | None]: ...
+
+    def count(self, name: str) -> int: ...
+
+    def search(
+        self,
+        name: str,
+        queries: np.ndarray,
+        *,
+        limit: int,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[list[ScoredRecord]]:
+        """One result list per row of ``queries`` (a 2-D float array)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def normalize_id(point_id: object) -> PointId:
+    """Return a point id in the one form both backends agree on.
+
+    Qdrant ids are unsigned integers or UUIDs; UUIDs are returned as their
+    canonical lower-case string whatever form they came in.
+    """
+    if isinstance(point_id, bool):
+        raise ConfigError(f"invalid point id {point_id!r}")
+    if isinstance(point_id, (int, np.integer)):
+        if point_id < 0:
+            raise ConfigError(f"invalid point id {point_id}: ids are unsigned integers or UUIDs")
+        return int(point_id)
+    if isinstance(point_id, uuid.UUID):
+        return str(point_id)
+    if isinstance(point_id, str):
+        try:
+            return str(uuid.UUID(point_id))
+        except ValueError:
+            raise ConfigError(
+                f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs"
+            ) from None
+    raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
+
+
+def check_collection_name(name: str) -> str:
+    """Reject names that are empty or could escape a store folder."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise ConfigError(
+            f"invalid collection name {name!r}: use letters, digits, '-', '_' and '.'"
+        )
+    return name
+
+
+def check_vectors(
+    spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None = None
+) -> np.ndarray:
+    """Return ``vectors`` as a float32 matrix, or raise if its shape does not fit ``spec``."""
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim != 2 or array.shape[1] != spec.dim:
+        raise DimensionMismatch(
+            f"collection {spec.name!r} holds {spec.dim}-d vectors, got shape {array.shape}"
+        )
+    if rows is not None and array.shape[0] != rows:
+        raise ConfigError(f"got {array.shape[0]} vectors for {rows} ids")
+    if not np.isfinite(array).all():
+        raise ConfigError(f"vectors for {spec.name!r} contain NaN or infinity")
+    return array
+
+
+def check_spec(name: str, dim: int, distance: str) -> CollectionSpec:
+    """Validate the arguments of ``create_collection``."""
+    if dim <= 0:
+        raise ConfigError(f"vector size must be positive, got {dim}")
+    return CollectionSpec(check_collection_name(name), int(dim), check_distance(distance))

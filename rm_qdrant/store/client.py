@@ -1,0 +1,233 @@
+"""Store over qdrant-client: a remote Qdrant server, or qdrant-client's in-memory mode.
+
+Low-level errors (HTTP status codes, connection failures, qdrant-client's own
+``ValueError`` in local mode) become :mod:`rm_qdrant.errors` exceptions here, at
+the boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.merge import PointId
+from rm_qdrant.store.base import (
+    CollectionSpec,
+    Filter,
+    Record,
+    ScoredRecord,
+    check_spec,
+    check_vectors,
+    normalize_id,
+)
+
+log = logging.getLogger(__name__)
+
+_DISTANCES = {
+    "cosine": models.Distance.COSINE,
+    "dot": models.Distance.DOT,
+    "euclid": models.Distance.EUCLID,
+    "manhattan": models.Distance.MANHATTAN,
+}
+_NAMES = {v: k for k, v in _DISTANCES.items()}
+
+
+def _client_filter(filter: Filter | None) -> models.Filter | None:
+    if not filter:
+        return None
+    must: list[Any] = []
+    for key, value in filter.items():
+        if isinstance(value, (list, tuple, set)):
+            match: Any = models.MatchAny(any=list(value))
+        else:
+            match = models.MatchValue(value=value)
+        must.append(models.FieldCondition(key=key, match=match))
+    return models.Filter(must=must)
+
+
+def _record(point: Any, with_vectors: bool) -> Record:
+    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
+    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
+
+
+class ClientStore:
+    """A store on qdrant-client.
+
+    Args:
+        location: ``":memory:"`` for qdrant-client's in-process mode, or a URL
+            such as ``http://localhost:6333`` (``https://`` for TLS).
+        api_key: The server's API key, if it has one.
+        timeout: Seconds to wait for the server on each request.
+
+    Raises:
+        StoreError: the server is unreachable or rejected the API key.
+    """
+
+    def __init__(self, location: str, *, api_key: str | None = None, timeout: int = 30) -> None:
+        self.location = location
+        self.concurrent_search = location != ":memory:"
+        self._specs: dict[str, CollectionSpec] = {}  # saves a round trip per search
+        try:
+            if location == ":memory:":
+                self._client = QdrantClient(location=":memory:")
+            else:
+                self._client = QdrantClient(
+                    url=location, api_key=api_key, timeout=timeout, check_compatibility=False
+                )
+        except ValueError as exc:
+            raise StoreError(f"invalid Qdrant location {location!r}: {exc}") from exc
+        with self._errors("connect"):
+            self._client.get_collections()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, collection: str | None = None) -> Iterator[None]:
+        where = f"Qdrant at {self.location}"
+        try:
+            yield
+        except UnexpectedResponse as exc:
+            if exc.status_code == 404 and collection is not None:
+                raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
+            if exc.status_code in (401, 403):
+                raise StoreError(f"{where} rejected the API key ({exc.status_code})") from exc
+            detail = exc.content.decode(errors="replace")[:300]
+            raise StoreError(f"{what} failed on {where}: HTTP {exc.status_code} {detail}") from exc
+        except (ResponseHandlingException, httpx.HTTPError, ConnectionError) as exc:
+            raise StoreError(f"cannot reach {where}: {exc}") from exc
+        except ValueError as exc:  # the in-memory mode reports faults as ValueError
+            if "not found" in str(exc) and collection is not None:
+                raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
+            raise StoreError(f"{what} failed on {where}: {exc}") from exc
+
+    def has_collection(self, name: str) -> bool:
+        with self._errors("collection lookup"):
+            return bool(self._client.collection_exists(name))
+
+    def collection(self, name: str) -> CollectionSpec:
+        if name in self._specs:
+            return self._specs[name]
+        with self._errors("collection lookup", name):
+            info = self._client.get_collection(name)
+        params = info.config.params.vectors
+        if not isinstance(params, models.VectorParams):
+            raise StoreError(
+                f"collection {name!r} uses named vectors; rm-qdrant needs one unnamed vector"
+            )
+        spec = CollectionSpec(name, int(params.size), _NAMES[params.distance])
+        self._specs[name] = spec
+        return spec
+
+    def list_collections(self) -> list[str]:
+        with self._errors("listing collections"):
+            return sorted(c.name for c in self._client.get_collections().collections)
+
+    def create_collection(self, name: str, *, dim: int, distance: str) -> None:
+        spec = check_spec(name, dim, distance)
+        if self.has_collection(name):
+            raise StoreError(f"collection {name!r} already exists")
+        with self._errors(f"creating collection {name!r}"):
+            self._client.create_collection(
+                name,
+                vectors_config=models.VectorParams(
+                    size=spec.dim, distance=_DISTANCES[spec.distance]
+                ),
+            )
+
+    def delete_collection(self, name: str) -> None:
+        if not self.has_collection(name):
+            raise CollectionNotFound(f"collection {name!r} not found in Qdrant at {self.location}")
+        self._specs.pop(name, None)
+        with self._errors(f"deleting collection {name!r}", name):
+            self._client.delete_collection(name)
+
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        matrix = check_vectors(self.collection(name), vectors, rows=len(ids))
+        bodies = payloads if payloads is not None else [{}] * len(ids)
+        points = [
+            models.PointStruct(id=normalize_id(i), vector=row, payload=dict(p))
+            for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
+        ]
+        if points:
+            with self._errors(f"upsert into {name!r}", name):
+                self._client.upsert(name, points=points, wait=True)
+
+    def delete(self, name: str, ids: Sequence[PointId]) -> None:
+        if ids:
+            selector = models.PointIdsList(points=[normalize_id(i) for i in ids])
+            with self._errors(f"delete from {name!r}", name):
+                self._client.delete(name, points_selector=selector, wait=True)
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
+    ) -> list[Record]:
+        with self._errors(f"retrieve from {name!r}", name):
+            points = self._client.retrieve(
+                name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=with_vectors
+            )
+        return [_record(p, with_vectors) for p in points]
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        limit: int,
+        offset: PointId | None = None,
+        with_vectors: bool = False,
+    ) -> tuple[list[Record], PointId | None]:
+        with self._errors(f"scroll over {name!r}", name):
+            points, following = self._client.scroll(
+                name, limit=limit, offset=offset, with_payload=True, with_vectors=with_vectors
+            )
+        nxt = None if following is None else normalize_id(following)
+        return [_record(p, with_vectors) for p in points], nxt
+
+    def count(self, name: str) -> int:
+        with self._errors(f"count of {name!r}", name):
+            return int(self._client.count(name, exact=True).count)
+
+    def search(
+        self,
+        name: str,
+        queries: np.ndarray,
+        *,
+        limit: int,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[list[ScoredRecord]]:
+        matrix = check_vectors(self.collection(name), queries)
+        params = models.SearchParams(exact=exact)
+        where = _client_filter(filter)
+        requests = [
+            models.QueryRequest(
+                query=row, limit=limit, filter=where, params=params, with_payload=True
+            )
+            for row in matrix.tolist()
+        ]
+        with self._errors(f"search in {name!r}", name):
+            responses = self._client.query_batch_points(name, requests)
+        return [
+            [ScoredRecord(normalize_id(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
+            for r in responses
+        ]
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ClientStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,279 @@
+"""Embedded on-disk store on qdrant-edge: Qdrant's own engine, in this process.
+
+qdrant-edge holds one shard per folder and has no collections, so a store is a
+folder with one shard per collection::
+
+    ROOT/.rmq-lock                       held (flock) while a process has it open
+    ROOT/collections/NAME/spec.json      vector size and distance, written last
+    ROOT/collections/NAME/shard/         the qdrant-edge shard (WAL, segments)
+
+A collection exists once its ``spec.json`` is there, so a crash while creating
+one leaves nothing that looks like a collection. Every update goes through the
+shard's write-ahead log before the call returns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import qdrant_edge as qe
+
+from rm_qdrant.errors import CollectionNotFound, StoreError, StoreLocked
+from rm_qdrant.merge import PointId
+from rm_qdrant.store.base import (
+    CollectionSpec,
+    Filter,
+    Record,
+    ScoredRecord,
+    check_collection_name,
+    check_spec,
+    check_vectors,
+    normalize_id,
+)
+
+log = logging.getLogger(__name__)
+
+_DISTANCES = {
+    "cosine": qe.Distance.Cosine,
+    "dot": qe.Distance.Dot,
+    "euclid": qe.Distance.Euclid,
+    "manhattan": qe.Distance.Manhattan,
+}
+
+
+def _edge_filter(filter: Filter | None) -> qe.Filter | None:
+    if not filter:
+        return None
+    must = []
+    for key, value in filter.items():
+        if isinstance(value, (list, tuple, set)):
+            match: Any = qe.MatchAny(list(value))
+        else:
+            match = qe.MatchValue(value)
+        must.append(qe.FieldCondition(key=key, match=match))
+    return qe.Filter(must=must)
+
+
+def _record(point: Any, with_vectors: bool) -> Record:
+    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
+    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
+
+
+class EdgeStore:
+    """A folder of qdrant-edge shards, one per collection, locked to one process.
+
+    Args:
+        path: The store's folder; created if missing.
+
+    Raises:
+        StoreLocked: another process has the folder open.
+    """
+
+    concurrent_search = False
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._collections_dir = self.path / "collections"
+        try:
+            self._collections_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create embedded store at {self.path}: {exc}") from exc
+        self._lock_file = self._acquire_lock()
+        self._shards: dict[str, tuple[CollectionSpec, qe.EdgeShard]] = {}
+        self._mutex = threading.Lock()
+
+    def _acquire_lock(self) -> Any:
+        lock_path = self.path / ".rmq-lock"
+        handle = open(lock_path, "a+")  # noqa: SIM115 - held open for the store's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise StoreLocked(
+                f"embedded store {self.path} is locked by another process (pid {holder}); "
+                "the embedded store admits one process at a time, use a Qdrant server "
+                "to share it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        return handle
+
+    def _dir(self, name: str) -> Path:
+        return self._collections_dir / check_collection_name(name)
+
+    def has_collection(self, name: str) -> bool:
+        return (self._dir(name) / "spec.json").is_file()
+
+    def collection(self, name: str) -> CollectionSpec:
+        return self._open(name)[0]
+
+    def list_collections(self) -> list[str]:
+        return sorted(p.parent.name for p in self._collections_dir.glob("*/spec.json"))
+
+    def create_collection(self, name: str, *, dim: int, distance: str) -> None:
+        spec = check_spec(name, dim, distance)
+        folder = self._dir(name)
+        with self._mutex:
+            if (folder / "spec.json").is_file():
+                raise StoreError(f"collection {name!r} already exists")
+            shutil.rmtree(folder, ignore_errors=True)  # leftovers of a crashed create
+            config = qe.EdgeConfig(
+                vectors=qe.EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
+            )
+            try:
+                shard = qe.EdgeShard.create(str(folder / "shard"), config)
+            except Exception as exc:  # qdrant-edge raises plain Exception
+                raise StoreError(f"cannot create collection {name!r}: {exc}") from exc
+            tmp = folder / "spec.json.tmp"
+            tmp.write_text(json.dumps({"dim": spec.dim, "distance": spec.distance}))
+            os.replace(tmp, folder / "spec.json")
+            self._shards[name] = (spec, shard)
+
+    def delete_collection(self, name: str) -> None:
+        with self._mutex:
+            opened = self._shards.pop(name, None)
+            if opened is not None:
+                opened[1].close()
+            folder = self._dir(name)
+            if not (folder / "spec.json").is_file():
+                raise CollectionNotFound(f"collection {name!r} not found in {self.path}")
+            (folder / "spec.json").unlink()
+            shutil.rmtree(folder)
+
+    def _open(self, name: str) -> tuple[CollectionSpec, qe.EdgeShard]:
+        with self._mutex:
+            opened = self._shards.get(name)
+            if opened is not None:
+                return opened
+            folder = self._dir(name)
+            try:
+                raw = json.loads((folder / "spec.json").read_text())
+            except FileNotFoundError:
+                raise CollectionNotFound(
+                    f"collection {name!r} not found in embedded store {self.path}"
+                ) from None
+            spec = CollectionSpec(name, int(raw["dim"]), raw["distance"])
+            try:
+                shard = qe.EdgeShard.load(str(folder / "shard"))
+            except Exception as exc:
+                raise StoreError(f"cannot open collection {name!r}: {exc}") from exc
+            self._shards[name] = (spec, shard)
+            return spec, shard
+
+    def _update(self, name: str, operation: qe.UpdateOperation) -> None:
+        shard = self._open(name)[1]
+        try:
+            shard.update(operation)
+        except Exception as exc:
+            raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
+
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        payloads: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        spec = self.collection(name)
+        matrix = check_vectors(spec, vectors, rows=len(ids))
+        bodies = payloads if payloads is not None else [{}] * len(ids)
+        points = [
+            qe.Point(normalize_id(i), row, dict(p))
+            for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
+        ]
+        if points:
+            self._update(name, qe.UpdateOperation.upsert_points(points))
+
+    def delete(self, name: str, ids: Sequence[PointId]) -> None:
+        if ids:
+            self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
+    ) -> list[Record]:
+        shard = self._open(name)[1]
+        points = shard.retrieve([normalize_id(i) for i in ids], True, with_vectors)
+        return [_record(p, with_vectors) for p in points]
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        limit: int,
+        offset: PointId | None = None,
+        with_vectors: bool = False,
+    ) -> tuple[list[Record], PointId | None]:
+        shard = self._open(name)[1]
+        start = None if offset is None else normalize_id(offset)
+        request = qe.ScrollRequest(
+            offset=start, limit=limit, with_payload=True, with_vector=with_vectors
+        )
+        points, next_offset = shard.scroll(request)
+        following = None if next_offset is None else normalize_id(next_offset)
+        return [_record(p, with_vectors) for p in points], following
+
+    def count(self, name: str) -> int:
+        return int(self._open(name)[1].count(qe.CountRequest(exact=True)))
+
+    def search(
+        self,
+        name: str,
+        queries: np.ndarray,
+        *,
+        limit: int,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[list[ScoredRecord]]:
+        spec, shard = self._open(name)
+        matrix = check_vectors(spec, queries)
+        params = qe.SearchParams(exact=exact)
+        where = _edge_filter(filter)
+        requests = [
+            qe.QueryRequest(
+                limit=limit,
+                query=qe.Query.Nearest(row),
+                with_payload=True,
+                filter=where,
+                params=params,
+            )
+            for row in matrix.tolist()
+        ]
+        if len(requests) == 1:
+            results = [shard.query(requests[0])]
+        else:
+            results = shard.query_batch(qe.QueryBatchRequest(requests))
+        return [
+            [ScoredRecord(normalize_id(p.id), float(p.score), dict(p.payload or {})) for p in hits]
+            for hits in results
+        ]
+
+    def optimize(self, name: str) -> None:
+        """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""
+        self._open(name)[1].optimize()
+
+    def close(self) -> None:
+        with self._mutex:
+            for _, shard in self._shards.values():
+                shard.close()
+            self._shards.clear()
+            if not self._lock_file.closed:
+                self._lock_file.close()  # closing the handle releases the flock
+
+    def __enter__(self) -> EdgeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
