@@ -94,12 +94,11 @@ def merge(old: Iterable[Hit], new: Iterable[Hit], limit: int) -> list[Hit]:
     seen: set[PointId] = set()
     merged: list[Hit] = []
     for hit in sorted(candidates, key=_order_key):
-        if hit.id in seen:
-            continue
-        seen.add(hit.id)
-        merged.append(hit)
         if len(merged) == limit:
             break
+        if hit.id not in seen:
+            seen.add(hit.id)
+            merged.append(hit)
     return merged
 
 

@@ -73,7 +73,8 @@ class ClientStore:
 
     def __init__(self, location: str, *, api_key: str | None = None, timeout: int = 30) -> None:
         self.location = location
-        self.concurrent_search = location != ":memory:"
+        self._remote = location != ":memory:"
+        self.concurrent_search = self._remote
         self._specs: dict[str, CollectionSpec] = {}  # saves a round trip per search
         try:
             if location == ":memory:":
@@ -208,7 +209,8 @@ class ClientStore:
         exact: bool = False,
     ) -> list[list[ScoredRecord]]:
         matrix = check_vectors(self.collection(name), queries)
-        params = models.SearchParams(exact=exact)
+        # qdrant-client's local mode is always exact and warns about search params.
+        params = models.SearchParams(exact=exact) if self._remote else None
         where = _client_filter(filter)
         requests = [
             models.QueryRequest(
