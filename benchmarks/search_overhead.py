@@ -27,7 +27,6 @@ import shlex
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -56,14 +55,15 @@ def exact_topk(gallery, queries, k):
     return np.take_along_axis(part, order, axis=1)
 
 
-def measure(dual, store, queries, limit, exact, warmup):
+def measure(dual, store, queries, limit, warmup):
     """Interleave dual and single searches per query; return ms arrays and result ids."""
 
     def run_dual(q):
         return [h.id for h in dual.search_vectors(q, q, limit=limit)]
 
     def run_single(q):
-        return [r.id for r in store.search(ALL, q[None, :], limit=limit, exact=exact)[0]]
+        hits = store.search(ALL, q[None, :], limit=limit, exact=dual.exact, hnsw_ef=dual.hnsw_ef)
+        return [r.id for r in hits[0]]
 
     for q in queries[:warmup]:
         run_dual(q), run_single(q)
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=5_000, help="upsert batch size")
     ap.add_argument("--mode", choices=["exact", "hnsw", "both"], default="both")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hnsw-ef", type=int, default=None, help="HNSW search breadth (Qdrant's default)")
     args = ap.parse_args()
     wall = time.perf_counter()
 
@@ -143,7 +144,6 @@ def main() -> None:
         )
         model = ModelRef("bench", "0", args.dim, "-")
         pair = PairRecord("bench", OLD, NEW, "rm", "cosine", model)
-        encoder = SimpleNamespace(info=SimpleNamespace(gallery_output=lambda: "new"))
 
         modes = ["exact", "hnsw"] if args.mode == "both" else [args.mode]
         for mode in modes:
@@ -160,8 +160,8 @@ def main() -> None:
                     notes.append(
                         "WARNING: not every vector is HNSW-indexed (N below the indexing threshold?)"
                     )
-            dual = DualIndex(store, pair, encoder, exact=exact)
-            times, found = measure(dual, store, queries, args.limit, exact, args.warmup)
+            dual = DualIndex(store, pair, exact=exact, hnsw_ef=args.hnsw_ef)  # vectors only, no encoder
+            times, found = measure(dual, store, queries, args.limit, args.warmup)
             dual.close()
             rows.append(table_row(mode, times, found, truth, args.limit))
             if exact:
@@ -179,7 +179,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(
         f"setup: N={args.n:,} ({len(even):,} old + {len(odd):,} new vs {args.n:,} in one), "
-        f"dim {args.dim}, cosine, limit {k}, {args.queries} queries after {args.warmup} warm-up, "
+        f"dim {args.dim}, cosine, limit {k}, hnsw_ef {args.hnsw_ef or 'default'}, {args.queries} queries after {args.warmup} warm-up, "
         f"embedded EdgeStore (dual searches old then new, in turn), interleaved\n"
     )
     print(

@@ -127,14 +127,16 @@ def index(ctx: click.Context, name: str | None, collection: str | None, data: st
 @click.option("--limit", default=10, show_default=True, help="Number of hits.")
 @click.option("--filter", "filters", multiple=True, help="Payload filter FIELD=VALUE (repeatable).")
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
+@click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
 @click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
 @json_option
 @click.pass_context
 def search(ctx: click.Context, name: str, image: str, limit: int, filters: tuple[str, ...], exact: bool,
-           encoder: str | None, old_encoder: str | None, as_json: bool) -> None:
+           hnsw_ef: int | None, encoder: str | None, old_encoder: str | None, as_json: bool) -> None:
     """Search the pair with one image; hits from both collections, merged by distance."""
-    with DualIndex.open(_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact) as dual:
+    opened = DualIndex.open(_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef)
+    with opened as dual:
         hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
     rows = [dataclasses.asdict(h) for h in hits]
     lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {'label':10}  id / uri"]

@@ -89,19 +89,20 @@ class DualIndex:
         self,
         store: Store,
         pair: PairRecord,
-        encoder: OnnxEncoder,
+        encoder: OnnxEncoder | None = None,
         old_encoder: OnnxEncoder | None = None,
         *,
         exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> None:
-        if pair.mode == "naive" and old_encoder is None:
+        if pair.mode == "naive" and encoder is not None and old_encoder is None:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
         self.pair = pair
         self.encoder = encoder
         self.old_encoder = old_encoder
         self.exact = exact
-        self._gallery_output = encoder.info.gallery_output()
+        self.hnsw_ef = hnsw_ef
         self._new_dim = store.collection(pair.new_collection).dim
         self._old_dim = store.collection(pair.old_collection).dim
         self._pool = ThreadPoolExecutor(max_workers=2) if store.concurrent_search else None
@@ -115,8 +116,12 @@ class DualIndex:
         encoder: OnnxEncoder | str | None = None,
         old_encoder: OnnxEncoder | str | None = None,
         exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> DualIndex:
         """Open a pair by name, loading its encoders from the paths it recorded unless given.
+
+        ``exact`` scans every point instead of using the HNSW index; ``hnsw_ef``
+        sets the index's search breadth (Qdrant's default when None).
 
         Raises:
             CollectionNotFound: no such pair, or one of its collections is gone.
@@ -128,22 +133,29 @@ class DualIndex:
         old_side = None
         if pair.old_encoder is not None and (pair.mode == "naive" or old_encoder is not None):
             old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
-        return cls(store, pair, new_side, old_side, exact=exact)
+        return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)
 
     # -- queries ---------------------------------------------------------------
 
     def query_vectors(self, images: ImageLike | Sequence[ImageLike]) -> tuple[np.ndarray, np.ndarray]:
         """Encode query images as ``(new_vectors, old_vectors)``, one row per image."""
         batch, _ = as_batch(images)
+        encoder = self._encoder()
+        gallery = encoder.info.gallery_output()
         if self.pair.mode == "rm":
-            out = self.encoder.encode(batch, [self._gallery_output, "rev"])
-            return out[self._gallery_output], out["rev"]
-        new = self.encoder.encode(batch, [self._gallery_output])[self._gallery_output]
+            out = encoder.encode(batch, [gallery, "rev"])
+            return out[gallery], out["rev"]
+        new = encoder.encode(batch, [gallery])[gallery]
         old_model = self.old_encoder
-        if old_model is None:  # __init__ refuses a naive pair without one
+        if old_model is None:  # __init__ refuses a naive pair with an encoder but no old one
             raise ConfigError(f"pair {self.pair.name!r} needs its old encoder")
         old_output = old_model.info.gallery_output()
         return new, old_model.encode(batch, [old_output])[old_output]
+
+    def _encoder(self) -> OnnxEncoder:
+        if self.encoder is None:
+            raise ConfigError("this DualIndex has no encoder: pass vectors (search_vectors, upsert_vectors)")
+        return self.encoder
 
     def search(
         self, image: ImageLike, limit: int = 10, filter: Filter | None = None
@@ -184,7 +196,7 @@ class DualIndex:
         old_q = self._check(old_vectors, self._old_dim, "old")
         if len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
-        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": self.exact}
+        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": self.exact, "hnsw_ef": self.hnsw_ef}
         if self._pool is not None:
             pending_old = self._pool.submit(self.store.search, self.pair.old_collection, old_q, **args)
             new_raw = self.store.search(self.pair.new_collection, new_q, **args)
@@ -224,7 +236,9 @@ class DualIndex:
         """Add or replace images: embed with the new model, write to new, then drop from old."""
         if len(ids) != len(images):
             raise ConfigError(f"{len(ids)} ids for {len(images)} images")
-        vectors = self.encoder.encode(list(images), [self._gallery_output])[self._gallery_output]
+        encoder = self._encoder()
+        gallery = encoder.info.gallery_output()
+        vectors = encoder.encode(list(images), [gallery])[gallery]
         self.upsert_vectors(ids, vectors, payloads)
 
     def upsert_vectors(

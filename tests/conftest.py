@@ -34,8 +34,12 @@ class Models:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     rng = np.random.default_rng(7)
-    w_old, w_new = rng.normal(size=(PIXELS, OLD_DIM)), rng.normal(size=(PIXELS, NEW_DIM))
-    w_rev, w_cls = rng.normal(size=(NEW_DIM, OLD_DIM)), rng.normal(size=(OLD_DIM, 3))
+    w_old = rng.normal(size=(PIXELS, OLD_DIM))
+    # The new model extends the old one, and ψ selects the old part back: a perfectly
+    # compatible pair, so a query's rev vector finds the query's own old copy at distance 0.
+    w_new = np.hstack([w_old, rng.normal(size=(PIXELS, NEW_DIM - OLD_DIM))])
+    w_rev = np.vstack([np.eye(OLD_DIM), np.zeros((NEW_DIM - OLD_DIM, OLD_DIM))])
+    w_cls = rng.normal(size=(OLD_DIM, 3))
     folder = tmp_path_factory.mktemp("models")
     old = linear_encoder(
         folder / "old.onnx",

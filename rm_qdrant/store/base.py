@@ -99,8 +99,13 @@ class Store(Protocol):
         limit: int,
         filter: Filter | None = None,
         exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> list[list[ScoredRecord]]:
-        """One result list per row of ``queries`` (a 2-D float array)."""
+        """One result list per row of ``queries`` (a 2-D float array).
+
+        ``exact`` scans every point; otherwise the HNSW index is used where one is
+        built, with ``hnsw_ef`` candidates (Qdrant's default when None).
+        """
         ...
 
     def close(self) -> None: ...

@@ -207,10 +207,11 @@ class ClientStore:
         limit: int,
         filter: Filter | None = None,
         exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> list[list[ScoredRecord]]:
         matrix = check_vectors(self.collection(name), queries)
         # qdrant-client's local mode is always exact and warns about search params.
-        params = models.SearchParams(exact=exact) if self._remote else None
+        params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
         where = _client_filter(filter)
         requests = [
             models.QueryRequest(

@@ -236,10 +236,11 @@ class EdgeStore:
         limit: int,
         filter: Filter | None = None,
         exact: bool = False,
+        hnsw_ef: int | None = None,
     ) -> list[list[ScoredRecord]]:
         spec, shard = self._open(name)
         matrix = check_vectors(spec, queries)
-        params = qe.SearchParams(exact=exact)
+        params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact)
         where = _edge_filter(filter)
         requests = [
             qe.QueryRequest(

@@ -75,7 +75,10 @@ def test_search_images_both_halves(store, models, pair):
     for query, hits in zip(pair[:2], results):
         assert len({h.id for h in hits}) == len(hits) == len(pair)  # every point, once
         assert {h.source for h in hits} == {"old", "new"}
-    assert results[0][0].id == pair[0].point_id and results[0][0].source == "new"
+    # Each query finds itself first: pair[0] was moved to new, pair[1] is still in old.
+    assert (results[0][0].id, results[0][0].source) == (pair[0].point_id, "new")
+    assert (results[1][0].id, results[1][0].source) == (pair[1].point_id, "old")
+    assert results[1][0].distance == pytest.approx(0.0, abs=1e-5)
     filtered = index.search(pair[0].uri, limit=50, filter={"label": "b"})
     assert filtered and {h.payload["label"] for h in filtered} == {"b"}
 
@@ -149,3 +152,11 @@ def test_index_skips_unreadable_images_and_reports_them(store, models, image_fol
     assert report.indexed == len(items) - 1
     assert report.failed[0][0].endswith("zz-broken.jpg") and "not a readable image" in report.failed[0][1]
     assert all("old_confidence" in r.payload for r in store.scroll("g", limit=100)[0])
+
+
+def test_vectors_only_index_needs_no_encoder(store, models, pair):
+    index = DualIndex(store, load_pair(store, "p"), exact=True)
+    vector = OnnxEncoder(models.rm).encode([pair[2].uri])
+    assert index.search_vectors(vector["new"], vector["rev"], limit=1)[0].id == pair[2].point_id
+    with pytest.raises(ConfigError, match="has no encoder"):
+        index.search(pair[2].uri)

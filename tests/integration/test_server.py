@@ -1,0 +1,64 @@
+"""Congruence: the same scenarios on a real Qdrant server and on the embedded store."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from rm_qdrant import DualIndex, OnnxEncoder, StoreError, create_pair, index_images, open_store, scan_image_folder
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def server(server_url):
+    store = open_store(server_url)
+    before = set(store.list_collections())
+    yield store
+    for name in set(store.list_collections()) - before:
+        store.delete_collection(name)
+    store.close()
+
+
+def scenario(store, models, image_folder, prefix):
+    """Index, pair, move half, search: return what a user would see."""
+    items = scan_image_folder(image_folder)
+    old = f"{prefix}gallery"
+    index_images(store, old, OnnxEncoder(models.old), items)
+    create_pair(store, f"{prefix}p", old_collection=old, encoder=OnnxEncoder(models.rm))
+    index = DualIndex.open(store, f"{prefix}p", exact=True)
+    half = items[::2]
+    index.upsert([i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half])
+    index.delete([items[5].point_id])
+    results = index.search_batch([i.uri for i in items[:6]], limit=8, filter={"label": ["a", "c"]})
+    index.close()
+    return [[(h.id, h.source, round(h.distance, 4)) for h in hits] for hits in results], index.progress()
+
+
+def test_server_and_embedded_store_agree(server, models, image_folder, tmp_path):
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    on_server = scenario(server, models, image_folder, prefix)
+    with open_store(tmp_path / "edge") as edge:
+        embedded = scenario(edge, models, image_folder, prefix)
+    assert server.concurrent_search  # DualIndex sends both searches at once here
+    assert on_server == embedded
+
+
+def test_wrong_api_key_is_a_clear_error(server_url):
+    if not os.environ.get("QDRANT_API_KEY"):
+        pytest.skip("the server was started without an API key (set QDRANT_API_KEY to test key checks)")
+    with pytest.raises(StoreError, match="rejected the API key"):
+        open_store(server_url, api_key="definitely-wrong")
+
+
+def test_search_against_many_points(server):
+    rng = np.random.default_rng(0)
+    name = f"t{uuid.uuid4().hex[:8]}"
+    server.create_collection(name, dim=16, distance="cosine")
+    vectors = rng.normal(size=(2000, 16)).astype(np.float32)
+    server.upsert(name, list(range(2000)), vectors)
+    hits = server.search(name, vectors[:3], limit=5, exact=True)
+    assert [h[0].id for h in hits] == [0, 1, 2]

@@ -1,0 +1,79 @@
+"""The rmq CLI on the embedded store: the commands a user types, and their errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from rm_qdrant.cli import cli
+
+
+@pytest.fixture
+def rmq(tmp_path):
+    runner = CliRunner()
+
+    def run(*args, ok=True):
+        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    return run
+
+
+def test_index_init_search_status(rmq, models, image_folder):
+    out = json.loads(rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old, "--json").output)
+    assert out == {"collection": "gallery", "indexed": 24, "failed": []}
+    assert "pair 'demo' (rm): gallery -> demo-new" in rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm).output
+    query = sorted(image_folder.glob("b/*"))[0]
+    hits = json.loads(rmq("search", "--name", "demo", query, "--limit", "3", "--exact", "--json").output)
+    assert len(hits) == 3 and hits[0]["payload"]["uri"] == str(query.resolve())
+    assert hits[0]["source"] == "old" and hits[0]["distance"] == pytest.approx(0.0, abs=1e-5)
+    text = rmq("search", "--name", "demo", query, "--filter", "label=c").output
+    assert "label" in text.splitlines()[0] and all(" c " in line for line in text.splitlines()[1:])
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert (status["old_count"], status["new_count"], status["fraction"], status["mode"]) == (24, 0, 0.0, "rm")
+    assert "migrated      0.0%" in rmq("status", "--name", "demo").output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status", "--name", "nope"], "no pair named 'nope'"),
+        (["init", "--name", "x", "--old-collection", "missing", "--encoder", "{rm}"], "collection 'missing' not found"),
+        (["index", "--collection", "g", "--data", "{tmp}/none", "--encoder", "{old}"], "image folder"),
+        (["index", "--collection", "g", "--data", "{tmp}", "--encoder", "{tmp}/x.onnx"], "no images in"),
+        (["index", "--data", "{tmp}", "--encoder", "{old}"], "exactly one of --name and --collection"),
+        (["init", "--name", "x", "--old-collection", "g", "--encoder", "{tmp}/missing.onnx"], "cannot read encoder"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(rmq, models, tmp_path, args, message):
+    filled = [a.format(rm=models.rm, old=models.old, tmp=tmp_path) for a in args]
+    result = rmq(*filled, ok=False)
+    assert result.exit_code == 1
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_search_with_an_unreadable_image(rmq, models, image_folder, tmp_path):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("not an image")
+    result = rmq("search", "--name", "demo", bad, ok=False)
+    assert result.exit_code == 1 and "not a readable image" in result.output
+    result = rmq("search", "--name", "demo", bad, "--filter", "nonsense", ok=False)
+    assert "expected FIELD=VALUE" in result.output
+
+
+def test_rmq_script_runs_as_a_process(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status", "--name", "x"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "Error: no pair named 'x' in this store; create it with 'rmq init'"
