@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +33,16 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--batch", type=int, default=1_000)
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="Local mode is not recommended")  # that is the point
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(args.n, args.dim)).astype(np.float32)
     queries = rng.normal(size=(args.queries, args.dim)).astype(np.float32)
 
     with tempfile.TemporaryDirectory() as tmp:
         client = QdrantClient(path=str(Path(tmp) / "client"))
-        client.create_collection("c", vectors_config=models.VectorParams(size=args.dim, distance=models.Distance.COSINE))
+        client.create_collection(
+            "c", vectors_config=models.VectorParams(size=args.dim, distance=models.Distance.COSINE)
+        )
         edge = open_store(Path(tmp) / "edge")
         edge.create_collection("c", dim=args.dim, distance="cosine")
 
@@ -46,7 +50,9 @@ def main() -> None:
         start = time.perf_counter()
         for i in range(0, args.n, args.batch):
             ids = list(range(i, min(i + args.batch, args.n)))
-            client.upload_points("c", [models.PointStruct(id=j, vector=vectors[j].tolist()) for j in ids], wait=True)
+            client.upload_points(
+                "c", [models.PointStruct(id=j, vector=vectors[j].tolist()) for j in ids], wait=True
+            )
         load["qdrant-client local"] = args.n / (time.perf_counter() - start)
         start = time.perf_counter()
         for i in range(0, args.n, args.batch):

@@ -179,7 +179,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(
         f"setup: N={args.n:,} ({len(even):,} old + {len(odd):,} new vs {args.n:,} in one), "
-        f"dim {args.dim}, cosine, limit {k}, hnsw_ef {args.hnsw_ef or 'default'}, {args.queries} queries after {args.warmup} warm-up, "
+        f"dim {args.dim}, cosine, limit {k}, hnsw_ef {args.hnsw_ef or 'default'}, "
+        f"{args.queries} queries after {args.warmup} warm-up, "
         f"embedded EdgeStore (dual searches old then new, in turn), interleaved\n"
     )
     print(

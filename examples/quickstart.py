@@ -33,7 +33,7 @@ SPEC = InputSpec(height=8, width=8, channels=1)
 def write_images(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     digits = load_digits()
     pixels = np.clip(digits.images * 16, 0, 255).astype(np.uint8)
-    for i, (image, label) in enumerate(zip(pixels, digits.target)):
+    for i, (image, label) in enumerate(zip(pixels, digits.target, strict=True)):
         target = folder / str(label) / f"{i:04d}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image, mode="L").save(target)
@@ -68,27 +68,60 @@ def main() -> None:
     old, new, psi = fit_models(x, y)
     linear_encoder(out / "old.onnx", [("embedding", "pixels", old)], input_spec=SPEC, name="digits-pca-old")
     linear_encoder(
-        out / "model.onnx", [("new", "pixels", new), ("rev", "new", psi)], input_spec=SPEC, name="digits-lda-new"
+        out / "model.onnx",
+        [("new", "pixels", new), ("rev", "new", psi)],
+        input_spec=SPEC,
+        name="digits-lda-new",
     )
     store_path = out / "qdrant"
-    rmq(store_path, "index", "--collection", "digits", "--data", str(out / "images"), "--encoder", str(out / "old.onnx"))
-    rmq(store_path, "init", "--name", "digits", "--old-collection", "digits", "--encoder", str(out / "model.onnx"))
+    rmq(
+        store_path,
+        "index",
+        "--collection",
+        "digits",
+        "--data",
+        str(out / "images"),
+        "--encoder",
+        str(out / "old.onnx"),
+    )
+    rmq(
+        store_path,
+        "init",
+        "--name",
+        "digits",
+        "--old-collection",
+        "digits",
+        "--encoder",
+        str(out / "model.onnx"),
+    )
 
     items = scan_image_folder(out / "images")
     with open_store(store_path) as store, DualIndex.open(store, "digits", exact=True) as index:
         half = items[::2]  # stand-in for the background migration (a later release)
-        index.upsert([i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half])
-        print(f"\nmoved {len(half)} of {len(items)} images into the new collection: {index.progress():.0%} migrated")
+        index.upsert(
+            [i.point_id for i in half],
+            [i.uri for i in half],
+            [{"uri": i.uri, "label": i.label} for i in half],
+        )
+        print(
+            f"\nmoved {len(half)} of {len(items)} images into the new collection: "
+            f"{index.progress():.0%} migrated"
+        )
         correct = 0
         queries = items[1::50]
         for item in queries:
             hits = index.search(item.uri, limit=6)[1:]  # the first hit is the query itself
             correct += sum(h.payload["label"] == item.label for h in hits)
-        print(f"precision@5 over {len(queries)} queries, both halves merged: {correct / (5 * len(queries)):.3f}")
+        print(
+            f"precision@5 over {len(queries)} queries, both halves merged: {correct / (5 * len(queries)):.3f}"
+        )
         query = items[7]
         print(f"\nhits for {query.uri} (label {query.label}):")
         for hit in index.search(query.uri, limit=5):
-            print(f"  {hit.distance:.4f}  {hit.source:3}  label {hit.payload['label']}  {Path(hit.payload['uri']).name}")
+            print(
+                f"  {hit.distance:.4f}  {hit.source:3}  label {hit.payload['label']}  "
+                f"{Path(hit.payload['uri']).name}"
+            )
     rmq(store_path, "status", "--name", "digits")
     print(f"\nfiles are in {out}; try: rmq --qdrant {store_path} search --name digits {query.uri}")
 

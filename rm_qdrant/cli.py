@@ -76,11 +76,23 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: bool) -> 
 @click.option("--encoder", required=True, type=click.Path(), help="New model graph (.onnx).")
 @click.option("--old-encoder", type=click.Path(), help="Old model graph, for the naive mode.")
 @click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
-@click.option("--mode", type=click.Choice(["rm", "naive"]), help="Query mode [default: rm if the encoder has a 'rev' output].")
+@click.option(
+    "--mode",
+    type=click.Choice(["rm", "naive"]),
+    help="Query mode [default: rm if the encoder has a 'rev' output].",
+)
 @json_option
 @click.pass_context
-def init(ctx: click.Context, name: str, old_collection: str, encoder: str, old_encoder: str | None,
-         new_collection: str | None, mode: str | None, as_json: bool) -> None:
+def init(
+    ctx: click.Context,
+    name: str,
+    old_collection: str,
+    encoder: str,
+    old_encoder: str | None,
+    new_collection: str | None,
+    mode: str | None,
+    as_json: bool,
+) -> None:
     """Create the new collection and the pair record."""
     record = create_pair(
         _store(ctx),
@@ -99,12 +111,21 @@ def init(ctx: click.Context, name: str, old_collection: str, encoder: str, old_e
 @click.option("--name", help="Index into this pair's old collection.")
 @click.option("--collection", help="Index into this collection (created if missing).")
 @click.option("--data", required=True, type=click.Path(), help="Image folder: DATA/<label>/<image>.")
-@click.option("--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx).")
+@click.option(
+    "--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx)."
+)
 @click.option("--batch", default=256, show_default=True, help="Images per batch.")
 @json_option
 @click.pass_context
-def index(ctx: click.Context, name: str | None, collection: str | None, data: str, encoder: str,
-          batch: int, as_json: bool) -> None:
+def index(
+    ctx: click.Context,
+    name: str | None,
+    collection: str | None,
+    data: str,
+    encoder: str,
+    batch: int,
+    as_json: bool,
+) -> None:
     """Load an image folder into a collection (reproduces an existing deployment)."""
     if (name is None) == (collection is None):
         raise ConfigError("give exactly one of --name and --collection")
@@ -132,17 +153,32 @@ def index(ctx: click.Context, name: str | None, collection: str | None, data: st
 @click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
 @json_option
 @click.pass_context
-def search(ctx: click.Context, name: str, image: str, limit: int, filters: tuple[str, ...], exact: bool,
-           hnsw_ef: int | None, encoder: str | None, old_encoder: str | None, as_json: bool) -> None:
+def search(
+    ctx: click.Context,
+    name: str,
+    image: str,
+    limit: int,
+    filters: tuple[str, ...],
+    exact: bool,
+    hnsw_ef: int | None,
+    encoder: str | None,
+    old_encoder: str | None,
+    as_json: bool,
+) -> None:
     """Search the pair with one image; hits from both collections, merged by distance."""
-    opened = DualIndex.open(_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef)
+    opened = DualIndex.open(
+        _store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
+    )
     with opened as dual:
         hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
     rows = [dataclasses.asdict(h) for h in hits]
     lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {'label':10}  id / uri"]
     for rank, hit in enumerate(hits, 1):
         where = hit.payload.get("uri", "")
-        lines.append(f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  {str(hit.payload.get('label', '')):10}  {hit.id}  {where}")
+        lines.append(
+            f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
+            f"{str(hit.payload.get('label', '')):10}  {hit.id}  {where}"
+        )
     _emit(rows, as_json, "\n".join(lines))
 
 

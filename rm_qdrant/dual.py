@@ -58,9 +58,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     )
 
 
-def _open_encoder(
-    given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str
-) -> OnnxEncoder:
+def _open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
     encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path)
     if encoder.fingerprint != ref.fingerprint:
         raise ConfigError(
@@ -157,9 +155,7 @@ class DualIndex:
             raise ConfigError("this DualIndex has no encoder: pass vectors (search_vectors, upsert_vectors)")
         return self.encoder
 
-    def search(
-        self, image: ImageLike, limit: int = 10, filter: Filter | None = None
-    ) -> list[Hit]:
+    def search(self, image: ImageLike, limit: int = 10, filter: Filter | None = None) -> list[Hit]:
         """The ``limit`` closest gallery points to one query image, closest first."""
         return self.search_batch([image], limit=limit, filter=filter)[0]
 
@@ -196,7 +192,12 @@ class DualIndex:
         old_q = self._check(old_vectors, self._old_dim, "old")
         if len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
-        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": self.exact, "hnsw_ef": self.hnsw_ef}
+        args: dict[str, Any] = {
+            "limit": limit,
+            "filter": filter,
+            "exact": self.exact,
+            "hnsw_ef": self.hnsw_ef,
+        }
         if self._pool is not None:
             pending_old = self._pool.submit(self.store.search, self.pair.old_collection, old_q, **args)
             new_raw = self.store.search(self.pair.new_collection, new_q, **args)

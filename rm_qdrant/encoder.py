@@ -101,9 +101,12 @@ class OnnxEncoder:
                 values = self._session.run(names, {self._input_name: chunk})
             except Exception as exc:
                 raise EncoderError(f"{self.path}: inference failed: {exc}") from exc
-            for name, value in zip(names, values):
+            for name, value in zip(names, values, strict=True):
                 results[name].append(np.asarray(value, dtype=np.float32).reshape(len(chunk), -1))
-        merged = {n: np.concatenate(v) if v else np.zeros((0, self.info.outputs[n]), np.float32) for n, v in results.items()}
+        merged = {
+            n: np.concatenate(v) if v else np.zeros((0, self.info.outputs[n]), np.float32)
+            for n, v in results.items()
+        }
         for name, value in merged.items():
             if value.shape[1] != self.info.outputs[name]:
                 raise EncoderError(

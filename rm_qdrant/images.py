@@ -6,7 +6,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from rm_qdrant.errors import ImageError
 
 #: Anything :func:`to_pil` accepts as one image.
-ImageLike = Union[str, os.PathLike, bytes, Image.Image, np.ndarray]
+ImageLike = str | os.PathLike | bytes | Image.Image | np.ndarray
 
 
 def to_pil(image: ImageLike) -> Image.Image:

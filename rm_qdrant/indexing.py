@@ -89,7 +89,9 @@ def index_images(
     if store.has_collection(collection):
         spec = store.collection(collection)
         if spec.dim != dim:
-            raise DimensionMismatch(f"collection {collection!r} holds {spec.dim}-d vectors, {encoder.path} makes {dim}-d")
+            raise DimensionMismatch(
+                f"collection {collection!r} holds {spec.dim}-d vectors, {encoder.path} makes {dim}-d"
+            )
     else:
         store.create_collection(collection, dim=dim, distance=encoder.info.distance)
     record_collection_model(store, collection, ModelRef.of(encoder, output))
@@ -108,7 +110,7 @@ def index_images(
             out = encoder.run(np.concatenate(tensors), wanted)
             payloads = [{"uri": i.uri, "label": i.label} for i in good]
             if "scores" in out:
-                for body, score in zip(payloads, out["scores"].max(axis=1).tolist()):
+                for body, score in zip(payloads, out["scores"].max(axis=1).tolist(), strict=True):
                     body["old_confidence"] = score
             store.upsert(collection, [i.point_id for i in good], out[output], payloads)
             indexed += len(good)

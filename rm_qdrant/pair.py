@@ -34,7 +34,9 @@ class ModelRef:
 
     @classmethod
     def of(cls, encoder: OnnxEncoder, output: str) -> ModelRef:
-        return cls(encoder.info.name, encoder.fingerprint, encoder.info.outputs[output], str(encoder.path.resolve()))
+        return cls(
+            encoder.info.name, encoder.fingerprint, encoder.info.outputs[output], str(encoder.path.resolve())
+        )
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,9 @@ def create_pair(
         raise ConfigError(f"pair {name!r} already exists")
     chosen: Mode = mode or ("rm" if "rm" in encoder.info.query_modes else "naive")
     if chosen == "rm" and "rm" not in encoder.info.query_modes:
-        raise ConfigError(f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)")
+        raise ConfigError(
+            f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)"
+        )
     old_spec = store.collection(old_collection)
     if chosen == "rm":
         old_query_dim, by = encoder.info.outputs["rev"], f"{encoder.path} output 'rev'"
@@ -161,7 +165,8 @@ def create_pair(
         by = str(old_encoder.path)
     if old_query_dim != old_spec.dim:
         raise DimensionMismatch(
-            f"collection {old_collection!r} holds {old_spec.dim}-d vectors but {by} makes {old_query_dim}-d queries"
+            f"collection {old_collection!r} holds {old_spec.dim}-d vectors "
+            f"but {by} makes {old_query_dim}-d queries"
         )
     for model in (encoder, old_encoder):
         if model is not None and model.info.distance != old_spec.distance:
@@ -193,4 +198,6 @@ def _prepare_new_collection(store: Store, name: str, *, dim: int, distance: str)
         return
     spec = store.collection(name)
     if spec.dim != dim or spec.distance != distance or store.count(name) > 0:
-        raise ConfigError(f"collection {name!r} already exists and is not an empty {dim}-d {distance} collection")
+        raise ConfigError(
+            f"collection {name!r} already exists and is not an empty {dim}-d {distance} collection"
+        )

@@ -50,7 +50,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     rm = linear_encoder(
         folder / "rm.onnx", [("new", "pixels", w_new), ("rev", "new", w_rev)], input_spec=SPEC, name="new-rm"
     )
-    new_only = linear_encoder(folder / "new.onnx", [("embedding", "pixels", w_new)], input_spec=SPEC, name="new")
+    new_only = linear_encoder(
+        folder / "new.onnx", [("embedding", "pixels", w_new)], input_spec=SPEC, name="new"
+    )
     return Models(old, rm, new_only, w_old, w_new, w_rev)
 
 

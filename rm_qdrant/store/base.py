@@ -76,9 +76,7 @@ class Store(Protocol):
 
     def delete(self, name: str, ids: Sequence[PointId]) -> None: ...
 
-    def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
-    ) -> list[Record]: ...
+    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]: ...
 
     def scroll(
         self,
@@ -129,24 +127,18 @@ def normalize_id(point_id: object) -> PointId:
         try:
             return str(uuid.UUID(point_id))
         except ValueError:
-            raise ConfigError(
-                f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs"
-            ) from None
+            raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs") from None
     raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
 
 
 def check_collection_name(name: str) -> str:
     """Reject names that are empty or could escape a store folder."""
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
-        raise ConfigError(
-            f"invalid collection name {name!r}: use letters, digits, '-', '_' and '.'"
-        )
+        raise ConfigError(f"invalid collection name {name!r}: use letters, digits, '-', '_' and '.'")
     return name
 
 
-def check_vectors(
-    spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None = None
-) -> np.ndarray:
+def check_vectors(spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None = None) -> np.ndarray:
     """Return ``vectors`` as a float32 matrix, or raise if its shape does not fit ``spec``."""
     array = np.asarray(vectors, dtype=np.float32)
     if array.ndim != 2 or array.shape[1] != spec.dim:

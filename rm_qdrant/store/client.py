@@ -118,9 +118,7 @@ class ClientStore:
             info = self._client.get_collection(name)
         params = info.config.params.vectors
         if not isinstance(params, models.VectorParams):
-            raise StoreError(
-                f"collection {name!r} uses named vectors; rm-qdrant needs one unnamed vector"
-            )
+            raise StoreError(f"collection {name!r} uses named vectors; rm-qdrant needs one unnamed vector")
         spec = CollectionSpec(name, int(params.size), _NAMES[params.distance])
         self._specs[name] = spec
         return spec
@@ -136,9 +134,7 @@ class ClientStore:
         with self._errors(f"creating collection {name!r}"):
             self._client.create_collection(
                 name,
-                vectors_config=models.VectorParams(
-                    size=spec.dim, distance=_DISTANCES[spec.distance]
-                ),
+                vectors_config=models.VectorParams(size=spec.dim, distance=_DISTANCES[spec.distance]),
             )
 
     def delete_collection(self, name: str) -> None:
@@ -171,9 +167,7 @@ class ClientStore:
             with self._errors(f"delete from {name!r}", name):
                 self._client.delete(name, points_selector=selector, wait=True)
 
-    def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
-    ) -> list[Record]:
+    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
         with self._errors(f"retrieve from {name!r}", name):
             points = self._client.retrieve(
                 name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=with_vectors
@@ -214,9 +208,7 @@ class ClientStore:
         params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
         where = _client_filter(filter)
         requests = [
-            models.QueryRequest(
-                query=row, limit=limit, filter=where, params=params, with_payload=True
-            )
+            models.QueryRequest(query=row, limit=limit, filter=where, params=params, with_payload=True)
             for row in matrix.tolist()
         ]
         with self._errors(f"search in {name!r}", name):

@@ -201,9 +201,7 @@ class EdgeStore:
         if ids:
             self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
 
-    def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False
-    ) -> list[Record]:
+    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
         shard = self._open(name)[1]
         points = shard.retrieve([normalize_id(i) for i in ids], True, with_vectors)
         return [_record(p, with_vectors) for p in points]
@@ -218,9 +216,7 @@ class EdgeStore:
     ) -> tuple[list[Record], PointId | None]:
         shard = self._open(name)[1]
         start = None if offset is None else normalize_id(offset)
-        request = qe.ScrollRequest(
-            offset=start, limit=limit, with_payload=True, with_vector=with_vectors
-        )
+        request = qe.ScrollRequest(offset=start, limit=limit, with_payload=True, with_vector=with_vectors)
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
         return [_record(p, with_vectors) for p in points], following

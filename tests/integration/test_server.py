@@ -8,7 +8,15 @@ import uuid
 import numpy as np
 import pytest
 
-from rm_qdrant import DualIndex, OnnxEncoder, StoreError, create_pair, index_images, open_store, scan_image_folder
+from rm_qdrant import (
+    DualIndex,
+    OnnxEncoder,
+    StoreError,
+    create_pair,
+    index_images,
+    open_store,
+    scan_image_folder,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +39,9 @@ def scenario(store, models, image_folder, prefix):
     create_pair(store, f"{prefix}p", old_collection=old, encoder=OnnxEncoder(models.rm))
     index = DualIndex.open(store, f"{prefix}p", exact=True)
     half = items[::2]
-    index.upsert([i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half])
+    index.upsert(
+        [i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half]
+    )
     index.delete([items[5].point_id])
     results = index.search_batch([i.uri for i in items[:6]], limit=8, filter={"label": ["a", "c"]})
     index.close()

@@ -26,9 +26,16 @@ def rmq(tmp_path):
 
 
 def test_index_init_search_status(rmq, models, image_folder):
-    out = json.loads(rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old, "--json").output)
+    out = json.loads(
+        rmq(
+            "index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old, "--json"
+        ).output
+    )
     assert out == {"collection": "gallery", "indexed": 24, "failed": []}
-    assert "pair 'demo' (rm): gallery -> demo-new" in rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm).output
+    assert (
+        "pair 'demo' (rm): gallery -> demo-new"
+        in rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm).output
+    )
     query = sorted(image_folder.glob("b/*"))[0]
     hits = json.loads(rmq("search", "--name", "demo", query, "--limit", "3", "--exact", "--json").output)
     assert len(hits) == 3 and hits[0]["payload"]["uri"] == str(query.resolve())
@@ -36,7 +43,12 @@ def test_index_init_search_status(rmq, models, image_folder):
     text = rmq("search", "--name", "demo", query, "--filter", "label=c").output
     assert "label" in text.splitlines()[0] and all(" c " in line for line in text.splitlines()[1:])
     status = json.loads(rmq("status", "--name", "demo", "--json").output)
-    assert (status["old_count"], status["new_count"], status["fraction"], status["mode"]) == (24, 0, 0.0, "rm")
+    assert (status["old_count"], status["new_count"], status["fraction"], status["mode"]) == (
+        24,
+        0,
+        0.0,
+        "rm",
+    )
     assert "migrated      0.0%" in rmq("status", "--name", "demo").output
 
 
@@ -44,11 +56,17 @@ def test_index_init_search_status(rmq, models, image_folder):
     ("args", "message"),
     [
         (["status", "--name", "nope"], "no pair named 'nope'"),
-        (["init", "--name", "x", "--old-collection", "missing", "--encoder", "{rm}"], "collection 'missing' not found"),
+        (
+            ["init", "--name", "x", "--old-collection", "missing", "--encoder", "{rm}"],
+            "collection 'missing' not found",
+        ),
         (["index", "--collection", "g", "--data", "{tmp}/none", "--encoder", "{old}"], "image folder"),
         (["index", "--collection", "g", "--data", "{tmp}", "--encoder", "{tmp}/x.onnx"], "no images in"),
         (["index", "--data", "{tmp}", "--encoder", "{old}"], "exactly one of --name and --collection"),
-        (["init", "--name", "x", "--old-collection", "g", "--encoder", "{tmp}/missing.onnx"], "cannot read encoder"),
+        (
+            ["init", "--name", "x", "--old-collection", "g", "--encoder", "{tmp}/missing.onnx"],
+            "cannot read encoder",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(rmq, models, tmp_path, args, message):
@@ -73,7 +91,9 @@ def test_search_with_an_unreadable_image(rmq, models, image_folder, tmp_path):
 def test_rmq_script_runs_as_a_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status", "--name", "x"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 1
     assert result.stderr.strip() == "Error: no pair named 'x' in this store; create it with 'rmq init'"

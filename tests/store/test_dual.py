@@ -61,18 +61,25 @@ def linear_rm_with_dims(models, dim):
 
     rng = np.random.default_rng(5)
     path = models.rm.parent / f"rm-{dim}.onnx"
-    linear_encoder(path, [("new", "pixels", rng.normal(size=(192, dim))), ("rev", "new", np.eye(dim))], input_spec=SPEC, name="same-space")
+    linear_encoder(
+        path,
+        [("new", "pixels", rng.normal(size=(192, dim))), ("rev", "new", np.eye(dim))],
+        input_spec=SPEC,
+        name="same-space",
+    )
     return OnnxEncoder(path)
 
 
 def test_search_images_both_halves(store, models, pair):
     index = DualIndex.open(store, "p", exact=True)
     half = pair[::2]
-    index.upsert([i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half])
+    index.upsert(
+        [i.point_id for i in half], [i.uri for i in half], [{"uri": i.uri, "label": i.label} for i in half]
+    )
     assert index.progress() == pytest.approx(len(half) / len(pair))
     assert store.count("gallery") == len(pair) - len(half)
     results = index.search_batch([pair[0].uri, pair[1].uri], limit=len(pair))
-    for query, hits in zip(pair[:2], results):
+    for hits in results:
         assert len({h.id for h in hits}) == len(hits) == len(pair)  # every point, once
         assert {h.source for h in hits} == {"old", "new"}
     # Each query finds itself first: pair[0] was moved to new, pair[1] is still in old.
@@ -87,7 +94,9 @@ def test_point_in_both_collections_is_served_once_as_new(store, models, pair):
     index = DualIndex.open(store, "p", exact=True)
     item = pair[3]
     vectors = index.encoder.encode([item.uri], ["new"])["new"]
-    store.upsert("p-new", [item.point_id], vectors, [{"uri": item.uri, "label": item.label}])  # crash before removal
+    store.upsert(
+        "p-new", [item.point_id], vectors, [{"uri": item.uri, "label": item.label}]
+    )  # crash before removal
     hits = index.search(item.uri, limit=len(pair) + 1)
     assert [h.source for h in hits if h.id == item.point_id] == ["new"]
     assert len(hits) == len(pair)
@@ -103,7 +112,13 @@ def test_add_and_delete(store, models, pair, image_folder):
 
 def test_naive_mode_encodes_queries_with_both_models(store, models, pair):
     store.delete_collection("p-new")
-    create_pair(store, "n", old_collection="gallery", encoder=OnnxEncoder(models.new_only), old_encoder=OnnxEncoder(models.old))
+    create_pair(
+        store,
+        "n",
+        old_collection="gallery",
+        encoder=OnnxEncoder(models.new_only),
+        old_encoder=OnnxEncoder(models.old),
+    )
     index = DualIndex.open(store, "n", exact=True)
     new, old = index.query_vectors([pair[0].uri])
     assert new.shape == (1, NEW_DIM) and old.shape == (1, OLD_DIM)
@@ -120,7 +135,13 @@ def test_wrong_models_are_refused_and_nothing_is_written(store, models, pair):
     with pytest.raises(ConfigError, match="is not the model pair 'p' was created with"):
         DualIndex.open(store, "p", encoder=str(models.new_only))
     with pytest.raises(DimensionMismatch, match="holds 6-d vectors but .* makes 10-d queries"):
-        create_pair(store, "bad", old_collection="gallery", encoder=OnnxEncoder(models.new_only), old_encoder=OnnxEncoder(models.new_only))
+        create_pair(
+            store,
+            "bad",
+            old_collection="gallery",
+            encoder=OnnxEncoder(models.new_only),
+            old_encoder=OnnxEncoder(models.new_only),
+        )
     with pytest.raises(ConfigError, match="naive mode needs --old-encoder"):
         create_pair(store, "bad", old_collection="gallery", encoder=OnnxEncoder(models.new_only))
     with pytest.raises(CollectionNotFound, match="'missing'"):

@@ -65,7 +65,14 @@ def float_nchw_graph(path, meta):
 def test_float_input_is_normalised_from_metadata(tmp_path):
     meta = {
         "outputs": {"embedding": 3},
-        "input": {"height": 4, "width": 4, "layout": "NCHW", "dtype": "float32", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.25, 1.0]},
+        "input": {
+            "height": 4,
+            "width": 4,
+            "layout": "NCHW",
+            "dtype": "float32",
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.25, 1.0],
+        },
     }
     enc = OnnxEncoder(float_nchw_graph(tmp_path / "f.onnx", meta))
     image = np.zeros((8, 8, 3), dtype=np.uint8)
@@ -82,7 +89,10 @@ def test_bad_encoders_are_encoder_errors(tmp_path, models):
         OnnxEncoder(junk)
     with pytest.raises(EncoderError, match="no 'rm_qdrant' metadata entry"):
         OnnxEncoder(float_nchw_graph(tmp_path / "nometa.onnx", None))
-    wrong_dim = {"outputs": {"embedding": 5}, "input": {"height": 4, "width": 4, "layout": "NCHW", "dtype": "float32"}}
+    wrong_dim = {
+        "outputs": {"embedding": 5},
+        "input": {"height": 4, "width": 4, "layout": "NCHW", "dtype": "float32"},
+    }
     enc = OnnxEncoder(float_nchw_graph(tmp_path / "wrongdim.onnx", wrong_dim))
     with pytest.raises(EncoderError, match="metadata says 5"):
         enc.encode(np.zeros((4, 4, 3), dtype=np.uint8))

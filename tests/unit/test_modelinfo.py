@@ -20,7 +20,9 @@ def meta(**overrides):
 
 
 def test_round_trip_through_metadata():
-    info = ModelInfo("m", "dot", {"embedding": 16, "scores": 5}, InputSpec(28, 28, 1, "NCHW", "float32", (0.5,), (0.25,)))
+    info = ModelInfo(
+        "m", "dot", {"embedding": 16, "scores": 5}, InputSpec(28, 28, 1, "NCHW", "float32", (0.5,), (0.25,))
+    )
     parsed = parse_metadata(info.to_metadata(), ["embedding", "scores"])
     assert parsed == info
     assert parsed.gallery_output() == "embedding"
@@ -46,7 +48,11 @@ def test_rm_graph_is_recognised():
         (meta(distance="hamming"), ["new", "rev"], "unknown distance"),
         (meta(input={"height": 32}), ["new", "rev"], "input.width"),
         (meta(input={"height": 8, "width": 8, "layout": "HWC"}), ["new", "rev"], "input.layout"),
-        (meta(input={"height": 8, "width": 8, "channels": 3, "mean": [0.5]}), ["new", "rev"], "one value per channel"),
+        (
+            meta(input={"height": 8, "width": 8, "channels": 3, "mean": [0.5]}),
+            ["new", "rev"],
+            "one value per channel",
+        ),
     ],
 )
 def test_malformed_metadata_is_one_clear_error(props, outputs, message):
