@@ -13,7 +13,7 @@ import numpy as np
 
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, DimensionMismatch, ImageError
-from rm_qdrant.pair import ModelRef, record_collection_model
+from rm_qdrant.pair import ModelRef, check_collection_model, record_collection_model
 from rm_qdrant.store import Store
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ def index_images(
             raise DimensionMismatch(
                 f"collection {collection!r} holds {spec.dim}-d vectors, {encoder.path} makes {dim}-d"
             )
+        check_collection_model(store, collection, encoder)
     else:
         store.create_collection(collection, dim=dim, distance=encoder.info.distance)
     record_collection_model(store, collection, ModelRef.of(encoder, output))

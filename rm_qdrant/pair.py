@@ -127,6 +127,21 @@ def collection_model(store: Store, collection: str) -> ModelRef | None:
     return ModelRef(**payload["model"]) if payload else None
 
 
+def check_collection_model(store: Store, collection: str, encoder: OnnxEncoder) -> None:
+    """Refuse to mix spaces: ``encoder`` must be the model recorded for ``collection``, if any.
+
+    Raises:
+        ConfigError: the collection's vectors were made by another model.
+    """
+    recorded = collection_model(store, collection)
+    if recorded is not None and recorded.fingerprint != encoder.fingerprint:
+        raise ConfigError(
+            f"collection {collection!r} holds vectors of model {recorded.name} "
+            f"(fingerprint {recorded.fingerprint}); {encoder.path} is {encoder.info.name} "
+            f"(fingerprint {encoder.fingerprint})"
+        )
+
+
 def create_pair(
     store: Store,
     name: str,
@@ -168,6 +183,8 @@ def create_pair(
             f"collection {old_collection!r} holds {old_spec.dim}-d vectors "
             f"but {by} makes {old_query_dim}-d queries"
         )
+    if chosen == "naive" and old_encoder is not None:
+        check_collection_model(store, old_collection, old_encoder)
     for model in (encoder, old_encoder):
         if model is not None and model.info.distance != old_spec.distance:
             raise ConfigError(

@@ -181,3 +181,27 @@ def test_vectors_only_index_needs_no_encoder(store, models, pair):
     assert index.search_vectors(vector["new"], vector["rev"], limit=1)[0].id == pair[2].point_id
     with pytest.raises(ConfigError, match="has no encoder"):
         index.search(pair[2].uri)
+
+
+def test_spaces_are_never_mixed(store, models, pair, image_folder):
+    """A collection filled by one model refuses vectors or queries from another of the same size."""
+    from exporters.linear import linear_encoder
+    from tests.conftest import SPEC
+
+    other = linear_encoder(
+        models.old.parent / "other-old.onnx",
+        [("embedding", "pixels", np.ones((192, OLD_DIM)))],
+        input_spec=SPEC,
+        name="other",
+    )
+    with pytest.raises(ConfigError, match="holds vectors of model old-linear"):
+        index_images(store, "gallery", OnnxEncoder(other), scan_image_folder(image_folder))
+    with pytest.raises(ConfigError, match="holds vectors of model old-linear"):
+        create_pair(
+            store,
+            "n",
+            old_collection="gallery",
+            encoder=OnnxEncoder(models.new_only),
+            old_encoder=OnnxEncoder(other),
+        )
+    assert store.count("gallery") == len(pair) and not store.has_collection("n-new")
