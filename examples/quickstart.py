@@ -123,7 +123,8 @@ def main() -> None:
                 f"{Path(hit.payload['uri']).name}"
             )
     rmq(store_path, "status", "--name", "digits")
-    print(f"\nfiles are in {out}; try: rmq --qdrant {store_path} search --name digits {query.uri}")
+    rmq_script = shutil.which("rmq") or Path(sys.executable).parent / "rmq"
+    print(f"\nfiles are in {out}; try: {rmq_script} --qdrant {store_path} search --name digits {query.uri}")
 
 
 if __name__ == "__main__":

@@ -133,6 +133,17 @@ def normalize_id(point_id: object) -> PointId:
     raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
 
 
+def record_from(point: Any, with_vectors: bool) -> Record:
+    """A backend's point (anything with ``id``, ``payload``, ``vector``) as a :class:`Record`."""
+    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
+    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
+
+
+def scored_from(point: Any) -> ScoredRecord:
+    """A backend's scored point as a :class:`ScoredRecord`."""
+    return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))
+
+
 def check_collection_name(name: str) -> str:
     """Reject names that are empty or could escape a store folder."""
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):

@@ -27,6 +27,8 @@ from rm_qdrant.store.base import (
     check_spec,
     check_vectors,
     normalize_id,
+    record_from,
+    scored_from,
 )
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,6 @@ def _client_filter(filter: Filter | None) -> models.Filter | None:
             match = models.MatchValue(value=value)
         must.append(models.FieldCondition(key=key, match=match))
     return models.Filter(must=must)
-
-
-def _record(point: Any, with_vectors: bool) -> Record:
-    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
-    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
 
 
 class ClientStore:
@@ -172,7 +169,7 @@ class ClientStore:
             points = self._client.retrieve(
                 name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=with_vectors
             )
-        return [_record(p, with_vectors) for p in points]
+        return [record_from(p, with_vectors) for p in points]
 
     def scroll(
         self,
@@ -187,7 +184,7 @@ class ClientStore:
                 name, limit=limit, offset=offset, with_payload=True, with_vectors=with_vectors
             )
         nxt = None if following is None else normalize_id(following)
-        return [_record(p, with_vectors) for p in points], nxt
+        return [record_from(p, with_vectors) for p in points], nxt
 
     def count(self, name: str) -> int:
         with self._errors(f"count of {name!r}", name):
@@ -213,10 +210,7 @@ class ClientStore:
         ]
         with self._errors(f"search in {name!r}", name):
             responses = self._client.query_batch_points(name, requests)
-        return [
-            [ScoredRecord(normalize_id(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
-            for r in responses
-        ]
+        return [[scored_from(p) for p in r.points] for r in responses]
 
     def close(self) -> None:
         self._client.close()

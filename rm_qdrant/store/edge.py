@@ -38,6 +38,8 @@ from rm_qdrant.store.base import (
     check_spec,
     check_vectors,
     normalize_id,
+    record_from,
+    scored_from,
 )
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,6 @@ def _edge_filter(filter: Filter | None) -> qe.Filter | None:
             match = qe.MatchValue(value)
         must.append(qe.FieldCondition(key=key, match=match))
     return qe.Filter(must=must)
-
-
-def _record(point: Any, with_vectors: bool) -> Record:
-    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
-    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
 
 
 class EdgeStore:
@@ -204,7 +201,7 @@ class EdgeStore:
     def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
         shard = self._open(name)[1]
         points = shard.retrieve([normalize_id(i) for i in ids], True, with_vectors)
-        return [_record(p, with_vectors) for p in points]
+        return [record_from(p, with_vectors) for p in points]
 
     def scroll(
         self,
@@ -219,7 +216,7 @@ class EdgeStore:
         request = qe.ScrollRequest(offset=start, limit=limit, with_payload=True, with_vector=with_vectors)
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
-        return [_record(p, with_vectors) for p in points], following
+        return [record_from(p, with_vectors) for p in points], following
 
     def count(self, name: str) -> int:
         return int(self._open(name)[1].count(qe.CountRequest(exact=True)))
@@ -252,10 +249,7 @@ class EdgeStore:
             results = [shard.query(requests[0])]
         else:
             results = shard.query_batch(qe.QueryBatchRequest(requests))
-        return [
-            [ScoredRecord(normalize_id(p.id), float(p.score), dict(p.payload or {})) for p in hits]
-            for hits in results
-        ]
+        return [[scored_from(p) for p in hits] for hits in results]
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""
