@@ -74,7 +74,7 @@ def as_batch(images: ImageLike | Sequence[ImageLike]) -> tuple[list[ImageLike], 
         return (list(images), False) if images.ndim == 4 else ([images], True)
     if isinstance(images, (list, tuple)):
         return list(images), False
-    return [images], True
+    return [images], True  # type: ignore[list-item]  # str is a Sequence too, but one image
 
 
 def pixels(image: ImageLike, *, height: int, width: int, channels: int) -> np.ndarray:

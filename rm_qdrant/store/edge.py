@@ -55,7 +55,7 @@ _DISTANCES = {
 def _edge_filter(filter: Filter | None) -> qe.Filter | None:
     if not filter:
         return None
-    must = []
+    must: list[Any] = []
     for key, value in filter.items():
         if isinstance(value, (list, tuple, set)):
             match: Any = qe.MatchAny(list(value))
