@@ -205,3 +205,20 @@ def test_spaces_are_never_mixed(store, models, pair, image_folder):
             old_encoder=OnnxEncoder(other),
         )
     assert store.count("gallery") == len(pair) and not store.has_collection("n-new")
+
+
+def test_concurrent_side_searches_give_the_same_hits(tmp_path, models, image_folder):
+    """The two-thread path DualIndex takes against a server returns what the sequential one does."""
+    from rm_qdrant import open_store
+
+    with open_store(tmp_path / "q") as store:
+        items = scan_image_folder(image_folder)
+        index_images(store, "gallery", OnnxEncoder(models.old), items)
+        create_pair(store, "p", old_collection="gallery", encoder=OnnxEncoder(models.rm))
+        sequential = DualIndex.open(store, "p", exact=True)
+        sequential.upsert([i.point_id for i in items[::3]], [i.uri for i in items[::3]])
+        expected = sequential.search_batch([i.uri for i in items], limit=7)
+        store.concurrent_search = True  # what a remote store says
+        with DualIndex.open(store, "p", exact=True) as threaded:
+            assert threaded._pool is not None
+            assert threaded.search_batch([i.uri for i in items], limit=7) == expected
