@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, normalize_id
+from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, Where, normalize_id
 
 __all__ = [
     "CollectionSpec",
@@ -12,6 +12,7 @@ __all__ = [
     "Record",
     "ScoredRecord",
     "Store",
+    "Where",
     "normalize_id",
     "open_store",
 ]

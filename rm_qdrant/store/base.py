@@ -18,9 +18,54 @@ import numpy as np
 from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.merge import PointId, check_distance
 
-#: Payload filter: every key must match. A scalar value matches exactly; a list
-#: matches any of its values. Example: ``{"label": "cat", "shard": [0, 1]}``.
-Filter = Mapping[str, Any]
+
+@dataclass(frozen=True)
+class Where:
+    """A payload filter. Every condition must hold.
+
+    Attributes:
+        must: field -> value: the field equals the value (or, for a list, any of them).
+        must_not: field -> value: the field equals none of them.
+        empty: fields that must be absent (or null, or an empty list).
+        not_empty: fields that must be present.
+    """
+
+    must: Mapping[str, Any] = field(default_factory=dict)
+    must_not: Mapping[str, Any] = field(default_factory=dict)
+    empty: tuple[str, ...] = ()
+    not_empty: tuple[str, ...] = ()
+
+    def __and__(self, other: Where) -> Where:
+        return Where(
+            {**self.must, **other.must},
+            {**self.must_not, **other.must_not},
+            self.empty + other.empty,
+            self.not_empty + other.not_empty,
+        )
+
+
+#: What the search API takes as a filter: a :class:`Where`, or a plain mapping
+#: (every key must equal its value, a list matching any of its values), for example
+#: ``{"label": "cat", "shard": [0, 1]}``.
+Filter = Where | Mapping[str, Any]
+
+#: Payload index kinds a store can create.
+INDEX_KINDS = ("integer", "float", "keyword", "bool")
+
+
+def as_where(filter: Filter | None) -> Where | None:
+    """Turn the public filter forms into a :class:`Where` (None when there is no condition)."""
+    if filter is None:
+        return None
+    where = filter if isinstance(filter, Where) else Where(must=dict(filter))
+    return where if (where.must or where.must_not or where.empty or where.not_empty) else None
+
+
+def match_values(value: Any) -> tuple[list[Any] | None, Any]:
+    """Split a filter value into (list for match-any, None) or (None, scalar for match-value)."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value), None
+    return None, value
 
 
 @dataclass(frozen=True)
@@ -74,9 +119,24 @@ class Store(Protocol):
         ids: Sequence[PointId],
         vectors: np.ndarray,
         payloads: Sequence[Mapping[str, Any]] | None = None,
-    ) -> None: ...
+        *,
+        insert_only: bool = False,
+    ) -> None:
+        """Write points. ``insert_only`` leaves points that already exist untouched."""
+        ...
 
     def delete(self, name: str, ids: Sequence[PointId]) -> None: ...
+
+    def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
+        """Merge each payload into its point's payload; ids no longer there are skipped.
+
+        Returns how many points were updated.
+        """
+        ...
+
+    def create_index(self, name: str, field_name: str, kind: str) -> None:
+        """Index a payload field (``integer``, ``float``, ``keyword`` or ``bool``); idempotent."""
+        ...
 
     def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]: ...
 
@@ -87,9 +147,22 @@ class Store(Protocol):
         limit: int,
         offset: PointId | None = None,
         with_vectors: bool = False,
-    ) -> tuple[list[Record], PointId | None]: ...
+        where: Where | None = None,
+        order_by: str | None = None,
+    ) -> tuple[list[Record], PointId | None]:
+        """A page of points. With ``order_by`` (an indexed numeric field) the page holds the
+        ``limit`` points with the lowest values, and there is no next offset."""
+        ...
 
-    def count(self, name: str) -> int: ...
+    def count(self, name: str, where: Where | None = None) -> int: ...
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        """Point ``alias`` at ``collection`` (replacing where it pointed before)."""
+        ...
+
+    def alias(self, alias: str) -> str | None:
+        """The collection ``alias`` points at, or None."""
+        ...
 
     def search(
         self,
@@ -142,6 +215,11 @@ def record_from(point: Any, with_vectors: bool) -> Record:
 def scored_from(point: Any) -> ScoredRecord:
     """A backend's scored point as a :class:`ScoredRecord`."""
     return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))
+
+
+def is_missing_point(exc: BaseException) -> bool:
+    """Whether a backend error says a point id does not exist."""
+    return "no point with id" in str(exc).lower()
 
 
 def check_collection_name(name: str) -> str:

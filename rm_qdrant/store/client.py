@@ -24,8 +24,12 @@ from rm_qdrant.store.base import (
     Filter,
     Record,
     ScoredRecord,
+    Where,
+    as_where,
     check_spec,
     check_vectors,
+    is_missing_point,
+    match_values,
     normalize_id,
     record_from,
     scored_from,
@@ -42,17 +46,29 @@ _DISTANCES = {
 _NAMES = {v: k for k, v in _DISTANCES.items()}
 
 
+_INDEX_KINDS = {
+    "integer": models.PayloadSchemaType.INTEGER,
+    "float": models.PayloadSchemaType.FLOAT,
+    "keyword": models.PayloadSchemaType.KEYWORD,
+    "bool": models.PayloadSchemaType.BOOL,
+}
+
+
+def _condition(key: str, value: Any) -> models.FieldCondition:
+    many, one = match_values(value)
+    match: Any = models.MatchAny(any=many) if many is not None else models.MatchValue(value=one)
+    return models.FieldCondition(key=key, match=match)
+
+
 def _client_filter(filter: Filter | None) -> models.Filter | None:
-    if not filter:
+    where = as_where(filter)
+    if where is None:
         return None
-    must: list[Any] = []
-    for key, value in filter.items():
-        if isinstance(value, (list, tuple, set)):
-            match: Any = models.MatchAny(any=list(value))
-        else:
-            match = models.MatchValue(value=value)
-        must.append(models.FieldCondition(key=key, match=match))
-    return models.Filter(must=must)
+    empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.empty]
+    present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
+    must: list[Any] = [_condition(k, v) for k, v in where.must.items()] + empty
+    must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()] + present
+    return models.Filter(must=must or None, must_not=must_not or None)
 
 
 class ClientStore:
@@ -147,8 +163,11 @@ class ClientStore:
         ids: Sequence[PointId],
         vectors: np.ndarray,
         payloads: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        insert_only: bool = False,
     ) -> None:
         matrix = check_vectors(self.collection(name), vectors, rows=len(ids))
+        mode = models.UpdateMode.INSERT_ONLY if insert_only else None
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
             models.PointStruct(id=normalize_id(i), vector=row, payload=dict(p))
@@ -156,13 +175,50 @@ class ClientStore:
         ]
         if points:
             with self._errors(f"upsert into {name!r}", name):
-                self._client.upsert(name, points=points, wait=True)
+                self._client.upsert(name, points=points, wait=True, update_mode=mode)
 
     def delete(self, name: str, ids: Sequence[PointId]) -> None:
         if ids:
             selector = models.PointIdsList(points=[normalize_id(i) for i in ids])
             with self._errors(f"delete from {name!r}", name):
                 self._client.delete(name, points_selector=selector, wait=True)
+
+    def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
+        if self._remote and items:
+            ops = [
+                models.SetPayloadOperation(
+                    set_payload=models.SetPayload(payload=dict(p), points=[normalize_id(i)])
+                )
+                for i, p in items
+            ]
+            try:
+                with self._errors(f"payload update in {name!r}", name):
+                    self._client.batch_update_points(name, ops, wait=True)
+                return len(items)
+            except StoreError as exc:
+                if not is_missing_point(exc):
+                    raise
+        # One point at a time: in local mode, or to skip ids deleted meanwhile.
+        done = 0
+        for point_id, payload in items:
+            try:
+                with self._errors(f"payload update in {name!r}", name):
+                    self._client.set_payload(name, dict(payload), points=[normalize_id(point_id)], wait=True)
+                done += 1
+            except KeyError:  # the local mode's word for a missing point
+                continue
+            except StoreError as exc:
+                if not is_missing_point(exc):
+                    raise
+        return done
+
+    def create_index(self, name: str, field_name: str, kind: str) -> None:
+        if not self._remote:
+            return  # the local mode scans payloads and has no indexes (it warns if asked)
+        with self._errors(f"indexing {field_name!r} in {name!r}", name):
+            info = self._client.get_collection(name)
+            if field_name not in (info.payload_schema or {}):
+                self._client.create_payload_index(name, field_name, _INDEX_KINDS[kind], wait=True)
 
     def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
         with self._errors(f"retrieve from {name!r}", name):
@@ -178,17 +234,40 @@ class ClientStore:
         limit: int,
         offset: PointId | None = None,
         with_vectors: bool = False,
+        where: Where | None = None,
+        order_by: str | None = None,
     ) -> tuple[list[Record], PointId | None]:
         with self._errors(f"scroll over {name!r}", name):
             points, following = self._client.scroll(
-                name, limit=limit, offset=offset, with_payload=True, with_vectors=with_vectors
+                name,
+                scroll_filter=_client_filter(where),
+                limit=limit,
+                offset=offset,
+                order_by=order_by,
+                with_payload=True,
+                with_vectors=with_vectors,
             )
         nxt = None if following is None else normalize_id(following)
         return [record_from(p, with_vectors) for p in points], nxt
 
-    def count(self, name: str) -> int:
+    def count(self, name: str, where: Where | None = None) -> int:
         with self._errors(f"count of {name!r}", name):
-            return int(self._client.count(name, exact=True).count)
+            return int(self._client.count(name, count_filter=_client_filter(where), exact=True).count)
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        self.collection(collection)  # CollectionNotFound before touching the alias
+        ops: list[Any] = []
+        if self.alias(alias) is not None:
+            ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)))
+        create = models.CreateAlias(collection_name=collection, alias_name=alias)
+        ops.append(models.CreateAliasOperation(create_alias=create))
+        with self._errors(f"pointing alias {alias!r} at {collection!r}"):
+            self._client.update_collection_aliases(change_aliases_operations=ops)
+
+    def alias(self, alias: str) -> str | None:
+        with self._errors("alias lookup"):
+            found = [a for a in self._client.get_aliases().aliases if a.alias_name == alias]
+        return found[0].collection_name if found else None
 
     def search(
         self,

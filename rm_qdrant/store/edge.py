@@ -34,9 +34,13 @@ from rm_qdrant.store.base import (
     Filter,
     Record,
     ScoredRecord,
+    Where,
+    as_where,
     check_collection_name,
     check_spec,
     check_vectors,
+    is_missing_point,
+    match_values,
     normalize_id,
     record_from,
     scored_from,
@@ -52,17 +56,28 @@ _DISTANCES = {
 }
 
 
+_INDEX_KINDS = {
+    "integer": qe.PayloadSchemaType.Integer,
+    "float": qe.PayloadSchemaType.Float,
+    "keyword": qe.PayloadSchemaType.Keyword,
+    "bool": qe.PayloadSchemaType.Bool,
+}
+
+
+def _condition(key: str, value: Any) -> qe.FieldCondition:
+    many, one = match_values(value)
+    return qe.FieldCondition(key=key, match=qe.MatchAny(many) if many is not None else qe.MatchValue(one))
+
+
 def _edge_filter(filter: Filter | None) -> qe.Filter | None:
-    if not filter:
+    where = as_where(filter)
+    if where is None:
         return None
-    must: list[Any] = []
-    for key, value in filter.items():
-        if isinstance(value, (list, tuple, set)):
-            match: Any = qe.MatchAny(list(value))
-        else:
-            match = qe.MatchValue(value)
-        must.append(qe.FieldCondition(key=key, match=match))
-    return qe.Filter(must=must)
+    must: list[Any] = [_condition(k, v) for k, v in where.must.items()]
+    must += [qe.IsEmptyCondition(k) for k in where.empty]
+    must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()]
+    must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
+    return qe.Filter(must=must or None, must_not=must_not or None)
 
 
 class EdgeStore:
@@ -183,6 +198,8 @@ class EdgeStore:
         ids: Sequence[PointId],
         vectors: np.ndarray,
         payloads: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        insert_only: bool = False,
     ) -> None:
         spec = self.collection(name)
         matrix = check_vectors(spec, vectors, rows=len(ids))
@@ -191,12 +208,30 @@ class EdgeStore:
             qe.Point(normalize_id(i), row, dict(p))
             for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
         ]
+        mode = qe.UpdateMode.InsertOnly if insert_only else None
         if points:
-            self._update(name, qe.UpdateOperation.upsert_points(points))
+            self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
 
     def delete(self, name: str, ids: Sequence[PointId]) -> None:
         if ids:
             self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
+
+    def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
+        shard = self._open(name)[1]
+        done = 0
+        for point_id, payload in items:
+            try:
+                shard.update(qe.UpdateOperation.set_payload([normalize_id(point_id)], dict(payload)))
+                done += 1
+            except Exception as exc:
+                if not is_missing_point(exc):
+                    raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
+        return done
+
+    def create_index(self, name: str, field_name: str, kind: str) -> None:
+        shard = self._open(name)[1]
+        if field_name not in shard.info().payload_schema:
+            self._update(name, qe.UpdateOperation.create_field_index(field_name, _INDEX_KINDS[kind]))
 
     def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
         shard = self._open(name)[1]
@@ -210,16 +245,43 @@ class EdgeStore:
         limit: int,
         offset: PointId | None = None,
         with_vectors: bool = False,
+        where: Where | None = None,
+        order_by: str | None = None,
     ) -> tuple[list[Record], PointId | None]:
         shard = self._open(name)[1]
         start = None if offset is None else normalize_id(offset)
-        request = qe.ScrollRequest(offset=start, limit=limit, with_payload=True, with_vector=with_vectors)
+        request = qe.ScrollRequest(
+            offset=start,
+            limit=limit,
+            with_payload=True,
+            with_vector=with_vectors,
+            filter=_edge_filter(where),
+            order_by=qe.OrderBy(order_by) if order_by else None,
+        )
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
         return [record_from(p, with_vectors) for p in points], following
 
-    def count(self, name: str) -> int:
-        return int(self._open(name)[1].count(qe.CountRequest(exact=True)))
+    def count(self, name: str, where: Where | None = None) -> int:
+        request = qe.CountRequest(filter=_edge_filter(where), exact=True)
+        return int(self._open(name)[1].count(request))
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        # qdrant-edge has no aliases: the store keeps them in one small file, replaced atomically.
+        aliases = self._aliases()
+        aliases[check_collection_name(alias)] = self.collection(collection).name
+        tmp = self.path / "aliases.json.tmp"
+        tmp.write_text(json.dumps(aliases, sort_keys=True))
+        os.replace(tmp, self.path / "aliases.json")
+
+    def alias(self, alias: str) -> str | None:
+        return self._aliases().get(alias)
+
+    def _aliases(self) -> dict[str, str]:
+        try:
+            return dict(json.loads((self.path / "aliases.json").read_text()))
+        except FileNotFoundError:
+            return {}
 
     def search(
         self,

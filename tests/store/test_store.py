@@ -93,3 +93,45 @@ def test_backends_agree_on_the_same_scenario(tmp_path):
 def test_unreachable_server_is_a_store_error():
     with pytest.raises(StoreError, match="cannot reach Qdrant at http://127.0.0.1:9"):
         open_store("http://127.0.0.1:9")
+
+
+def test_payload_updates_ordered_scroll_and_filtered_count(store):
+    from rm_qdrant.store import Where
+
+    store.create_collection("c", dim=2, distance="cosine")
+    store.upsert("c", list(range(10)), unit(10, 2))
+    store.create_index("c", "rank", "integer")
+    updated = store.set_payload(
+        "c", [(i, {"rank": 100 - i, "bucket": i % 3}) for i in range(10)] + [(99, {"rank": 0})]
+    )
+    assert updated == 10  # id 99 does not exist and is skipped
+    store.set_payload("c", [(4, {"failed": "HTTP 404"})])
+    page, following = store.scroll("c", limit=3, order_by="rank", where=Where(empty=("failed",)))
+    assert [r.id for r in page] == [9, 8, 7] and following is None
+    mine = Where(must={"bucket": [0, 1]}, must_not={"rank": 91})
+    assert store.count("c", mine) == 6  # 7 ids in buckets 0/1, minus id 9 (rank 91)
+    assert store.count("c", Where(not_empty=("failed",))) == 1
+    assert store.retrieve("c", [4])[0].payload == {"rank": 96, "bucket": 1, "failed": "HTTP 404"}
+
+
+def test_insert_only_keeps_the_existing_point(store):
+    store.create_collection("c", dim=2, distance="euclid")
+    store.upsert("c", [1], np.array([[1.0, 0.0]]), [{"v": "fresh"}])
+    store.upsert(
+        "c", [1, 2], np.array([[0.0, 1.0], [0.0, 2.0]]), [{"v": "stale"}, {"v": "new"}], insert_only=True
+    )
+    got = {r.id: r for r in store.retrieve("c", [1, 2], with_vectors=True)}
+    assert got[1].payload == {"v": "fresh"} and got[1].vector.tolist() == [1.0, 0.0]
+    assert got[2].payload == {"v": "new"}
+
+
+def test_aliases(store):
+    store.create_collection("a", dim=2, distance="cosine")
+    store.create_collection("b", dim=2, distance="cosine")
+    assert store.alias("serving") is None
+    store.set_alias("serving", "a")
+    store.set_alias("serving", "b")
+    assert store.alias("serving") == "b"
+    with pytest.raises(CollectionNotFound):
+        store.set_alias("serving", "missing")
+    assert store.alias("serving") == "b"
