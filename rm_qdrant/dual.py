@@ -15,7 +15,9 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.images import ImageLike, as_batch
 from rm_qdrant.merge import Hit, PointId, Source, merge_batches, score_to_distance
 from rm_qdrant.pair import ModelRef, PairRecord, load_pair
-from rm_qdrant.store import Filter, ScoredRecord, Store
+from rm_qdrant.planning import MIGRATED
+from rm_qdrant.store import Filter, ScoredRecord, Store, Where
+from rm_qdrant.store.base import as_where
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,11 @@ class DualIndex:
         self.exact = exact
         self.hnsw_ef = hnsw_ef
         self._new_dim = store.collection(pair.new_collection).dim
-        self._old_dim = store.collection(pair.old_collection).dim
+        self._old_dim = (
+            store.collection(pair.old_collection).dim
+            if pair.state != "finalized" or store.has_collection(pair.old_collection)
+            else None  # finalized with the old collection dropped
+        )
         self._pool = ThreadPoolExecutor(max_workers=2) if store.concurrent_search else None
 
     @classmethod
@@ -181,16 +187,21 @@ class DualIndex:
 
     def search_vectors_batch(
         self,
-        new_vectors: np.ndarray,
-        old_vectors: np.ndarray,
+        new_vectors: np.ndarray | None,
+        old_vectors: np.ndarray | None,
         *,
         limit: int = 10,
         filter: Filter | None = None,
     ) -> list[list[Hit]]:
-        """Search both collections for each row and merge each pair of lists by distance."""
-        new_q = self._check(new_vectors, self._new_dim, "new")
-        old_q = self._check(old_vectors, self._old_dim, "old")
-        if len(new_q) != len(old_q):
+        """Search the serving collections for each row and merge each pair of lists by distance.
+
+        While the pair backfills, both collections are searched; once finalized,
+        only new (``old_vectors`` may be None); once rolled back, only old.
+        """
+        state = self.pair.state
+        new_q = None if state == "rolled_back" else self._check(new_vectors, self._new_dim, "new")
+        old_q = None if state == "finalized" else self._check(old_vectors, self._old_dim, "old")
+        if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
         args: dict[str, Any] = {
             "limit": limit,
@@ -198,16 +209,29 @@ class DualIndex:
             "exact": self.exact,
             "hnsw_ef": self.hnsw_ef,
         }
-        if self._pool is not None:
-            pending_old = self._pool.submit(self.store.search, self.pair.old_collection, old_q, **args)
-            new_raw = self.store.search(self.pair.new_collection, new_q, **args)
-            old_raw = pending_old.result()
-        else:
-            old_raw = self.store.search(self.pair.old_collection, old_q, **args)
-            new_raw = self.store.search(self.pair.new_collection, new_q, **args)
-        return merge_batches(self._hits(old_raw, "old"), self._hits(new_raw, "new"), limit)
+        old_args = {**args, "filter": self._old_filter(filter)}
+        old_name, new_name = self.pair.old_collection, self.pair.new_collection
+        pending = None
+        if self._pool is not None and new_q is not None and old_q is not None:
+            pending = self._pool.submit(self.store.search, old_name, old_q, **old_args)
+        new_raw = None if new_q is None else self.store.search(new_name, new_q, **args)
+        old_raw: list[list[ScoredRecord]] | None = None
+        if pending is not None:
+            old_raw = pending.result()
+        elif old_q is not None:
+            old_raw = self.store.search(old_name, old_q, **old_args)
+        rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
+        return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 
-    def _check(self, vectors: np.ndarray, dim: int, side: str) -> np.ndarray:
+    def _old_filter(self, filter: Filter | None) -> Filter | None:
+        # Keep-old mode: migrated points stay in old but are served from new only.
+        if self.pair.keep_old and self.pair.state == "backfilling":
+            return (as_where(filter) or Where()) & Where(must_not={MIGRATED: True})
+        return filter
+
+    def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
+        if vectors is None or dim is None:
+            raise ConfigError(f"pair {self.pair.name!r} is {self.pair.state}: it needs {side} query vectors")
         array = np.asarray(vectors, dtype=np.float32)
         if array.ndim == 1:
             array = array.reshape(1, -1)
@@ -215,7 +239,9 @@ class DualIndex:
             raise DimensionMismatch(f"{side} collection takes {dim}-d queries, got shape {array.shape}")
         return array
 
-    def _hits(self, results: list[list[ScoredRecord]], source: Source) -> list[list[Hit]]:
+    def _hits(self, results: list[list[ScoredRecord]] | None, source: Source, rows: int) -> list[list[Hit]]:
+        if results is None:
+            return [[] for _ in range(rows)]
         d = self.pair.distance
         return [
             [Hit(r.id, r.score, score_to_distance(r.score, d), source, r.payload) for r in hits]
@@ -254,13 +280,23 @@ class DualIndex:
         between leaves the point in both collections (search returns it once),
         never in neither.
         """
+        if self.pair.state == "rolled_back":
+            raise ConfigError(
+                f"pair {self.pair.name!r} was rolled back: the old model serves, index into old"
+            )
         self.store.upsert(self.pair.new_collection, ids, vectors, payloads)
-        self.store.delete(self.pair.old_collection, ids)
+        if self._old_dim is not None:
+            self.store.delete(self.pair.old_collection, ids)
 
     def delete(self, ids: Sequence[PointId]) -> None:
         """Remove points from the gallery: from both collections."""
-        self.store.delete(self.pair.old_collection, ids)
+        if self._old_dim is not None:
+            self.store.delete(self.pair.old_collection, ids)
         self.store.delete(self.pair.new_collection, ids)
+
+    def refresh(self) -> None:
+        """Re-read the pair record (a long-lived server calls this to see a cutover)."""
+        self.pair = load_pair(self.store, self.pair.name)
 
     # -- state -----------------------------------------------------------------
 

@@ -33,3 +33,11 @@ class EncoderError(RmqError):
 
 class ImageError(RmqError):
     """An image could not be read or decoded."""
+
+
+class SourceError(RmqError):
+    """A point's source image could not be fetched (bad URI, missing file, HTTP error)."""
+
+
+class MigrationError(RmqError):
+    """A migration cannot start or go on (bad state, too many failures, refused cutover)."""

@@ -53,7 +53,12 @@ class PairRecord:
         encoder: The graph that makes new-collection vectors (and, in ``rm``
             mode, old-collection queries).
         old_encoder: The old model, for the ``naive`` mode (optional in ``rm``).
-        state: ``backfilling`` until the pair is finalised.
+        state: ``backfilling``, then ``finalized`` (new serves alone) or
+            ``rolled_back`` (old serves alone; keep-old pairs only).
+        keep_old: migrated points stay in old, marked and hidden from search, so
+            the pair can roll back to the old model at once.
+        order: the backfill order the old points are ranked by (None: not yet).
+        order_seed: the seed of that order.
     """
 
     name: str
@@ -64,6 +69,9 @@ class PairRecord:
     encoder: ModelRef
     old_encoder: ModelRef | None = None
     state: str = "backfilling"
+    keep_old: bool = False
+    order: str | None = None
+    order_seed: int = 0
 
     def to_payload(self) -> dict[str, Any]:
         return {"kind": "pair", "name": self.name, "record": asdict(self)}
@@ -151,6 +159,7 @@ def create_pair(
     old_encoder: OnnxEncoder | None = None,
     new_collection: str | None = None,
     mode: Mode | None = None,
+    keep_old: bool = False,
 ) -> PairRecord:
     """Create the new collection and the pair record (what ``rmq init`` does).
 
@@ -202,6 +211,7 @@ def create_pair(
         distance=old_spec.distance,
         encoder=ModelRef.of(encoder, gallery),
         old_encoder=ModelRef.of(old_encoder, old_encoder.info.gallery_output()) if old_encoder else None,
+        keep_old=keep_old,
     )
     save_pair(store, record)
     record_collection_model(store, target, record.encoder)

@@ -1,0 +1,368 @@
+"""The online backfill: move gallery points from the old collection to the new one.
+
+Each batch goes through three stages that overlap (a bounded pipeline): while
+the encoder embeds batch k on the calling thread, a thread pool fetches and
+decodes the images of batch k+1, and a writer thread settles batch k-1. A batch
+is settled in this order, which keeps DESIGN.md's invariants:
+
+1. insert-only upsert into new (waited): a fresher write by a user always wins;
+2. read back from new (ids present, vectors of the right size) and from old;
+3. retire the confirmed points from old (delete, or mark in keep-old mode);
+   delete a migrated copy whose point a user deleted meanwhile;
+4. record fetch/decode failures on the old points, which stay searchable.
+
+All state lives in Qdrant: the ranks of the backfill order and the failures are
+payload fields of the old points, the order's name is in the pair record, and
+what is done is simply what is no longer (or no longer unmarked) in old. A run
+killed at any moment is resumed by running it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.errors import ImageError, MigrationError, SourceError
+from rm_qdrant.merge import PointId
+from rm_qdrant.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
+from rm_qdrant.pair import PairRecord, save_pair
+from rm_qdrant.planning import (
+    BUCKET,
+    ERROR,
+    MIGRATED,
+    RANK,
+    chunks,
+    new_payload,
+    over_failure_limit,
+    points_to_move,
+    settle,
+)
+from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.store import Store, Where
+
+log = logging.getLogger(__name__)
+_PAGE = 2_000
+
+
+@dataclass(frozen=True)
+class MigrateOptions:
+    """What one ``rmq migrate`` run does.
+
+    Attributes:
+        batch: points per batch (each batch is one write to new and one to old).
+        until: stop once this fraction of the gallery is in new.
+        limit: move at most this many points in this run.
+        order: backfill order; None keeps the pair's order (``random`` for a new pair).
+        seed: seed of the ``random`` and ``centroid-unsupervised`` orders.
+        shard: ``(i, n)``: move only the points of worker i of n.
+        retry_failed: also try points whose last attempt failed.
+        max_failure_share: stop when more than this share of a batch fails.
+        fetch_workers: threads fetching and decoding images.
+        source: how images are fetched.
+    """
+
+    batch: int = 10_000
+    until: float | None = None
+    limit: int | None = None
+    order: str | None = None
+    seed: int = 0
+    shard: tuple[int, int] | None = None
+    retry_failed: bool = False
+    max_failure_share: float = 0.5
+    fetch_workers: int = 8
+    source: SourceConfig = field(default_factory=SourceConfig)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One settled batch."""
+
+    moved: int
+    repaired: int
+    failed: list[tuple[PointId, str]]
+    gone: int
+    unconfirmed: int
+
+
+@dataclass
+class MigrationReport:
+    """What a run did, summed over its batches."""
+
+    planned: int = 0
+    moved: int = 0
+    repaired: int = 0
+    failed: int = 0
+    gone: int = 0
+    unconfirmed: int = 0
+    seconds: float = 0.0
+    stopped_early: bool = False
+    failure_sample: list[tuple[PointId, str]] = field(default_factory=list)
+
+    def add(self, result: BatchResult) -> None:
+        self.moved += result.moved
+        self.repaired += result.repaired
+        self.failed += len(result.failed)
+        self.gone += result.gone
+        self.unconfirmed += result.unconfirmed
+        self.failure_sample = (self.failure_sample + result.failed)[:5]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    ids: list[PointId]  # still in old, in plan order
+    payloads: dict[PointId, dict[str, Any]]
+    already_in_new: list[PointId]
+    tensors: dict[PointId, np.ndarray]
+    failed: list[tuple[PointId, str]]
+    gone: int
+
+
+def active_where(pair: PairRecord) -> Where:
+    """Old points that still serve from old (keep-old mode hides migrated ones)."""
+    return Where(must_not={MIGRATED: True}) if pair.keep_old else Where()
+
+
+def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) -> PairRecord:
+    """Rank the old points in backfill order and record the order in the pair.
+
+    Only points that still serve from old are ranked. Returns the updated record.
+    """
+    for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "bool")):
+        store.create_index(pair.old_collection, name, kind)
+    ids, payloads, vectors = _read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
+    positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
+    store.set_payload(
+        pair.old_collection,
+        [(i, {RANK: int(r), BUCKET: bucket(i)}) for i, r in zip(ids, positions.tolist(), strict=True)],
+    )
+    updated = replace(pair, order=order, order_seed=seed)
+    save_pair(store, updated)
+    log.info("ranked %d old points in %s order", len(ids), order)
+    return updated
+
+
+def _read_all(
+    store: Store, collection: str, where: Where, with_vectors: bool
+) -> tuple[list[PointId], list[dict[str, Any]], np.ndarray | None]:
+    ids: list[PointId] = []
+    payloads: list[dict[str, Any]] = []
+    rows: list[np.ndarray] = []
+    offset: PointId | None = None
+    while True:
+        page, offset = store.scroll(
+            collection, limit=_PAGE, offset=offset, with_vectors=with_vectors, where=where
+        )
+        for record in page:
+            ids.append(record.id)
+            payloads.append(record.payload)
+            if with_vectors and record.vector is not None:
+                rows.append(record.vector)
+        if offset is None:
+            break
+    return ids, payloads, (np.stack(rows) if with_vectors and rows else None)
+
+
+def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointId]:
+    """The ids this run will attempt, in backfill order (the order must be prepared)."""
+    active = active_where(pair)
+    old_active = store.count(pair.old_collection, active)
+    budget = points_to_move(
+        old_active=old_active,
+        new=store.count(pair.new_collection),
+        until=options.until,
+        limit=options.limit,
+    )
+    where = active
+    if options.shard is not None:
+        where = where & Where(must={BUCKET: shard_buckets(*options.shard)})
+        budget = -(-budget // options.shard[1])  # this worker's share, rounded up
+    if not options.retry_failed:
+        where = where & Where(empty=(ERROR,))
+    if budget == 0:
+        return []
+    page, _ = store.scroll(pair.old_collection, limit=budget, where=where, order_by=RANK)
+    return [record.id for record in page]
+
+
+def unranked(store: Store, pair: PairRecord) -> int:
+    """Old points that serve from old but have no rank (added after the order was computed)."""
+    return store.count(pair.old_collection, active_where(pair) & Where(empty=(RANK,)))
+
+
+class Migrator:
+    """Runs one migration over a DualIndex's pair with its encoder.
+
+    Example:
+        >>> index = DualIndex.open(store, "photos")  # doctest: +SKIP
+        >>> report = Migrator(index, MigrateOptions(batch=1000, until=0.5)).run()  # doctest: +SKIP
+    """
+
+    def __init__(self, index: DualIndex, options: MigrateOptions) -> None:
+        if index.pair.state != "backfilling":
+            raise MigrationError(f"pair {index.pair.name!r} is {index.pair.state}: nothing to migrate")
+        if index.encoder is None:
+            raise MigrationError("a migration needs the pair's encoder")
+        if not 0.0 <= options.max_failure_share <= 1.0:
+            raise MigrationError(f"max failure share must be in [0, 1], got {options.max_failure_share}")
+        self.index = index
+        self.store = index.store
+        self.options = options
+        self.encoder = index.encoder
+        self.output = index.encoder.info.gallery_output()
+        self.dim = index.store.collection(index.pair.new_collection).dim
+
+    @property
+    def pair(self) -> PairRecord:
+        return self.index.pair
+
+    def ensure_order(self) -> None:
+        """Rank the old points if the order is new or changed, or some points lack a rank."""
+        wanted = self.options.order or self.pair.order or "random"
+        if wanted == self.pair.order and unranked(self.store, self.pair) == 0:
+            return
+        if self.options.shard is not None:
+            raise MigrationError(
+                f"the {wanted} order is not prepared for every point; run 'rmq migrate --prepare' "
+                "(without --shard) before starting sharded workers"
+            )
+        self.index.pair = prepare_order(self.store, self.pair, wanted, seed=self.options.seed)
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        on_batch: Callable[[BatchResult], None] | None = None,
+        on_plan: Callable[[int], None] | None = None,
+    ) -> MigrationReport:
+        """Migrate until the plan is done, ``stop`` is set, or too much of a batch fails.
+
+        Raises:
+            MigrationError: more than ``max_failure_share`` of a batch failed (that
+                batch is settled first: its good points are moved, its failures recorded).
+        """
+        started = time.perf_counter()
+        self.ensure_order()
+        ids = plan(self.store, self.pair, self.options)
+        report = MigrationReport(planned=len(ids))
+        if on_plan is not None:
+            on_plan(len(ids))
+        batches = list(chunks(ids, self.options.batch))
+        with (
+            ImageSource(self.options.source) as source,
+            ThreadPoolExecutor(self.options.fetch_workers, "rmq-fetch") as fetch,
+            ThreadPoolExecutor(1, "rmq-prepare") as prepare,
+            ThreadPoolExecutor(1, "rmq-write") as write,
+        ):
+            queue = iter(batches)
+
+            def next_batch() -> Future[_Prepared] | None:
+                batch = next(queue, None)
+                return None if batch is None else prepare.submit(self._prepare, batch, source, fetch)
+
+            upcoming, pending_write = next_batch(), None
+            while upcoming is not None:
+                if stop is not None and stop.is_set():
+                    report.stopped_early = True
+                    upcoming.cancel()
+                    break
+                prepared = upcoming.result()
+                upcoming = next_batch()  # fetched and decoded while this one is encoded
+                vectors = self._encode(prepared)
+                if pending_write is not None:
+                    self._collect(pending_write.result(), report, on_batch)
+                pending_write = write.submit(self._settle, prepared, vectors)
+            if pending_write is not None:
+                self._collect(pending_write.result(), report, on_batch)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _collect(
+        self,
+        result: BatchResult,
+        report: MigrationReport,
+        on_batch: Callable[[BatchResult], None] | None,
+    ) -> None:
+        report.add(result)
+        if on_batch is not None:
+            on_batch(result)
+        attempted = result.moved + result.repaired + len(result.failed)
+        if over_failure_limit(len(result.failed), attempted, self.options.max_failure_share):
+            reason = result.failed[0][1]
+            raise MigrationError(
+                f"{len(result.failed)} of {attempted} points in a batch failed (first: {reason}); "
+                "stopping: fix the source and rerun, or raise --max-failures"
+            )
+
+    def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
+        pair = self.pair
+        present = self.store.retrieve(pair.old_collection, list(batch))
+        payloads = {r.id: r.payload for r in present}
+        ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
+        done = {r.id for r in self.store.retrieve(pair.new_collection, ids)}
+        todo = [i for i in ids if i not in done]
+        loaded = fetch.map(lambda i: self._load(source, payloads[i].get("uri")), todo)
+        tensors, failed = {}, []
+        for point_id, (tensor, error) in zip(todo, loaded, strict=True):
+            if tensor is not None:
+                tensors[point_id] = tensor
+            else:
+                failed.append((point_id, error))
+        already = [i for i in ids if i in done]
+        return _Prepared(ids, payloads, already, tensors, failed, len(batch) - len(ids))
+
+    def _load(self, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
+        try:
+            return self.encoder.preprocess([source.fetch(uri)]), ""
+        except (SourceError, ImageError) as exc:
+            return None, str(exc)
+
+    def _encode(self, prepared: _Prepared) -> np.ndarray:
+        if not prepared.tensors:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        batch = np.concatenate(list(prepared.tensors.values()))
+        vectors = self.encoder.run(batch, [self.output])[self.output]
+        log.debug("encoded %s", list(prepared.tensors))
+        return vectors
+
+    def _settle(self, prepared: _Prepared, vectors: np.ndarray) -> BatchResult:
+        pair, store = self.pair, self.store
+        written = list(prepared.tensors)
+        if written:
+            payloads = [new_payload(prepared.payloads[i]) for i in written]
+            store.upsert(pair.new_collection, written, vectors, payloads, insert_only=True)
+            log.debug("acknowledged %s", written)
+        batch = written + prepared.already_in_new
+        in_new = {
+            r.id: (0 if r.vector is None else len(r.vector), r.payload)
+            for r in store.retrieve(pair.new_collection, batch, with_vectors=True)
+        }
+        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch)}
+        outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)
+        if outcome.delete_from_new:
+            store.delete(pair.new_collection, outcome.delete_from_new)
+        if pair.keep_old:
+            store.set_payload(
+                pair.old_collection, [(i, {MIGRATED: True, ERROR: None}) for i in outcome.remove_from_old]
+            )
+        else:
+            store.delete(pair.old_collection, outcome.remove_from_old)
+        if prepared.failed:
+            store.set_payload(pair.old_collection, [(i, {ERROR: reason}) for i, reason in prepared.failed])
+        if outcome.unconfirmed:
+            log.warning("%d written points were not found in new; they stay in old", len(outcome.unconfirmed))
+        removed = set(outcome.remove_from_old)
+        return BatchResult(
+            moved=sum(i in removed for i in written),
+            repaired=sum(i in removed for i in prepared.already_in_new),
+            failed=prepared.failed,
+            gone=prepared.gone + len(batch) - len(still_in_old),
+            unconfirmed=len(outcome.unconfirmed),
+        )

@@ -1,0 +1,144 @@
+"""Backfill orders: which gallery points migrate first (pure numpy, no I/O).
+
+Each order gives every point a key; points migrate in ascending key order, so
+the first to move are the ones the old model serves worst (the paper's appendix):
+
+- ``random``: a seeded hash of the id.
+- ``confidence``: the old classifier's max-softmax (payload ``old_confidence``,
+  written by ``rmq index`` when the old encoder has a ``scores`` output);
+  least confident first.
+- ``centroid``: cosine similarity of the old vector to its class centroid
+  (payload ``label``); least typical first.
+- ``centroid-unsupervised``: the same against spherical k-means centroids of the
+  old vectors, for galleries without labels.
+- ``payload:FIELD``: any numeric payload field, ascending.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.merge import PointId
+
+ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised", "payload:FIELD")
+CONFIDENCE_FIELD = "old_confidence"
+BUCKETS = 256
+
+
+def check_order(spec: str) -> str:
+    """Return ``spec`` if it names an order, else raise ConfigError."""
+    if spec in ORDERS[:4] or (spec.startswith("payload:") and len(spec) > len("payload:")):
+        return spec
+    raise ConfigError(f"unknown backfill order {spec!r}; expected one of {', '.join(ORDERS)}")
+
+
+def needs_vectors(spec: str) -> bool:
+    """Whether the order reads the old vectors (the centroid orders do)."""
+    return spec.startswith("centroid")
+
+
+def bucket(point_id: PointId) -> int:
+    """A stable bucket in [0, BUCKETS) for sharding work by id."""
+    return hashlib.blake2b(str(point_id).encode(), digest_size=2).digest()[0] % BUCKETS
+
+
+def shard_buckets(index: int, count: int) -> list[int]:
+    """The buckets worker ``index`` of ``count`` owns (each bucket has exactly one owner)."""
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"bad shard {index}/{count}: need 0 <= i < n")
+    return [b for b in range(BUCKETS) if b % count == index]
+
+
+def _random_keys(ids: Sequence[PointId], seed: int) -> np.ndarray:
+    digests = (hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest() for i in ids)
+    return np.array([int.from_bytes(d, "big") / 2.0**64 for d in digests])
+
+
+def _numeric_field(payloads: Sequence[Mapping[str, Any]], field: str, hint: str) -> np.ndarray:
+    values = [p.get(field) for p in payloads]
+    missing = sum(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values)
+    if missing:
+        raise ConfigError(f"{missing} of {len(values)} points have no numeric payload {field!r}; {hint}")
+    return np.asarray(values, dtype=np.float64)
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+def _centroid_keys(vectors: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    unit = _unit(vectors)
+    keys = np.empty(len(unit))
+    for g in np.unique(groups):
+        members = groups == g
+        centre = _unit(unit[members].mean(axis=0, keepdims=True))[0]
+        keys[members] = unit[members] @ centre
+    return keys
+
+
+def spherical_kmeans(vectors: np.ndarray, k: int, *, seed: int = 0, iterations: int = 20) -> np.ndarray:
+    """Cluster unit vectors by cosine similarity; returns each row's cluster index."""
+    unit = _unit(vectors)
+    rng = np.random.default_rng(seed)
+    centres = unit[rng.choice(len(unit), size=min(k, len(unit)), replace=False)]
+    labels = np.zeros(len(unit), dtype=np.int64)
+    for _ in range(iterations):
+        labels = np.argmax(unit @ centres.T, axis=1)
+        for c in range(len(centres)):
+            members = unit[labels == c]
+            if len(members):
+                centres[c] = _unit(members.mean(axis=0, keepdims=True))[0]
+    return labels
+
+
+def order_keys(
+    spec: str,
+    ids: Sequence[PointId],
+    payloads: Sequence[Mapping[str, Any]],
+    vectors: np.ndarray | None = None,
+    *,
+    seed: int = 0,
+    clusters: int | None = None,
+) -> np.ndarray:
+    """One key per point for the order ``spec``; points migrate in ascending key order.
+
+    Raises:
+        ConfigError: the order is unknown, or the points lack what it reads.
+    """
+    check_order(spec)
+    if len(ids) == 0:
+        return np.zeros(0)
+    if spec == "random":
+        return _random_keys(ids, seed)
+    if spec == "confidence":
+        return _numeric_field(
+            payloads, CONFIDENCE_FIELD, "index with an old encoder that has a 'scores' output"
+        )
+    if spec.startswith("payload:"):
+        return _numeric_field(payloads, spec.split(":", 1)[1], "choose a field every point has")
+    if vectors is None or len(vectors) != len(ids):
+        raise ConfigError(f"order {spec!r} needs the old vectors of every point")
+    if spec == "centroid":
+        labels = [p.get("label") for p in payloads]
+        if any(label is None for label in labels):
+            missing = sum(label is None for label in labels)
+            raise ConfigError(
+                f"{missing} points have no 'label' payload; "
+                "use 'centroid-unsupervised' for unlabelled galleries"
+            )
+        return _centroid_keys(vectors, np.unique(np.asarray(labels, dtype=str), return_inverse=True)[1])
+    k = clusters or max(2, min(100, int(np.sqrt(len(ids) / 2))))
+    return _centroid_keys(vectors, spherical_kmeans(vectors, k, seed=seed))
+
+
+def ranks(keys: np.ndarray) -> np.ndarray:
+    """Positions 0..n-1 in ascending key order (ties keep input order)."""
+    positions = np.empty(len(keys), dtype=np.int64)
+    positions[np.argsort(keys, kind="stable")] = np.arange(len(keys))
+    return positions

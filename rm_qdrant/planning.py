@@ -1,0 +1,117 @@
+"""Migration planning and bookkeeping that needs no store (pure functions).
+
+Payload fields that rm-qdrant writes on gallery points are named here too, so
+every module spells them the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.merge import PointId
+
+RANK = "rmq_rank"  # position in the backfill order (old points)
+BUCKET = "rmq_bucket"  # shard bucket, from the id (old points)
+ERROR = "rmq_error"  # why the last migration attempt failed (old points)
+MIGRATED = "rmq_migrated"  # keep-old mode: this old point has a copy in new
+ORIGIN = "rmq_origin"  # "migrate" on new points the migration wrote
+ORIGIN_MIGRATE = "migrate"
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, ORIGIN)
+
+
+def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:
+    """How many points this run may still move to respect ``--until`` and ``--limit``.
+
+    >>> points_to_move(old_active=70, new=30, until=0.5, limit=None)
+    20
+    """
+    if until is not None and not 0.0 <= until <= 1.0:
+        raise ConfigError(f"--until must be a fraction in [0, 1], got {until}")
+    room = old_active
+    if until is not None:
+        room = min(room, max(0, math.ceil(until * (old_active + new) - 1e-9) - new))
+    if limit is not None:
+        room = min(room, max(0, limit))
+    return room
+
+
+def over_failure_limit(failed: int, attempted: int, share: float) -> bool:
+    """Whether a batch failed badly enough to stop the run (more than ``share`` of it)."""
+    return attempted > 0 and failed / attempted > share
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` → ``(i, n)``, checked."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"bad --shard {text!r}: expected i/n, e.g. 0/2") from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"bad --shard {text!r}: need 0 <= i < n")
+    return index, count
+
+
+def new_payload(old: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload a migrated point gets in new: the old one, less bookkeeping, marked."""
+    body = {k: v for k, v in old.items() if k not in INTERNAL_FIELDS}
+    body[ORIGIN] = ORIGIN_MIGRATE
+    return body
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What to do with a written batch once new and old have been read back.
+
+    Attributes:
+        remove_from_old: confirmed in new and still in old: safe to retire the old copy.
+        delete_from_new: our copy resurrected a point the user deleted meanwhile.
+        unconfirmed: written but not found (or malformed) in new: left in old for a retry.
+    """
+
+    remove_from_old: list[PointId]
+    delete_from_new: list[PointId]
+    unconfirmed: list[PointId]
+
+
+def settle(
+    batch: Sequence[PointId],
+    *,
+    in_new: Mapping[PointId, tuple[int, Mapping[str, Any]]],
+    still_in_old: Collection[PointId],
+    dim: int,
+) -> Settlement:
+    """Decide the fate of each id of a batch after its insert-only write to new.
+
+    Args:
+        batch: ids written (or found already written) to new.
+        in_new: id → (vector length, payload) as read back from new.
+        still_in_old: ids of the batch still present in old.
+        dim: the new collection's vector size.
+
+    An id gone from old meanwhile was deleted or updated by a user. If the copy
+    in new is still the migration's own (marked ``rmq_origin``), the user deleted
+    it, and the copy must go; a user's update replaced the copy, so it stays.
+    """
+    remove, resurrected, unconfirmed = [], [], []
+    for point_id in batch:
+        found = in_new.get(point_id)
+        if point_id not in still_in_old:
+            if found is not None and found[1].get(ORIGIN) == ORIGIN_MIGRATE:
+                resurrected.append(point_id)
+        elif found is None or found[0] != dim:
+            unconfirmed.append(point_id)
+        else:
+            remove.append(point_id)
+    return Settlement(remove, resurrected, unconfirmed)
+
+
+def chunks(items: Sequence[PointId], size: int) -> Iterable[Sequence[PointId]]:
+    """Consecutive slices of at most ``size`` items."""
+    if size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {size}")
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
