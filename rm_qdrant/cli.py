@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any
 
 import click
 
-from rm_qdrant.dual import DualIndex, pair_status
+from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store
+from rm_qdrant.cli_migrate import finalize_command, migrate, rollback_command
+from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
-from rm_qdrant.errors import ConfigError, RmqError
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.indexing import index_images, scan_image_folder
 from rm_qdrant.pair import create_pair, load_pair
-from rm_qdrant.store import Store, open_store
-
-
-class _Group(click.Group):
-    """Turns library errors into one line on stderr and exit code 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except RmqError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-
-def _store(ctx: click.Context) -> Store:
-    obj = ctx.find_root().obj
-    if obj.get("store") is None:
-        obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"])
-        ctx.find_root().call_on_close(obj["store"].close)
-    return obj["store"]
-
-
-def _emit(data: Any, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+from rm_qdrant.status import pair_status
 
 
 def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
@@ -49,11 +28,7 @@ def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
     return parsed or None
 
 
-name_option = click.option("--name", required=True, help="The pair's name.")
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-@click.group(cls=_Group)
+@click.group(cls=Group)
 @click.option(
     "--qdrant",
     envvar="RMQ_QDRANT",
@@ -62,11 +37,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
     help="Embedded store folder, ':memory:', or a server URL (http(s)://host:6333).",
 )
 @click.option("--api-key", envvar="QDRANT_API_KEY", default=None, help="Qdrant server API key.")
-@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+@click.option("-v", "--verbose", count=True, help="Log progress (-v) or every batch's ids (-vv).")
 @click.pass_context
-def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: bool) -> None:
+def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> None:
     """Online backfilling for Qdrant: serve the new embedding model while the gallery migrates."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    if verbose < 2:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None}
 
 
@@ -81,6 +59,9 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: bool) -> 
     type=click.Choice(["rm", "naive"]),
     help="Query mode [default: rm if the encoder has a 'rev' output].",
 )
+@click.option(
+    "--keep-old", is_flag=True, help="Keep migrated points in old (hidden) so 'rmq rollback' works."
+)
 @json_option
 @click.pass_context
 def init(
@@ -91,20 +72,22 @@ def init(
     old_encoder: str | None,
     new_collection: str | None,
     mode: str | None,
+    keep_old: bool,
     as_json: bool,
 ) -> None:
     """Create the new collection and the pair record."""
     record = create_pair(
-        _store(ctx),
+        open_cli_store(ctx),
         name,
         old_collection=old_collection,
         encoder=OnnxEncoder(encoder),
         old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
         new_collection=new_collection,
         mode=mode,  # type: ignore[arg-type]
+        keep_old=keep_old,
     )
     text = f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}"
-    _emit(dataclasses.asdict(record), as_json, text)
+    emit(dataclasses.asdict(record), as_json, text)
 
 
 @cli.command()
@@ -129,7 +112,7 @@ def index(
     """Load an image folder into a collection (reproduces an existing deployment)."""
     if (name is None) == (collection is None):
         raise ConfigError("give exactly one of --name and --collection")
-    store = _store(ctx)
+    store = open_cli_store(ctx)
     target = collection or load_pair(store, name or "").old_collection
     items = scan_image_folder(data)
     model = OnnxEncoder(encoder)
@@ -139,7 +122,7 @@ def index(
     text = f"indexed {report.indexed} images into {target!r}"
     if report.failed:
         text += f"; skipped {len(report.failed)} unreadable, first: {report.failed[0][1]}"
-    _emit(summary, as_json, text)
+    emit(summary, as_json, text)
 
 
 @cli.command()
@@ -167,7 +150,7 @@ def search(
 ) -> None:
     """Search the pair with one image; hits from both collections, merged by distance."""
     opened = DualIndex.open(
-        _store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
+        open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
     )
     with opened as dual:
         hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
@@ -179,7 +162,7 @@ def search(
             f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
             f"{str(hit.payload.get('label', '')):10}  {hit.id}  {where}"
         )
-    _emit(rows, as_json, "\n".join(lines))
+    emit(rows, as_json, "\n".join(lines))
 
 
 @cli.command()
@@ -188,20 +171,29 @@ def search(
 @click.pass_context
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
     """Both collections' sizes, the fraction migrated, the query mode and the models."""
-    store = _store(ctx)
+    store = open_cli_store(ctx)
     state = pair_status(store, load_pair(store, name))
     data = {**dataclasses.asdict(state), "fraction": state.fraction}
     text = "\n".join(
         [
             f"pair          {state.name} ({state.mode}, {state.state})",
-            f"old           {state.old_collection}: {state.old_count} points",
+            f"old           {state.old_collection}: {state.old_count} points"
+            + (f" (+{state.kept_count} migrated, kept for rollback)" if state.keep_old else ""),
             f"new           {state.new_collection}: {state.new_count} points",
-            f"migrated      {state.fraction:.1%}",
+            f"migrated      {state.fraction:.1%} (order: {state.order or 'not prepared'})",
+            f"failed        {state.failed}",
+            *(f"  {pid}  {uri}: {reason}" for pid, uri, reason in state.failure_sample),
             f"encoder       {state.encoder}",
             f"old encoder   {state.old_encoder or '-'}",
+            f"alias         {state.alias or '-'}",
         ]
     )
-    _emit(data, as_json, text)
+    emit(data, as_json, text)
+
+
+cli.add_command(migrate)
+cli.add_command(finalize_command)
+cli.add_command(rollback_command)
 
 
 def main() -> None:

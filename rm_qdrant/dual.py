@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,48 +15,11 @@ from rm_qdrant.images import ImageLike, as_batch
 from rm_qdrant.merge import Hit, PointId, Source, merge_batches, score_to_distance
 from rm_qdrant.pair import ModelRef, PairRecord, load_pair
 from rm_qdrant.planning import MIGRATED
+from rm_qdrant.status import PairStatus, pair_status
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import as_where
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PairStatus:
-    """Sizes and models of a pair, as ``rmq status`` shows them."""
-
-    name: str
-    mode: str
-    state: str
-    old_collection: str
-    new_collection: str
-    old_count: int
-    new_count: int
-    encoder: str
-    old_encoder: str | None
-
-    @property
-    def fraction(self) -> float:
-        """Share of the gallery in the new collection (0 for an empty gallery)."""
-        total = self.old_count + self.new_count
-        return self.new_count / total if total else 0.0
-
-
-def pair_status(store: Store, pair: PairRecord) -> PairStatus:
-    """Both collections' sizes and the pair's models; needs no encoder."""
-    return PairStatus(
-        name=pair.name,
-        mode=pair.mode,
-        state=pair.state,
-        old_collection=pair.old_collection,
-        new_collection=pair.new_collection,
-        old_count=store.count(pair.old_collection),
-        new_count=store.count(pair.new_collection),
-        encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
-        old_encoder=(
-            f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None
-        ),
-    )
 
 
 def _open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:

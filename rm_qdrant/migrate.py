@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.dual import DualIndex
-from rm_qdrant.errors import ImageError, MigrationError, SourceError
+from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
 from rm_qdrant.merge import PointId
 from rm_qdrant.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
-from rm_qdrant.pair import PairRecord, save_pair
+from rm_qdrant.pair import PairRecord, active_where, save_pair
 from rm_qdrant.planning import (
     BUCKET,
     ERROR,
@@ -123,11 +123,6 @@ class _Prepared:
     tensors: dict[PointId, np.ndarray]
     failed: list[tuple[PointId, str]]
     gone: int
-
-
-def active_where(pair: PairRecord) -> Where:
-    """Old points that still serve from old (keep-old mode hides migrated ones)."""
-    return Where(must_not={MIGRATED: True}) if pair.keep_old else Where()
 
 
 def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) -> PairRecord:
@@ -238,22 +233,26 @@ class Migrator:
     def run(
         self,
         *,
+        ids: list[PointId] | None = None,
         stop: threading.Event | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
-        on_plan: Callable[[int], None] | None = None,
     ) -> MigrationReport:
         """Migrate until the plan is done, ``stop`` is set, or too much of a batch fails.
+
+        Args:
+            ids: the plan, if already made (:func:`plan`); made here otherwise.
+            stop: set it (from a signal handler, say) to stop after the current batch.
+            on_batch: called with each settled batch.
 
         Raises:
             MigrationError: more than ``max_failure_share`` of a batch failed (that
                 batch is settled first: its good points are moved, its failures recorded).
         """
         started = time.perf_counter()
-        self.ensure_order()
-        ids = plan(self.store, self.pair, self.options)
+        if ids is None:
+            self.ensure_order()
+            ids = plan(self.store, self.pair, self.options)
         report = MigrationReport(planned=len(ids))
-        if on_plan is not None:
-            on_plan(len(ids))
         batches = list(chunks(ids, self.options.batch))
         with (
             ImageSource(self.options.source) as source,
@@ -366,3 +365,63 @@ class Migrator:
             gone=prepared.gone + len(batch) - len(still_in_old),
             unconfirmed=len(outcome.unconfirmed),
         )
+
+
+def run_migration(
+    index: DualIndex,
+    options: MigrateOptions,
+    *,
+    workers: int = 1,
+    stop: threading.Event | None = None,
+    on_batch: Callable[[BatchResult], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
+) -> MigrationReport:
+    """What ``rmq migrate`` does: rank the gallery once, plan, then run ``workers`` shards.
+
+    With ``workers > 1`` the shards run as threads of this process (the embedded
+    store admits one process); against a server, ``options.shard`` lets separate
+    processes or machines share the work instead.
+
+    Raises:
+        ConfigError: ``workers`` is below 1, or combined with ``options.shard``.
+        MigrationError: see :meth:`Migrator.run`.
+    """
+    if workers < 1 or (workers > 1 and options.shard is not None):
+        raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
+    Migrator(index, options).ensure_order()
+    shards = [options] if workers == 1 else [replace(options, shard=(i, workers)) for i in range(workers)]
+    migrators = [Migrator(index, shard) for shard in shards]
+    plans = [plan(index.store, index.pair, m.options) for m in migrators]
+    if on_plan is not None:
+        on_plan(sum(map(len, plans)))
+    lock = threading.Lock()
+
+    def report_batch(result: BatchResult) -> None:
+        if on_batch is not None:
+            with lock:
+                on_batch(result)
+
+    halt = stop or threading.Event()
+
+    def work(migrator: Migrator, ids: list[PointId]) -> MigrationReport:
+        try:
+            return migrator.run(ids=ids, stop=halt, on_batch=report_batch)
+        except BaseException:
+            halt.set()  # one worker's failure stops the others after their batch
+            raise
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
+        futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
+        reports = [f.result() for f in futures]
+    total = MigrationReport(seconds=time.perf_counter() - started)
+    for part in reports:
+        total.planned += part.planned
+        total.moved += part.moved
+        total.repaired += part.repaired
+        total.failed += part.failed
+        total.gone += part.gone
+        total.unconfirmed += part.unconfirmed
+        total.stopped_early |= part.stopped_early
+        total.failure_sample = (total.failure_sample + part.failure_sample)[:5]
+    return total

@@ -16,7 +16,8 @@ import numpy as np
 
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
-from rm_qdrant.store import Store
+from rm_qdrant.planning import MIGRATED
+from rm_qdrant.store import Store, Where
 
 META_COLLECTION = "rmq_meta"
 _NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
@@ -59,6 +60,7 @@ class PairRecord:
             the pair can roll back to the old model at once.
         order: the backfill order the old points are ranked by (None: not yet).
         order_seed: the seed of that order.
+        alias: the alias that serves the gallery after a cutover or rollback.
     """
 
     name: str
@@ -72,6 +74,7 @@ class PairRecord:
     keep_old: bool = False
     order: str | None = None
     order_seed: int = 0
+    alias: str | None = None
 
     def to_payload(self) -> dict[str, Any]:
         return {"kind": "pair", "name": self.name, "record": asdict(self)}
@@ -83,6 +86,11 @@ class PairRecord:
         if raw.get("old_encoder"):
             raw["old_encoder"] = ModelRef(**raw["old_encoder"])
         return cls(**raw)
+
+
+def active_where(pair: PairRecord) -> Where:
+    """The old points that still serve from old (keep-old mode hides migrated ones)."""
+    return Where(must_not={MIGRATED: True}) if pair.keep_old else Where()
 
 
 def _key(kind: str, name: str) -> str:

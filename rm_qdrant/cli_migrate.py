@@ -1,0 +1,241 @@
+"""``rmq migrate``, ``rmq finalize`` and ``rmq rollback``: the backfill commands."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store
+from rm_qdrant.cutover import finalize, rollback
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.migrate import BatchResult, MigrateOptions, MigrationReport, run_migration
+from rm_qdrant.ordering import ORDERS, check_order
+from rm_qdrant.pair import active_where, load_pair
+from rm_qdrant.planning import parse_shard, points_to_move
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.store import Store
+
+
+@contextlib.contextmanager
+def stop_on_signals(echo: bool) -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM set the event (the run stops after its batch); a second one interrupts."""
+    stop = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        if echo:
+            click.echo("\nstopping after the current batch (again to interrupt)", err=True)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dict[str, Any]:
+    """What a run would do, without writing anything."""
+    pair = index.pair
+    old_active = store.count(pair.old_collection, active_where(pair))
+    new = store.count(pair.new_collection)
+    budget = points_to_move(old_active=old_active, new=new, until=options.until, limit=options.limit)
+    order = options.order or pair.order or "random"
+    return {
+        "pair": pair.name,
+        "order": order,
+        "order_ready": order == pair.order,
+        "old_points": old_active,
+        "new_points": new,
+        "would_move_at_most": budget,
+        "batches": -(-budget // options.batch),
+        "batch": options.batch,
+        "shard": options.shard,
+        "retry_failed": options.retry_failed,
+    }
+
+
+def _summary(report: MigrationReport) -> str:
+    rate = report.moved / report.seconds if report.seconds else 0.0
+    text = (
+        f"moved {report.moved} points in {report.seconds:.1f} s ({rate:,.0f} points/s); "
+        f"repaired {report.repaired}, failed {report.failed}, gone meanwhile {report.gone}"
+    )
+    if report.failure_sample:
+        text += f"\nfirst failure: {report.failure_sample[0][1]}"
+    if report.stopped_early:
+        text += "\nstopped early: run the same command again to continue"
+    return text
+
+
+@click.command()
+@name_option
+@click.option(
+    "--batch", default=10_000, show_default=True, type=click.IntRange(min=1), help="Points per batch."
+)
+@click.option(
+    "--until", type=click.FloatRange(0, 1), help="Stop once this fraction of the gallery is in new."
+)
+@click.option("--limit", type=click.IntRange(min=0), help="Move at most this many points in this run.")
+@click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random and k-means orders.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), help="Worker threads.")
+@click.option("--shard", help="This process's share, i/n (with other processes on a server).")
+@click.option("--retry-failed", is_flag=True, help="Also try points whose last attempt failed.")
+@click.option(
+    "--max-failures",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Stop when more than this share of a batch fails.",
+)
+@click.option("--root", type=click.Path(file_okay=False), help="Folder for relative image paths.")
+@click.option(
+    "--allow-scheme",
+    "schemes",
+    multiple=True,
+    default=("file", "http", "https"),
+    show_default=True,
+    help="URI schemes images may come from (repeatable).",
+)
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP connect/read.")
+@click.option(
+    "--fetch-workers",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Threads fetching and decoding images.",
+)
+@click.option("--prepare", is_flag=True, help="Rank the gallery in backfill order, then exit.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
+@json_option
+@click.pass_context
+def migrate(
+    ctx: click.Context,
+    name: str,
+    batch: int,
+    until: float | None,
+    limit: int | None,
+    order: str | None,
+    seed: int,
+    workers: int,
+    shard: str | None,
+    retry_failed: bool,
+    max_failures: float,
+    root: str | None,
+    schemes: tuple[str, ...],
+    timeout: float,
+    fetch_workers: int,
+    prepare: bool,
+    dry_run: bool,
+    encoder: str | None,
+    as_json: bool,
+) -> None:
+    """Move gallery points from the old collection to the new one, in backfill order."""
+    store = open_cli_store(ctx)
+    options = MigrateOptions(
+        batch=batch,
+        until=until,
+        limit=limit,
+        order=check_order(order) if order else None,
+        seed=seed,
+        shard=parse_shard(shard) if shard else None,
+        retry_failed=retry_failed,
+        max_failure_share=max_failures,
+        fetch_workers=fetch_workers,
+        source=SourceConfig(root=Path(root) if root else None, schemes=schemes, timeout=timeout),
+    )
+    index = DualIndex.open(store, name, encoder=encoder)
+    if dry_run:
+        planned = plan_summary(store, index, options)
+        emit(planned, as_json, "\n".join(f"{k:20} {v}" for k, v in planned.items()))
+        return
+    if prepare:
+        options = dataclasses.replace(options, limit=0)
+    with (
+        stop_on_signals(echo=not as_json) as stop,
+        _Progress(f"migrating {name}", hidden=as_json or prepare) as bar,
+    ):
+        report = run_migration(
+            index, options, workers=workers, stop=stop, on_batch=bar.batch, on_plan=bar.start
+        )
+    if prepare:
+        emit(
+            {"pair": name, "order": index.pair.order}, as_json, f"ranked {name!r} in {index.pair.order} order"
+        )
+    else:
+        emit(dataclasses.asdict(report), as_json, _summary(report))
+
+
+class _Progress:
+    """A progress bar over the planned points, showing points/s (and click's ETA)."""
+
+    def __init__(self, label: str, *, hidden: bool) -> None:
+        self.label, self.hidden = label, hidden
+        self.moved, self.started = 0, time.perf_counter()
+        self._stack = contextlib.ExitStack()
+        self._bar: Any = None
+
+    def start(self, total: int) -> None:
+        bar = click.progressbar(length=total, label=self.label, hidden=self.hidden, item_show_func=self._rate)
+        self._bar = self._stack.enter_context(bar)
+
+    def _rate(self, _: Any) -> str:
+        return f"{self.moved / max(time.perf_counter() - self.started, 1e-9):,.0f} points/s"
+
+    def batch(self, result: BatchResult) -> None:
+        self.moved += result.moved
+        self._bar.update(
+            result.moved + result.repaired + len(result.failed) + result.gone + result.unconfirmed
+        )
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+@click.command(name="finalize")
+@name_option
+@click.option("--alias", help="Serving alias to point at new [default: the pair's name].")
+@click.option("--drop-old", is_flag=True, help="Delete the old collection (no rollback afterwards).")
+@json_option
+@click.pass_context
+def finalize_command(ctx: click.Context, name: str, alias: str | None, drop_old: bool, as_json: bool) -> None:
+    """Cut over: point the serving alias at new; search then uses new alone."""
+    store = open_cli_store(ctx)
+    record = finalize(store, load_pair(store, name), alias=alias, drop_old=drop_old)
+    text = f"pair {name!r} finalized: alias {record.alias!r} -> {record.new_collection}"
+    emit(
+        dataclasses.asdict(record), as_json, text + (f"; dropped {record.old_collection}" if drop_old else "")
+    )
+
+
+@click.command(name="rollback")
+@name_option
+@click.option("--alias", help="Serving alias to point at old [default: the pair's].")
+@json_option
+@click.pass_context
+def rollback_command(ctx: click.Context, name: str, alias: str | None, as_json: bool) -> None:
+    """Serve the old model again from the old collection (pairs created with --keep-old)."""
+    store = open_cli_store(ctx)
+    record = rollback(store, load_pair(store, name), alias=alias)
+    emit(
+        dataclasses.asdict(record),
+        as_json,
+        f"pair {name!r} rolled back: alias {record.alias!r} -> {record.old_collection}",
+    )

@@ -1,0 +1,84 @@
+"""Ending a backfill: cut over to the new collection, or roll back to the old one."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.pair import PairRecord, active_where, save_pair
+from rm_qdrant.planning import ERROR
+from rm_qdrant.store import Store, Where
+
+log = logging.getLogger(__name__)
+
+
+def _check_alias(store: Store, alias: str) -> str:
+    if store.has_collection(alias):
+        raise ConfigError(
+            f"cannot use {alias!r} as the serving alias: a collection has that name "
+            "(choose --alias, or --drop-old to free the old collection's name)"
+        )
+    return alias
+
+
+def finalize(
+    store: Store, pair: PairRecord, *, alias: str | None = None, drop_old: bool = False
+) -> PairRecord:
+    """Point the serving alias at the new collection and serve from it alone.
+
+    Args:
+        alias: the name the application serves from (default: the pair's name).
+        drop_old: delete the old collection (no rollback is possible then). If the
+            alias is the old collection's own name, the collection is dropped first
+            so that the application's name now serves new.
+
+    Raises:
+        MigrationError: the pair is not backfilling, or old still serves points.
+    """
+    if pair.state != "backfilling":
+        raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
+    remaining = store.count(pair.old_collection, active_where(pair))
+    if remaining:
+        failed = store.count(pair.old_collection, active_where(pair) & Where(not_empty=(ERROR,)))
+        raise MigrationError(
+            f"{remaining} points still serve from {pair.old_collection!r} ({failed} of them failed; "
+            "see 'rmq status'): finish the migration (rmq migrate --retry-failed) first"
+        )
+    name = alias or pair.alias or pair.name
+    if drop_old and name == pair.old_collection:
+        # The application keeps its collection name: it becomes an alias of new. Queries
+        # by that name fail between the drop and the alias (a moment); DualIndex is unaffected.
+        store.delete_collection(pair.old_collection)
+    store.set_alias(_check_alias(store, name), pair.new_collection)
+    updated = replace(pair, state="finalized", alias=name)
+    save_pair(store, updated)
+    if drop_old and store.has_collection(pair.old_collection):
+        store.delete_collection(pair.old_collection)
+    log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
+    return updated
+
+
+def rollback(store: Store, pair: PairRecord, *, alias: str | None = None) -> PairRecord:
+    """Serve the old model again, from the old collection alone (keep-old pairs only).
+
+    Points added or updated through the new model since the backfill began are in
+    new only, so they are not served until they are indexed with the old model.
+
+    Raises:
+        MigrationError: the pair did not keep old points, or its old collection is gone.
+    """
+    if not pair.keep_old:
+        raise MigrationError(
+            f"pair {pair.name!r} removed migrated points from old (not --keep-old): "
+            "the old model cannot serve the whole gallery again"
+        )
+    if pair.state == "rolled_back":
+        raise MigrationError(f"pair {pair.name!r} is already rolled back")
+    if not store.has_collection(pair.old_collection):
+        raise MigrationError(f"the old collection {pair.old_collection!r} was dropped")
+    name = _check_alias(store, alias or pair.alias or pair.name)
+    store.set_alias(name, pair.old_collection)
+    updated = replace(pair, state="rolled_back", alias=name)
+    save_pair(store, updated)
+    return updated

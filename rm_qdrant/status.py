@@ -1,0 +1,77 @@
+"""What ``rmq status`` reports about a pair: sizes, progress, failures, models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rm_qdrant.merge import PointId
+from rm_qdrant.pair import PairRecord, active_where
+from rm_qdrant.planning import ERROR, MIGRATED
+from rm_qdrant.store import Store, Where
+
+SAMPLE = 5
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    """A pair's state as ``rmq status`` shows it.
+
+    Attributes:
+        old_count: points that still serve from old (migrated-but-kept points excluded).
+        kept_count: keep-old mode: migrated points kept in old for a rollback.
+        failed: old points whose last migration attempt failed.
+        failure_sample: up to five of them as (id, uri, reason).
+    """
+
+    name: str
+    mode: str
+    state: str
+    old_collection: str
+    new_collection: str
+    old_count: int
+    new_count: int
+    encoder: str
+    old_encoder: str | None
+    keep_old: bool = False
+    kept_count: int = 0
+    order: str | None = None
+    alias: str | None = None
+    failed: int = 0
+    failure_sample: list[tuple[PointId, str, str]] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        """Share of the gallery in the new collection (0 for an empty gallery)."""
+        total = self.old_count + self.new_count
+        return self.new_count / total if total else 0.0
+
+
+def pair_status(store: Store, pair: PairRecord) -> PairStatus:
+    """Both collections' sizes, the failures and the pair's models; needs no encoder."""
+    has_old = store.has_collection(pair.old_collection)
+    active = active_where(pair)
+    old_count = store.count(pair.old_collection, active) if has_old else 0
+    failed_where = active & Where(not_empty=(ERROR,))
+    failed = store.count(pair.old_collection, failed_where) if has_old else 0
+    sample = []
+    if failed:
+        page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
+        sample = [(r.id, str(r.payload.get("uri", "")), str(r.payload.get(ERROR))) for r in page]
+    kept = store.count(pair.old_collection, Where(must={MIGRATED: True})) if has_old and pair.keep_old else 0
+    return PairStatus(
+        name=pair.name,
+        mode=pair.mode,
+        state=pair.state,
+        old_collection=pair.old_collection,
+        new_collection=pair.new_collection,
+        old_count=old_count,
+        new_count=store.count(pair.new_collection),
+        encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
+        old_encoder=f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None,
+        keep_old=pair.keep_old,
+        kept_count=kept,
+        order=pair.order,
+        alias=pair.alias,
+        failed=failed,
+        failure_sample=sample,
+    )
