@@ -173,22 +173,26 @@ class DualIndex:
         }
         old_args = {**args, "filter": self._old_filter(filter)}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
+        # A migrating point is written to new before it leaves old, so searching old
+        # first and new second can see it twice (merge keeps one), never zero times.
+        # Searches sent together to a server have no order; the migration then waits
+        # REMOVAL_GRACE seconds between the two writes instead (see migrate.py).
         pending = None
         if self._pool is not None and new_q is not None and old_q is not None:
             pending = self._pool.submit(self.store.search, old_name, old_q, **old_args)
-        new_raw = None if new_q is None else self.store.search(new_name, new_q, **args)
         old_raw: list[list[ScoredRecord]] | None = None
+        if pending is None and old_q is not None:
+            old_raw = self.store.search(old_name, old_q, **old_args)
+        new_raw = None if new_q is None else self.store.search(new_name, new_q, **args)
         if pending is not None:
             old_raw = pending.result()
-        elif old_q is not None:
-            old_raw = self.store.search(old_name, old_q, **old_args)
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 
     def _old_filter(self, filter: Filter | None) -> Filter | None:
         # Keep-old mode: migrated points stay in old but are served from new only.
         if self.pair.keep_old and self.pair.state == "backfilling":
-            return (as_where(filter) or Where()) & Where(must_not={MIGRATED: True})
+            return (as_where(filter) or Where()) & Where(must_not={MIGRATED: 1})
         return filter
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:

@@ -50,6 +50,9 @@ from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
 _PAGE = 2_000
+#: Seconds between a batch's write to new and its removal from old where the store
+#: takes DualIndex's two searches concurrently: longer than any skew between them.
+REMOVAL_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
 
     Only points that still serve from old are ranked. Returns the updated record.
     """
-    for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "bool")):
+    for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "integer")):
         store.create_index(pair.old_collection, name, kind)
     ids, payloads, vectors = _read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
     positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
@@ -178,7 +181,8 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     where = active
     if options.shard is not None:
         where = where & Where(must={BUCKET: shard_buckets(*options.shard)})
-        budget = -(-budget // options.shard[1])  # this worker's share, rounded up
+        if budget < old_active:  # --until/--limit: each worker takes its share, rounded up
+            budget = -(-budget // options.shard[1])
     if not options.retry_failed:
         where = where & Where(empty=(ERROR,))
     if budget == 0:
@@ -338,6 +342,7 @@ class Migrator:
             payloads = [new_payload(prepared.payloads[i]) for i in written]
             store.upsert(pair.new_collection, written, vectors, payloads, insert_only=True)
             log.debug("acknowledged %s", written)
+        acknowledged = time.monotonic()
         batch = written + prepared.already_in_new
         in_new = {
             r.id: (0 if r.vector is None else len(r.vector), r.payload)
@@ -347,9 +352,11 @@ class Migrator:
         outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)
         if outcome.delete_from_new:
             store.delete(pair.new_collection, outcome.delete_from_new)
+        if store.concurrent_search:  # see REMOVAL_GRACE
+            time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
         if pair.keep_old:
             store.set_payload(
-                pair.old_collection, [(i, {MIGRATED: True, ERROR: None}) for i in outcome.remove_from_old]
+                pair.old_collection, [(i, {MIGRATED: 1, ERROR: None}) for i in outcome.remove_from_old]
             )
         else:
             store.delete(pair.old_collection, outcome.remove_from_old)

@@ -90,7 +90,7 @@ class PairRecord:
 
 def active_where(pair: PairRecord) -> Where:
     """The old points that still serve from old (keep-old mode hides migrated ones)."""
-    return Where(must_not={MIGRATED: True}) if pair.keep_old else Where()
+    return Where(must_not={MIGRATED: 1}) if pair.keep_old else Where()
 
 
 def _key(kind: str, name: str) -> str:

@@ -17,7 +17,8 @@ from rm_qdrant.merge import PointId
 RANK = "rmq_rank"  # position in the backfill order (old points)
 BUCKET = "rmq_bucket"  # shard bucket, from the id (old points)
 ERROR = "rmq_error"  # why the last migration attempt failed (old points)
-MIGRATED = "rmq_migrated"  # keep-old mode: this old point has a copy in new
+MIGRATED = "rmq_migrated"  # keep-old mode: 1 once this old point has a copy in new (an int:
+# qdrant-edge 0.9 does not match booleans in filters)
 ORIGIN = "rmq_origin"  # "migrate" on new points the migration wrote
 ORIGIN_MIGRATE = "migrate"
 INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, ORIGIN)

@@ -57,7 +57,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     if failed:
         page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
         sample = [(r.id, str(r.payload.get("uri", "")), str(r.payload.get(ERROR))) for r in page]
-    kept = store.count(pair.old_collection, Where(must={MIGRATED: True})) if has_old and pair.keep_old else 0
+    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if has_old and pair.keep_old else 0
     return PairStatus(
         name=pair.name,
         mode=pair.mode,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +86,60 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened = open_store(tmp_path / "qdrant" if request.param == "edge" else ":memory:")
     yield opened
     opened.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Serves the test image folder over HTTP, plus paths that misbehave on purpose."""
+
+    root: Path
+    flaky: dict[str, int]
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.startswith("/slow"):
+            time.sleep(1.5)
+        if self.path.startswith("/flaky"):
+            self.flaky[self.path] = self.flaky.get(self.path, 0) + 1
+            if self.flaky[self.path] <= 2:
+                self.send_error(503)
+                return
+        target = self.root / self.path.split("/", 2)[-1]
+        if self.path.startswith("/big"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**9))
+            self.end_headers()
+            return
+        if not target.is_file():
+            self.send_error(404)
+            return
+        body = target.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_images(image_folder: Path) -> Iterator[str]:
+    """A local HTTP server (127.0.0.1) over the image folder; yields its base URL.
+
+    ``/ok/<label>/<file>`` serves a file, ``/slow/...`` answers after 1.5 s,
+    ``/flaky/...`` fails twice with 503 first, ``/big/...`` announces a 1 GB body.
+    """
+    handler = type("Handler", (_Handler,), {"root": image_folder, "flaky": {}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A local port nothing listens on (connections are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,10 @@ class ClientStore:
         self._remote = location != ":memory:"
         self.concurrent_search = self._remote
         self._specs: dict[str, CollectionSpec] = {}  # saves a round trip per search
+        # qdrant-client's local mode is not thread-safe; a server is.
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if self._remote else threading.RLock()
+        )
         try:
             if location == ":memory:":
                 self._client = QdrantClient(location=":memory:")
@@ -105,7 +110,8 @@ class ClientStore:
     def _errors(self, what: str, collection: str | None = None) -> Iterator[None]:
         where = f"Qdrant at {self.location}"
         try:
-            yield
+            with self._lock:
+                yield
         except UnexpectedResponse as exc:
             if exc.status_code == 404 and collection is not None:
                 raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rm_qdrant import ConfigError
+from rm_qdrant.ordering import BUCKETS, bucket, order_keys, ranks, shard_buckets
+
+
+def test_random_order_is_seeded_and_independent_of_listing_order():
+    ids = list(range(100))
+    a = order_keys("random", ids, [{}] * 100, seed=1)
+    b = order_keys("random", ids[::-1], [{}] * 100, seed=1)[::-1]
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, order_keys("random", ids, [{}] * 100, seed=2))
+
+
+def test_confidence_and_payload_orders_go_low_first():
+    payloads = [{"old_confidence": c, "age": -c} for c in (0.9, 0.2, 0.5)]
+    assert ranks(order_keys("confidence", [1, 2, 3], payloads)).tolist() == [2, 0, 1]
+    assert ranks(order_keys("payload:age", [1, 2, 3], payloads)).tolist() == [0, 2, 1]
+
+
+def test_centroid_order_puts_atypical_points_first():
+    rng = np.random.default_rng(0)
+    cat = np.array([1.0, 0.0]) + 0.05 * rng.normal(size=(20, 2))
+    dog = np.array([0.0, 1.0]) + 0.05 * rng.normal(size=(20, 2))
+    odd = np.array([[0.7, 0.7]])  # labelled cat, but far from the cat centroid
+    vectors = np.vstack([cat, dog, odd])
+    payloads = [{"label": "cat"}] * 20 + [{"label": "dog"}] * 20 + [{"label": "cat"}]
+    first = np.argmin(order_keys("centroid", list(range(41)), payloads, vectors))
+    assert first == 40
+    first_unsupervised = np.argmin(
+        order_keys("centroid-unsupervised", list(range(41)), payloads, vectors, clusters=2)
+    )
+    assert first_unsupervised == 40
+
+
+@pytest.mark.parametrize(
+    ("spec", "payloads", "message"),
+    [
+        (
+            "confidence",
+            [{"old_confidence": 0.1}, {}],
+            "1 of 2 points have no numeric payload 'old_confidence'",
+        ),
+        ("payload:size", [{"size": "big"}, {"size": 2}], "no numeric payload 'size'"),
+        ("centroid", [{"label": "a"}, {}], "use 'centroid-unsupervised'"),
+        ("alphabetical", [{}, {}], "unknown backfill order"),
+        ("payload:", [{}, {}], "unknown backfill order"),
+    ],
+)
+def test_orders_say_what_they_miss(spec, payloads, message):
+    with pytest.raises(ConfigError, match=message):
+        order_keys(spec, [1, 2], payloads, np.ones((2, 3)))
+
+
+def test_shards_partition_the_buckets():
+    owners = [shard_buckets(i, 3) for i in range(3)]
+    assert sorted(b for own in owners for b in own) == list(range(BUCKETS))
+    assert all(0 <= bucket(i) < BUCKETS for i in (0, 7, "a4b7c1de-0000-4000-8000-000000000000"))
+    with pytest.raises(ConfigError):
+        shard_buckets(2, 2)
