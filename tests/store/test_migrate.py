@@ -12,7 +12,7 @@ from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, load_pa
 from rm_qdrant.cutover import finalize, rollback
 from rm_qdrant.errors import MigrationError
 from rm_qdrant.migrate import MigrateOptions, Migrator, run_migration
-from rm_qdrant.planning import ERROR, MIGRATED, ORIGIN, RANK
+from rm_qdrant.planning import ERROR, ORIGIN, RANK
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.status import pair_status
 from tests.conftest import make_image_folder
