@@ -79,7 +79,10 @@ def as_batch(images: ImageLike | Sequence[ImageLike]) -> tuple[list[ImageLike], 
 
 def pixels(image: ImageLike, *, height: int, width: int, channels: int) -> np.ndarray:
     """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array."""
-    picture = to_pil(image).convert("RGB" if channels == 3 else "L")
+    picture = to_pil(image)
+    mode = "RGB" if channels == 3 else "L"
+    if picture.mode != mode:
+        picture = picture.convert(mode)
     if picture.size != (width, height):
         picture = picture.resize((width, height), Image.Resampling.BILINEAR)
     array: Any = np.asarray(picture, dtype=np.uint8)

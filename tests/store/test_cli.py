@@ -97,3 +97,54 @@ def test_rmq_script_runs_as_a_process(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.strip() == "Error: no pair named 'x' in this store; create it with 'rmq init'"
+
+
+def test_migrate_finalize_from_the_command_line(rmq, models, image_folder):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm, "--keep-old")
+    plan = json.loads(rmq("migrate", "--name", "demo", "--until", "0.5", "--dry-run", "--json").output)
+    assert plan["would_move_at_most"] == 12 and plan["order_ready"] is False
+    assert (
+        json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 0
+    )  # dry run wrote nothing
+    assert (
+        "ranked 'demo' in centroid order"
+        in rmq("migrate", "--name", "demo", "--order", "centroid", "--prepare").output
+    )
+    report = json.loads(rmq("migrate", "--name", "demo", "--until", "0.5", "--batch", "5", "--json").output)
+    assert report["moved"] == 12 and report["failed"] == 0
+    out = rmq("finalize", "--name", "demo", ok=False).output
+    assert "12 points still serve from 'gallery'" in out
+    text = rmq("migrate", "--name", "demo", "--workers", "2", "--batch", "3").output
+    assert "moved 12 points" in text
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert (status["old_count"], status["kept_count"], status["order"]) == (0, 24, "centroid")
+    assert "alias 'live' -> demo-new" in rmq("finalize", "--name", "demo", "--alias", "live").output
+    assert "rolled back: alias 'live' -> gallery" in rmq("rollback", "--name", "demo").output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--order", "alphabetical"], "unknown backfill order 'alphabetical'"),
+        (["--shard", "2/2"], "bad --shard '2/2'"),
+        (["--shard", "0/2"], "run 'rmq migrate --prepare'"),
+        (["--shard", "0/2", "--workers", "2"], "not both"),
+        (["--order", "confidence"], "have no numeric payload 'old_confidence'"),
+    ],
+)
+def test_migrate_bad_input(rmq, models, image_folder, args, message):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.new_only)
+    rmq(
+        "init",
+        "--name",
+        "demo",
+        "--old-collection",
+        "gallery",
+        "--encoder",
+        models.new_only,
+        "--old-encoder",
+        models.new_only,
+    )
+    result = rmq("migrate", "--name", "demo", *args, ok=False)
+    assert result.exit_code != 0 and message in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -97,7 +98,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, models):
             if offset is None:
                 break
         assert new_ids == {i.point_id for i in items}
-    status = __import__("json").loads(rmq(killed, "status", "--name", "p", "--json").output)
+    status = json.loads(rmq(killed, "status", "--name", "p", "--json").output)
     assert (status["failed"], status["old_count"], status["fraction"]) == (0, 0, 1.0)
     assert search_everything(killed, items) == search_everything(reference, items)
 
@@ -133,7 +134,7 @@ def test_sigterm_and_ctrl_c_stop_cleanly_after_the_batch(tmp_path, models, sig):
         out, _ = proc.communicate(timeout=120)
     err = log.read_text()
     assert proc.returncode == 0, err
-    report = __import__("json").loads(out)
+    report = json.loads(out)
     with open_store(store_path) as store:
         assert store.count("old") + store.count("p-new") == 900
         assert store.count("p-new") == report["moved"]  # every settled batch reported, none half-done
