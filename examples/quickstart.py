@@ -6,8 +6,9 @@ handwritten digits are written out as PNG files, two linear encoders are fitted
 with numpy and exported as real ONNX graphs (an "old" PCA model fitted on digits
 0-4 only, and a "new" LDA model on all digits with a least-squares ψ back into
 the old space), the gallery is indexed with the old model through ``rmq index``,
-the pair is created with ``rmq init``, half the gallery is moved into the new
-collection, and queries search both halves through ``DualIndex``.
+the pair is created with ``rmq init``, ``rmq migrate --until 0.5`` moves half the
+gallery into the new collection (least typical digits first), and queries search
+both halves through ``DualIndex``.
 
 Run: ``python examples/quickstart.py [--out rmq-quickstart]``
 """
@@ -95,18 +96,11 @@ def main() -> None:
         str(out / "model.onnx"),
     )
 
+    rmq(store_path, "migrate", "--name", "digits", "--until", "0.5", "--order", "centroid", "--batch", "200")
+
     items = scan_image_folder(out / "images")
     with open_store(store_path) as store, DualIndex.open(store, "digits", exact=True) as index:
-        half = items[::2]  # stand-in for the background migration (a later release)
-        index.upsert(
-            [i.point_id for i in half],
-            [i.uri for i in half],
-            [{"uri": i.uri, "label": i.label} for i in half],
-        )
-        print(
-            f"\nmoved {len(half)} of {len(items)} images into the new collection: "
-            f"{index.progress():.0%} migrated"
-        )
+        print(f"\n{index.progress():.0%} of {len(items)} images are in the new collection")
         correct = 0
         queries = items[1::50]
         for item in queries:
@@ -123,8 +117,9 @@ def main() -> None:
                 f"{Path(hit.payload['uri']).name}"
             )
     rmq(store_path, "status", "--name", "digits")
-    rmq_script = shutil.which("rmq") or Path(sys.executable).parent / "rmq"
-    print(f"\nfiles are in {out}; try: {rmq_script} --qdrant {store_path} search --name digits {query.uri}")
+    cmd = f"{shutil.which('rmq') or Path(sys.executable).parent / 'rmq'} --qdrant {store_path}"
+    print(f"\nfiles are in {out}. Try:\n  {cmd} search --name digits {query.uri}")
+    print(f"  {cmd} migrate --name digits     # finish the backfill\n  {cmd} finalize --name digits")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -72,3 +73,46 @@ def test_search_against_many_points(server):
     server.upsert(name, list(range(2000)), vectors)
     hits = server.search(name, vectors[:3], limit=5, exact=True)
     assert [h[0].id for h in hits] == [0, 1, 2]
+
+
+def test_two_shard_processes_share_one_migration(server_url, models, image_folder, tmp_path):
+    """Two `rmq migrate --shard i/2` processes against one server: every point moved once."""
+    import subprocess
+    import sys
+
+    from tests.conftest import make_image_folder
+
+    images = make_image_folder(tmp_path / "many", per_class=100)
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    base = [sys.executable, "-m", "rm_qdrant", "--qdrant", server_url]
+    run = lambda *args: subprocess.run([*base, *args], capture_output=True, text=True, timeout=300)  # noqa: E731
+    assert (
+        run(
+            "index", "--collection", f"{prefix}old", "--data", str(images), "--encoder", str(models.old)
+        ).returncode
+        == 0
+    )
+    assert (
+        run(
+            "init", "--name", f"{prefix}p", "--old-collection", f"{prefix}old", "--encoder", str(models.rm)
+        ).returncode
+        == 0
+    )
+    assert run("migrate", "--name", f"{prefix}p", "--prepare").returncode == 0
+    workers = [
+        subprocess.Popen(
+            [*base, "migrate", "--name", f"{prefix}p", "--shard", f"{i}/2", "--batch", "20", "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    reports = [json.loads(w.communicate(timeout=300)[0]) for w in workers]
+    store = open_store(server_url)
+    try:
+        assert sum(r["moved"] for r in reports) == 300 and all(r["moved"] > 0 for r in reports)
+        assert store.count(f"{prefix}old") == 0 and store.count(f"{prefix}p-new") == 300
+    finally:
+        for name in (f"{prefix}old", f"{prefix}p-new"):
+            store.delete_collection(name)
+        store.close()
