@@ -191,6 +191,30 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     emit(data, as_json, text)
 
 
+class _TrainGroup(click.Group):
+    """``rmq train``: the training commands, imported (with torch) only when used."""
+
+    def _real(self) -> click.Group:
+        try:
+            from train.cli import train as real
+        except ModuleNotFoundError as exc:
+            if exc.name in ("torch", "yaml"):
+                raise click.ClickException(
+                    "training needs PyTorch: pip install -e '.[train]' (pins the CPU build, torch==2.13.0)"
+                ) from exc
+            raise
+        return real
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return self._real().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return self._real().get_command(ctx, name)
+
+
+cli.add_command(
+    _TrainGroup(name="train", help="Train backbones, heads, adapters and baselines (needs PyTorch).")
+)
 cli.add_command(migrate)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)

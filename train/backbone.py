@@ -1,0 +1,200 @@
+"""Training a backbone with cross-entropy; checkpoints that describe themselves.
+
+A checkpoint is a dict with ``kind: "backbone"``, the architecture, stem,
+embedding size, image size and normalisation, the class names it was trained on,
+the epoch, its test metric, the config, and the weights: enough to rebuild the
+model with nothing else (:func:`load_backbone`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from train.backbones import Backbone, build_backbone
+from train.config import BackboneConfig
+from train.data import MEAN, STD, ImageSet, augment, batches, class_split, load_image_folder, to_tensor
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def role_classes(data: ImageSet, setting: str, role: str, seed: int) -> list[str]:
+    """The class names a backbone of ``role`` (old or new) trains on in ``setting``."""
+    old, new = class_split(data.classes, setting, seed=seed)
+    if role not in ("old", "new"):
+        raise ValueError(f"role must be old or new, got {role!r}")
+    return old if role == "old" else new
+
+
+def local_labels(data: ImageSet, classes: list[str]) -> torch.Tensor:
+    """Dataset label indices → indices into ``classes``."""
+    lookup = {data.classes.index(c): k for k, c in enumerate(classes)}
+    return torch.tensor([lookup[int(y)] for y in data.labels], dtype=torch.long)
+
+
+@torch.no_grad()
+def embed(
+    model: Backbone, images: Any, *, device: torch.device, batch: int = 512
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings and logits of uint8 images (N, H, W, 3), in eval mode, on the CPU."""
+    model.eval()
+    embs, logits = [], []
+    for start in range(0, len(images), batch):
+        x = to_tensor(images[start : start + batch]).to(device)
+        e, z = model(x)
+        embs.append(e.float().cpu())
+        logits.append(z.float().cpu())
+    return torch.cat(embs), torch.cat(logits)
+
+
+def _influence_head(path: str, device: torch.device) -> tuple[torch.nn.Linear, list[str]]:
+    old, meta = load_backbone(path, device=device)
+    head = old.classifier.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head, meta["classes"]
+
+
+def train_backbone(cfg: BackboneConfig) -> Path:
+    """Train one backbone as ``cfg`` says; returns the checkpoint path.
+
+    With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint is
+    also applied to the new embeddings of the old classes' images, and its
+    cross-entropy is added with ``cfg.influence_weight``.
+    """
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device)
+    root = Path(cfg.data)
+    train_all = load_image_folder(root / "train", size=cfg.image_size)
+    test_all = load_image_folder(root / "test", size=cfg.image_size)
+    classes = role_classes(train_all, cfg.setting, cfg.role, cfg.seed)
+    train, test = train_all.subset(classes), test_all.subset(classes)
+    if cfg.limit:
+        keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))[
+            : cfg.limit
+        ].numpy()
+        train = ImageSet(
+            train.images[keep], train.labels[keep], train.classes, tuple(train.paths[i] for i in keep)
+        )
+    x_all, y_all = to_tensor(train.images), local_labels(train, classes)
+    model = build_backbone(
+        cfg.arch, num_classes=len(classes), embed_dim=cfg.embed_dim, stem=cfg.stem, image_size=cfg.image_size
+    ).to(device)
+    influence = _influence_head(cfg.influence, device) if cfg.influence else None
+    steps = cfg.epochs * math.ceil(len(train) / cfg.batch)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True
+    )
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(1, steps))
+    amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    top1 = 0.0
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        started, total = time.perf_counter(), 0.0
+        for idx in batches(len(train), cfg.batch, shuffle=True, generator=generator):
+            x = augment(x_all[idx], generator=generator).to(device, non_blocking=True)
+            y = y_all[idx].to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                emb, logits = model(x)
+                loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                if influence is not None:
+                    loss = loss + cfg.influence_weight * _influence_loss(influence, emb, y, classes)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            schedule.step()
+            total += loss.item() * len(idx)
+        top1 = accuracy(model, test, classes, device)
+        log.info(
+            "epoch %d/%d loss %.4f test top-1 %.4f (%.0f s)",
+            epoch,
+            cfg.epochs,
+            total / len(train),
+            top1,
+            time.perf_counter() - started,
+        )
+    return save_backbone(model, cfg, classes, epoch=cfg.epochs, metric={"top1": top1})
+
+
+def _influence_loss(
+    influence: tuple[torch.nn.Linear, list[str]], emb: torch.Tensor, y: torch.Tensor, classes: list[str]
+) -> torch.Tensor:
+    head, old_classes = influence
+    # Labels of this model → labels of the old classifier; images of new classes are skipped.
+    mapping = torch.tensor(
+        [old_classes.index(c) if c in old_classes else -1 for c in classes], device=y.device
+    )
+    target = mapping[y]
+    seen = target >= 0
+    if not seen.any():
+        return emb.sum() * 0.0
+    return F.cross_entropy(head(emb[seen]), target[seen])
+
+
+@torch.no_grad()
+def accuracy(model: Backbone, data: ImageSet, classes: list[str], device: torch.device) -> float:
+    """Top-1 accuracy on ``data`` (restricted to ``classes``)."""
+    _, logits = embed(model, data.images, device=device)
+    return float((logits.argmax(dim=1) == local_labels(data, classes)).float().mean())
+
+
+def save_backbone(
+    model: Backbone, cfg: BackboneConfig, classes: list[str], *, epoch: int, metric: dict[str, float]
+) -> Path:
+    path = Path(cfg.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {
+        "kind": "backbone",
+        "arch": cfg.arch,
+        "stem": cfg.stem,
+        "embed_dim": cfg.embed_dim,
+        "image_size": cfg.image_size,
+        "mean": MEAN,
+        "std": STD,
+        "classes": classes,
+        "epoch": epoch,
+        "metric": metric,
+        "config": dataclasses.asdict(cfg),
+        "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tuple[Backbone, dict[str, Any]]:
+    """Rebuild a backbone from its checkpoint; returns (model in eval mode, checkpoint without weights).
+
+    Raises:
+        ValueError: the file is not a backbone checkpoint.
+    """
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != "backbone":
+        raise ValueError(f"{path} is not an rm-qdrant backbone checkpoint")
+    model = build_backbone(
+        checkpoint["arch"],
+        num_classes=len(checkpoint["classes"]),
+        embed_dim=checkpoint["embed_dim"],
+        stem=checkpoint["stem"],
+        image_size=checkpoint["image_size"],
+    )
+    model.load_state_dict(checkpoint["state_dict"])
+    meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
+    return model.to(device).eval(), meta

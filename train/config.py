@@ -1,0 +1,80 @@
+"""Training configurations: dataclasses with commented defaults, loadable from YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+@dataclass
+class BackboneConfig:
+    """Cross-entropy training of one backbone on some classes of an ImageFolder dataset."""
+
+    data: str = ".cache/data"  # folder with train/ and test/ in ImageFolder layout
+    out: str = "runs/backbone.pt"  # checkpoint path
+    arch: str = "small-cnn"  # small-cnn | resnet18 | resnet50 | vit-b32
+    stem: str = "cifar"  # cifar (32x32) or imagenet
+    embed_dim: int = 128
+    image_size: int = 32
+    setting: str = "extended"  # class split: extended (old = first half) or open (old = random 30 %)
+    role: str = "new"  # old: the old classes of the split; new: the new ones
+    seed: int = 0
+    epochs: int = 10
+    batch: int = 128
+    lr: float = 0.1  # SGD, momentum 0.9, cosine decay to 0
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    limit: int = 0  # use at most this many training images (0: all); for quick runs
+    device: str = "auto"  # auto: CUDA when present (with mixed precision), else CPU
+    influence: str = ""  # BCT: the old checkpoint whose classifier must accept the new embeddings
+    influence_weight: float = 1.0
+
+
+@dataclass
+class HeadsConfig:
+    """Training ψ and ρ on cached embeddings of the frozen old and new backbones."""
+
+    old: str = "runs/old.pt"
+    new: str = "runs/new.pt"
+    data: str = ".cache/data"
+    out: str = "runs/heads.pt"
+    loss: str = "mcl"  # rqt | cl-s | cl-m | mcl
+    rqt_weight: float = 0.0  # added RQT term for the contrastive losses
+    rqt_metric: str = "cosine"  # cosine | l2
+    temperature: float = 0.1  # s = exp(-d / temperature); the paper's s = exp(-d) is 1.0
+    hard_mining: bool = True
+    learn_rho: bool = True  # False: rho is the identity (RM without the learnable new embedding)
+    psi_blocks: int = 2  # Linear-BN-ReLU blocks, the last a Linear (1 to 5)
+    rho_blocks: int = 2
+    hidden: int = 512
+    epochs: int = 50
+    batch: int = 512
+    lr: float = 1e-4  # Adam, cosine decay
+    seed: int = 0
+    device: str = "auto"
+
+
+def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
+    """Build ``cls`` from a YAML file (optional) and keyword overrides (None values ignored).
+
+    Raises:
+        ValueError: the file names a field ``cls`` does not have.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of settings")
+        values.update(loaded)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}")
+    return cls(**values)
