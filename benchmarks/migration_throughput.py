@@ -20,7 +20,6 @@ import argparse
 import os
 import platform
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -28,26 +27,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cifar import cifar_root  # noqa: E402
 from convnet import RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
 from rm_qdrant.migrate import MigrateOptions, prepare_order, run_migration  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-jpg.tar.gz"
-CACHE = ROOT / ".cache" / "data"
-
 
 def cifar_test_images() -> Path:
-    """The CIFAR-10 test folder, extracted once into .cache/ (ignored by git)."""
-    target = CACHE / "test"
-    if not target.is_dir():
-        if not ARCHIVE.is_file():
-            sys.exit(f"missing {ARCHIVE}: the CIFAR-10 archive sits in ../shared/data")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(ARCHIVE) as archive:
-            archive.extractall(CACHE, filter="data")
-    return target
+    return cifar_root() / "test"
 
 
 def encoder_alone(encoder: OnnxEncoder, tensor: np.ndarray, batch: int) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import yaml
 
-from train.config import BackboneConfig, HeadsConfig, load_config
+from train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -74,3 +74,19 @@ def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 
     cfg, (path, history) = _run(train_heads, HeadsConfig, config, pairs, **options)
     click.echo(json.dumps({"checkpoint": str(path), "loss": history, "config": dataclasses.asdict(cfg)}))
+
+
+@train.command()
+@config_option
+@set_option
+@click.option("--old", help="Old backbone checkpoint.")
+@click.option("--new", help="New backbone checkpoint.")
+@click.option("--data", help="Folder with train/ (ImageFolder layout).")
+@click.option("--kind", type=click.Choice(["procrustes", "low-rank", "residual-mlp"]))
+@click.option("--out", help="Checkpoint path.")
+def adapter(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
+    """Fit a query adapter ψ (new → old space, ρ = identity) without contrastive training."""
+    from train.adapter_job import train_adapter_job
+
+    _, path = _run(train_adapter_job, AdapterConfig, config, pairs, **options)
+    click.echo(f"wrote {path}")

@@ -34,6 +34,10 @@ class BackboneConfig:
     device: str = "auto"  # auto: CUDA when present (with mixed precision), else CPU
     influence: str = ""  # BCT: the old checkpoint whose classifier must accept the new embeddings
     influence_weight: float = 1.0
+    compat: str = ""  # RACT: "ract" adds its contrastive compatibility loss (train/baselines.py)
+    compat_old: str = ""  # the frozen old checkpoint that loss compares with
+    compat_weight: float = 1.0
+    compat_temperature: float = 0.1
 
 
 @dataclass
@@ -78,3 +82,21 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}")
     return cls(**values)
+
+
+@dataclass
+class AdapterConfig:
+    """Fitting a query adapter ψ (ρ = identity) on cached embeddings of the frozen backbones."""
+
+    old: str = "runs/old.pt"
+    new: str = "runs/new.pt"
+    data: str = ".cache/data"
+    out: str = "runs/adapter.pt"
+    kind: str = "procrustes"  # procrustes | low-rank | residual-mlp
+    epochs: int = 50  # for the trainable kinds
+    lr: float = 1e-3
+    batch: int = 512
+    loss: str = "cosine"  # cosine | l2
+    rank: int = 64
+    hidden: int = 512
+    seed: int = 0

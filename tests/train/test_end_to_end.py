@@ -1,0 +1,103 @@
+"""A tiny run end to end: backbones, heads, adapter; checkpoints load back to the same model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from click.testing import CliRunner
+
+from rm_qdrant.cli import cli
+from train.adapter_job import load_adapter
+from train.backbone import embed, load_backbone, save_backbone
+from train.backbones import build_backbone
+from train.cache import embeddings
+from train.config import BackboneConfig
+from train.data import load_image_folder, to_tensor
+from train.heads import load_heads
+
+
+def rmq_train(*args):
+    result = CliRunner().invoke(cli, ["train", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_checkpoint_gives_back_the_same_embeddings(tiny_folder, tmp_path):
+    model = build_backbone("small-cnn", num_classes=4, embed_dim=16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    images = load_image_folder(tiny_folder / "train").images[:32]
+    for _ in range(3):  # move the weights and BatchNorm statistics off their initial values
+        loss = model(to_tensor(images))[1].logsumexp(dim=1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    cfg = BackboneConfig(out=str(tmp_path / "m.pt"), embed_dim=16)
+    path = save_backbone(model, cfg, ["ant", "bee", "cat", "dog"], epoch=3, metric={"top1": 0.5})
+    loaded, meta = load_backbone(path)
+    before, _ = embed(model, images, device=torch.device("cpu"))
+    after, _ = embed(loaded, images, device=torch.device("cpu"))
+    assert torch.equal(before, after)
+    assert meta["classes"] == ["ant", "bee", "cat", "dog"] and meta["metric"] == {"top1": 0.5}
+
+
+def test_tiny_run_through_the_cli(tiny_folder):
+    common = ["--data", tiny_folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
+    rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common)
+    rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common)
+    old_model, old_meta = load_backbone("runs/old.pt")
+    assert old_meta["classes"] == ["ant", "bee"] and 0.0 <= old_meta["metric"]["top1"] <= 1.0
+
+    out = rmq_train(
+        "heads",
+        "--old",
+        "runs/old.pt",
+        "--new",
+        "runs/new.pt",
+        "--data",
+        tiny_folder,
+        "--loss",
+        "mcl",
+        "--epochs",
+        "2",
+        "--set",
+        "batch=32",
+        "--out",
+        "runs/heads.pt",
+    )
+    report = json.loads(out.strip().splitlines()[-1])
+    assert len(report["loss"]) == 2 and report["config"]["loss"] == "mcl"
+    heads, meta = load_heads("runs/heads.pt")
+    assert (meta["d_new"], meta["d_old"]) == (16, 16)
+
+    rmq_train(
+        "adapter",
+        "--old",
+        "runs/old.pt",
+        "--new",
+        "runs/new.pt",
+        "--data",
+        tiny_folder,
+        "--kind",
+        "procrustes",
+        "--out",
+        "runs/procrustes.pt",
+    )
+    adapter, _ = load_adapter("runs/procrustes.pt")
+    # The cache serves the same embeddings the checkpoint computes.
+    cached = embeddings("runs/new.pt", tiny_folder / "test")
+    direct, _ = embed(
+        load_backbone("runs/new.pt")[0],
+        load_image_folder(tiny_folder / "test").images,
+        device=torch.device("cpu"),
+    )
+    np.testing.assert_allclose(cached.emb, direct.numpy(), atol=1e-6)
+    with torch.no_grad():
+        assert adapter(torch.from_numpy(cached.emb)).shape == (32, 16)
+        assert heads(torch.from_numpy(cached.emb))[1].shape == (32, 16)
+
+
+def test_bad_settings_are_one_clear_error(tiny_folder):
+    result = CliRunner().invoke(cli, ["train", "backbone", "--data", tiny_folder, "--set", "colour=blue"])
+    assert result.exit_code == 1 and "unknown setting(s) colour for BackboneConfig" in result.output

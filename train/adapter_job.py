@@ -1,0 +1,67 @@
+"""Fitting a query adapter on cached embeddings, and its self-describing checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train.adapters import Adapter, build_adapter, fit_adapter
+from train.cache import embeddings, file_hash
+from train.config import AdapterConfig
+
+
+def train_adapter_job(cfg: AdapterConfig) -> Path:
+    """Fit ``cfg.kind`` from φ_new to φ_old on the new model's training images; save it."""
+    folder = Path(cfg.data) / "train"
+    old, new = embeddings(cfg.old, folder), embeddings(cfg.new, folder)
+    keep = np.isin(new.labels, [new.classes.index(c) for c in new.model_classes])
+    adapter = fit_adapter(
+        cfg.kind,
+        new.emb[keep],
+        old.emb[keep],
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        batch=cfg.batch,
+        loss=cfg.loss,
+        seed=cfg.seed,
+        rank=cfg.rank,
+        hidden=cfg.hidden,
+    )
+    path = Path(cfg.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "kind": "adapter",
+            "adapter": cfg.kind,
+            "d_in": adapter.d_in,
+            "d_out": adapter.d_out,
+            "old_checkpoint": file_hash(cfg.old),
+            "new_checkpoint": file_hash(cfg.new),
+            "metric": {"loss": adapter.losses[-1] if adapter.losses else None},
+            "config": dataclasses.asdict(cfg),
+            "state_dict": adapter.state_dict(),
+        },
+        path,
+    )
+    return path
+
+
+def load_adapter(path: str | Path) -> tuple[Adapter, dict[str, Any]]:
+    """Rebuild a fitted adapter (eval mode) from its checkpoint.
+
+    Raises:
+        ValueError: the file is not an adapter checkpoint.
+    """
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != "adapter":
+        raise ValueError(f"{path} is not an rm-qdrant adapter checkpoint")
+    cfg = checkpoint["config"]
+    adapter = build_adapter(
+        checkpoint["adapter"], checkpoint["d_in"], checkpoint["d_out"], rank=cfg["rank"], hidden=cfg["hidden"]
+    )
+    adapter.load_state_dict(checkpoint["state_dict"])
+    return adapter.eval(), {k: v for k, v in checkpoint.items() if k != "state_dict"}
