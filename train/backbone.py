@@ -73,7 +73,8 @@ def train_backbone(cfg: BackboneConfig) -> Path:
 
     With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint is
     also applied to the new embeddings of the old classes' images, and its
-    cross-entropy is added with ``cfg.influence_weight``.
+    cross-entropy is added with ``cfg.influence_weight``. With ``cfg.compat``
+    (RACT), :func:`train.baselines.compat_loss` is added with ``cfg.compat_weight``.
     """
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -94,6 +95,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
         cfg.arch, num_classes=len(classes), embed_dim=cfg.embed_dim, stem=cfg.stem, image_size=cfg.image_size
     ).to(device)
     influence = _influence_head(cfg.influence, device) if cfg.influence else None
+    compat = _compat_loss(cfg, device) if cfg.compat else None
     steps = cfg.epochs * math.ceil(len(train) / cfg.batch)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True
@@ -114,6 +116,8 @@ def train_backbone(cfg: BackboneConfig) -> Path:
                 loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
                 if influence is not None:
                     loss = loss + cfg.influence_weight * _influence_loss(influence, emb, y, classes)
+                if compat is not None:
+                    loss = loss + cfg.compat_weight * compat(x, emb, y)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -130,6 +134,12 @@ def train_backbone(cfg: BackboneConfig) -> Path:
             time.perf_counter() - started,
         )
     return save_backbone(model, cfg, classes, epoch=cfg.epochs, metric={"top1": top1})
+
+
+def _compat_loss(cfg: BackboneConfig, device: torch.device) -> Any:
+    from train.baselines import compat_loss  # here, not at the top: train.baselines imports this module
+
+    return compat_loss(cfg, device)
 
 
 def _influence_loss(
