@@ -90,3 +90,19 @@ def adapter(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 
     _, path = _run(train_adapter_job, AdapterConfig, config, pairs, **options)
     click.echo(f"wrote {path}")
+
+
+@train.command()
+@click.option("--method", required=True, type=click.Choice(["bct", "fct", "bict", "ract"]))
+@config_option
+@set_option
+@click.option("--old", help="Old backbone checkpoint.")
+@click.option("--new", help="New backbone (fct: freely trained; bict: a BCT-trained one).")
+@click.option("--data", help="Folder with train/ and test/ (ImageFolder layout).")
+@click.option("--out", help="Checkpoint path.")
+def baseline(method: str, config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
+    """Train a baseline: BCT or RACT (a compatible new backbone), FCT or BiCT (a transformation)."""
+    from train.baselines import BaselineConfig, train_baseline
+
+    _, path = _run(lambda cfg: train_baseline(method, cfg), BaselineConfig, config, pairs, **options)
+    click.echo(f"wrote {path}")
