@@ -183,7 +183,8 @@ class _Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         n, t, d = x.shape
-        q, k, v = self.qkv(x).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # unbind rather than tuple-unpacking, which an ONNX trace records as a fixed-length loop.
+        q, k, v = self.qkv(x).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
@@ -239,10 +240,13 @@ class ViT(Backbone):
                 nn.init.zeros_(m.bias)
 
     def features(self, x: Tensor) -> Tensor:
-        if x.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(f"vit-b32 was built for {self.image_size}x{self.image_size} images, got {x.shape}")
+        # The check is skipped while tracing (ONNX export), where it would only be a constant.
+        if not torch.jit.is_tracing() and x.shape[-2:] != (self.image_size, self.image_size):
+            raise ValueError(
+                f"vit-b32 was built for {self.image_size}x{self.image_size} images, got {x.shape}"
+            )
         tokens = self.patchify(x).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls_token.expand(len(x), -1, -1), tokens], dim=1) + self.pos_embed
+        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1) + self.pos_embed
         return self.norm(self.blocks(tokens))[:, 0]
 
 

@@ -29,7 +29,9 @@ def test_cases_cover_every_arch():
     assert {case[0] for case in CASES} == set(ARCHS)
 
 
-@pytest.mark.parametrize(("arch", "stem", "size", "feature_dim"), CASES, ids=[f"{a}-{s}" for a, s, *_ in CASES])
+@pytest.mark.parametrize(
+    ("arch", "stem", "size", "feature_dim"), CASES, ids=[f"{a}-{s}" for a, s, *_ in CASES]
+)
 def test_shapes_and_logits_come_from_the_embedding(arch, stem, size, feature_dim):
     model = build_backbone(arch, num_classes=NUM_CLASSES, embed_dim=EMBED_DIM, stem=stem, image_size=size)
     assert isinstance(model, Backbone)
