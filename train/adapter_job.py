@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from train.adapters import Adapter, build_adapter, fit_adapter
 from train.cache import embeddings, file_hash
+from train.checkpoints import description, load_checkpoint, save_checkpoint
 from train.config import AdapterConfig
 
 
@@ -31,9 +31,7 @@ def train_adapter_job(cfg: AdapterConfig) -> Path:
         rank=cfg.rank,
         hidden=cfg.hidden,
     )
-    path = Path(cfg.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
+    return save_checkpoint(
         {
             "kind": "adapter",
             "adapter": cfg.kind,
@@ -45,9 +43,8 @@ def train_adapter_job(cfg: AdapterConfig) -> Path:
             "config": dataclasses.asdict(cfg),
             "state_dict": adapter.state_dict(),
         },
-        path,
+        cfg.out,
     )
-    return path
 
 
 def load_adapter(path: str | Path) -> tuple[Adapter, dict[str, Any]]:
@@ -56,12 +53,10 @@ def load_adapter(path: str | Path) -> tuple[Adapter, dict[str, Any]]:
     Raises:
         ValueError: the file is not an adapter checkpoint.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != "adapter":
-        raise ValueError(f"{path} is not an rm-qdrant adapter checkpoint")
+    checkpoint = load_checkpoint(path, "adapter")
     cfg = checkpoint["config"]
     adapter = build_adapter(
         checkpoint["adapter"], checkpoint["d_in"], checkpoint["d_out"], rank=cfg["rank"], hidden=cfg["hidden"]
     )
     adapter.load_state_dict(checkpoint["state_dict"])
-    return adapter.eval(), {k: v for k, v in checkpoint.items() if k != "state_dict"}
+    return adapter.eval(), description(checkpoint)

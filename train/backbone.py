@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from train.backbones import Backbone, build_backbone
+from train.checkpoints import description, load_checkpoint, save_checkpoint
 from train.config import BackboneConfig
 from train.data import MEAN, STD, ImageSet, augment, batches, class_split, load_image_folder, to_tensor
 
@@ -167,8 +168,6 @@ def accuracy(model: Backbone, data: ImageSet, classes: list[str], device: torch.
 def save_backbone(
     model: Backbone, cfg: BackboneConfig, classes: list[str], *, epoch: int, metric: dict[str, float]
 ) -> Path:
-    path = Path(cfg.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
         "kind": "backbone",
         "arch": cfg.arch,
@@ -183,10 +182,7 @@ def save_backbone(
         "config": dataclasses.asdict(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(path)
-    return path
+    return save_checkpoint(checkpoint, cfg.out)
 
 
 def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tuple[Backbone, dict[str, Any]]:
@@ -195,9 +191,7 @@ def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tu
     Raises:
         ValueError: the file is not a backbone checkpoint.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != "backbone":
-        raise ValueError(f"{path} is not an rm-qdrant backbone checkpoint")
+    checkpoint = load_checkpoint(path, "backbone")
     model = build_backbone(
         checkpoint["arch"],
         num_classes=len(checkpoint["classes"]),
@@ -206,5 +200,4 @@ def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tu
         image_size=checkpoint["image_size"],
     )
     model.load_state_dict(checkpoint["state_dict"])
-    meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
-    return model.to(device).eval(), meta
+    return model.to(device).eval(), description(checkpoint)

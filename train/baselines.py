@@ -46,6 +46,7 @@ from rm_qdrant.metrics import Retrieval, backfill_retrieval
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
 from train.cache import CACHE, Embedded, embeddings, file_hash
+from train.checkpoints import load_checkpoint, save_checkpoint
 from train.config import BackboneConfig, load_config
 from train.data import augment, batches, folder_key, load_image_folder, to_tensor
 from train.heads import mlp
@@ -237,14 +238,14 @@ def train_side_info(cfg: BaselineConfig) -> tuple[Path, list[float]]:
         "config": dataclasses.asdict(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
-    return _save(checkpoint, cfg.side), history
+    return save_checkpoint(checkpoint, cfg.side), history
 
 
 def side_embeddings(
     checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None = CACHE
 ) -> np.ndarray:
     """Bottleneck vectors of every image of ``folder`` (cached like :func:`train.cache.embeddings`)."""
-    stored = _load(checkpoint, "side-info")
+    stored = load_checkpoint(checkpoint, "side-info")
     size = stored["image_size"]
     target = cache / f"side-{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz" if cache else None
     if target is not None and target.is_file():
@@ -319,7 +320,7 @@ def train_transformation(cfg: BaselineConfig, *, side: str | None) -> tuple[Path
         "config": dataclasses.asdict(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
-    return _save(checkpoint, cfg.out), history
+    return save_checkpoint(checkpoint, cfg.out), history
 
 
 def _inputs(old: Embedded, side: str | Path | None, folder: Path, *, device: str) -> np.ndarray:
@@ -332,7 +333,7 @@ def transform(
     checkpoint: str | Path, old: Embedded, folder: str | Path, *, device: str = "auto"
 ) -> np.ndarray:
     """h applied to the old embeddings of ``folder`` (with the side-info h was trained on)."""
-    stored = _load(checkpoint, "transformation")
+    stored = load_checkpoint(checkpoint, "transformation")
     model = mlp(stored["d_in"], stored["d_out"], blocks=stored["blocks"], hidden=stored["hidden"])
     model.load_state_dict(stored["state_dict"])
     if stored["side"] and file_hash(stored["side"]) != stored["side_checkpoint"]:
@@ -366,10 +367,10 @@ def train_baseline(method: str, cfg: BaselineConfig) -> Path:
             {"influence": cfg.old} if method == "bct" else {"compat": "ract", "compat_old": cfg.old}
         )
         backbone = load_config(BackboneConfig, **settings)
-        _same_width(_load(cfg.old, "backbone")["embed_dim"], backbone.embed_dim, method)
+        _same_width(load_checkpoint(cfg.old, "backbone")["embed_dim"], backbone.embed_dim, method)
         return train_backbone(backbone)
     if method == "bict":
-        trained = _load(cfg.new, "backbone")["config"]
+        trained = load_checkpoint(cfg.new, "backbone")["config"]
         if not (trained.get("influence") or trained.get("compat")):
             raise ValueError(f"bict needs a backward-compatible new backbone; {cfg.new} was trained without")
         return train_transformation(cfg, side=None)[0]
@@ -413,24 +414,8 @@ def baseline_embeddings(
         return BackfillEmbeddings(q, q, q, e_old.emb, e_new.labels)
     if transformation is None:
         raise ValueError(f"{method} needs the transformation checkpoint")
-    stored = _load(transformation, "transformation")
+    stored = load_checkpoint(transformation, "transformation")
     if (stored["old_checkpoint"], stored["new_checkpoint"]) != (file_hash(old), file_hash(new)):
         raise ValueError(f"{transformation} was trained for other backbones than {old} and {new}")
     # Before migration each gallery item holds h of its old vector: FCT upgrades the whole gallery at once.
     return BackfillEmbeddings(q, q, q, transform(transformation, e_old, folder, device=device), e_new.labels)
-
-
-def _save(checkpoint: dict[str, Any], out: str | Path) -> Path:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(path)
-    return path
-
-
-def _load(path: str | Path, kind: str) -> dict[str, Any]:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != kind:
-        raise ValueError(f"{path} is not an rm-qdrant {kind} checkpoint")
-    return checkpoint

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
+from train.checkpoints import description, load_checkpoint, save_checkpoint
 from train.config import HeadsConfig
 from train.data import batches
 from train.losses import LOSSES, contrastive_loss, rqt_loss
@@ -121,8 +122,6 @@ def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
 
 
 def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float) -> Path:
-    path = Path(cfg.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {
         "kind": "heads",
         "d_new": model.d_new,
@@ -138,10 +137,7 @@ def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float) -> Pa
         "config": dataclasses.asdict(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(path)
-    return path
+    return save_checkpoint(checkpoint, cfg.out)
 
 
 def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
@@ -150,9 +146,7 @@ def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
     Raises:
         ValueError: the file is not a heads checkpoint.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(checkpoint, dict) or checkpoint.get("kind") != "heads":
-        raise ValueError(f"{path} is not an rm-qdrant heads checkpoint")
+    checkpoint = load_checkpoint(path, "heads")
     model = Heads(
         checkpoint["d_new"],
         checkpoint["d_old"],
@@ -162,4 +156,4 @@ def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
         hidden=checkpoint["hidden"],
     )
     model.load_state_dict(checkpoint["state_dict"])
-    return model.eval(), {k: v for k, v in checkpoint.items() if k != "state_dict"}
+    return model.eval(), description(checkpoint)
