@@ -15,7 +15,7 @@ from train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``--set key=value`` pairs; values are read as YAML scalars (numbers, booleans, strings)."""
-    values = {}
+    values: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:

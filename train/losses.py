@@ -62,7 +62,7 @@ def _masks(labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def _term(pos_sim: Tensor, pos: Tensor, neg_parts: list[tuple[Tensor, Tensor]]) -> Tensor:
     """Mean over anchors with a positive of −log(Σ_pos / (Σ_pos + Σ of every negative part))."""
     positive = (pos_sim * pos).sum(dim=1)
-    negative = sum((sim * mask).sum(dim=1) for sim, mask in neg_parts)
+    negative = torch.stack([(sim * mask).sum(dim=1) for sim, mask in neg_parts]).sum(dim=0)
     valid = pos.any(dim=1)
     if not valid.any():
         return pos_sim.sum() * 0.0

@@ -1,0 +1,94 @@
+"""Ranking the gallery in backfill order, in Qdrant, and planning a run from the ranks.
+
+The ranks are payload fields of the old points (``rmq_rank``, with a shard bucket
+``rmq_bucket``), indexed so a run can ask Qdrant for the lowest-ranked points that
+remain; the order's name is kept in the pair record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rm_qdrant.merge import PointId
+from rm_qdrant.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
+from rm_qdrant.pair import PairRecord, active_where, save_pair
+from rm_qdrant.planning import BUCKET, ERROR, MIGRATED, RANK, points_to_move
+from rm_qdrant.store import Store, Where
+
+if TYPE_CHECKING:
+    from rm_qdrant.migrate import MigrateOptions
+
+log = logging.getLogger(__name__)
+_PAGE = 2_000
+
+
+def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) -> PairRecord:
+    """Rank the old points in backfill order and record the order in the pair.
+
+    Only points that still serve from old are ranked. Returns the updated record.
+    """
+    for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "integer")):
+        store.create_index(pair.old_collection, name, kind)
+    ids, payloads, vectors = _read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
+    positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
+    store.set_payload(
+        pair.old_collection,
+        [(i, {RANK: int(r), BUCKET: bucket(i)}) for i, r in zip(ids, positions.tolist(), strict=True)],
+    )
+    updated = replace(pair, order=order, order_seed=seed)
+    save_pair(store, updated)
+    log.info("ranked %d old points in %s order", len(ids), order)
+    return updated
+
+
+def _read_all(
+    store: Store, collection: str, where: Where, with_vectors: bool
+) -> tuple[list[PointId], list[dict[str, Any]], np.ndarray | None]:
+    ids: list[PointId] = []
+    payloads: list[dict[str, Any]] = []
+    rows: list[np.ndarray] = []
+    offset: PointId | None = None
+    while True:
+        page, offset = store.scroll(
+            collection, limit=_PAGE, offset=offset, with_vectors=with_vectors, where=where
+        )
+        for record in page:
+            ids.append(record.id)
+            payloads.append(record.payload)
+            if with_vectors and record.vector is not None:
+                rows.append(record.vector)
+        if offset is None:
+            break
+    return ids, payloads, (np.stack(rows) if with_vectors and rows else None)
+
+
+def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointId]:
+    """The ids this run will attempt, in backfill order (the order must be prepared)."""
+    active = active_where(pair)
+    old_active = store.count(pair.old_collection, active)
+    budget = points_to_move(
+        old_active=old_active,
+        new=store.count(pair.new_collection),
+        until=options.until,
+        limit=options.limit,
+    )
+    where = active
+    if options.shard is not None:
+        where = where & Where(must={BUCKET: shard_buckets(*options.shard)})
+        if budget < old_active:  # --until/--limit: each worker takes its share, rounded up
+            budget = -(-budget // options.shard[1])
+    if not options.retry_failed:
+        where = where & Where(empty=(ERROR,))
+    if budget == 0:
+        return []
+    page, _ = store.scroll(pair.old_collection, limit=budget, where=where, order_by=RANK)
+    return [record.id for record in page]
+
+
+def unranked(store: Store, pair: PairRecord) -> int:
+    """Old points that serve from old but have no rank (added after the order was computed)."""
+    return store.count(pair.old_collection, active_where(pair) & Where(empty=(RANK,)))
