@@ -1,0 +1,174 @@
+"""φ_new + ρ + ψ as one ONNX graph with two outputs, checked against PyTorch.
+
+The graph takes a uint8 image batch, NHWC, at the backbone's input size (rm-qdrant's
+encoder decodes and resizes to the size in the metadata), normalises it inside the
+graph, and returns ``new`` = ρ(φ_new(x)) and ``rev`` = ψ(ρ(φ_new(x))), both
+L2-normalised for cosine distance. The batch axis is dynamic. The ``rm_qdrant``
+metadata entry makes the file all ``rmq init --encoder`` needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rm_qdrant.modelinfo import InputSpec, ModelInfo
+from train.backbone import load_backbone
+from train.heads import load_heads
+
+log = logging.getLogger(__name__)
+OPSET = 17
+TOLERANCE = 1e-4
+
+
+class ExportError(Exception):
+    """An export that cannot be done, or whose graph does not match PyTorch."""
+
+
+class Normalise(nn.Module):
+    """uint8 NHWC → float NCHW, scaled to [0, 1] and normalised per channel."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        return (x - self.mean) / self.std
+
+
+class ServingGraph(nn.Module):
+    """What the exported graph computes: (new, rev), or (embedding[, scores]) for an old model."""
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        heads: nn.Module | None = None,
+        *,
+        scores: bool = False,
+    ) -> None:
+        super().__init__()
+        self.prep, self.backbone, self.heads, self.scores = Normalise(mean, std), backbone, heads, scores
+
+    def forward(self, images: Tensor) -> tuple[Tensor, ...]:
+        embedding, logits = self.backbone(self.prep(images))
+        if self.heads is None:
+            out = F.normalize(embedding, dim=1)
+            return (out, logits.softmax(dim=1)) if self.scores else (out,)
+        new, rev = self.heads(embedding)
+        return F.normalize(new, dim=1), F.normalize(rev, dim=1)
+
+
+def _export(module: nn.Module, sample: Tensor, path: Path, outputs: list[str], info: ModelInfo) -> Path:
+    module.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter warns that it is legacy
+        torch.onnx.export(
+            module,
+            (sample,),
+            str(path),
+            input_names=["images"],
+            output_names=outputs,
+            opset_version=OPSET,
+            dynamic_axes={name: {0: "batch"} for name in ["images", *outputs]},
+            dynamo=False,
+        )
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(model, info.to_metadata())
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def check_parity(module: nn.Module, path: Path, images: np.ndarray, outputs: list[str]) -> float:
+    """Largest absolute difference between ONNX Runtime and PyTorch on ``images``, for batch 1 and all.
+
+    Raises:
+        ExportError: the difference exceeds 1e-4.
+    """
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for batch in (images[:1], images):
+        with torch.no_grad():
+            expected = [t.numpy() for t in module(torch.from_numpy(np.ascontiguousarray(batch)))]
+        got = session.run(outputs, {"images": batch})
+        worst = max(worst, *(float(np.abs(e - g).max()) for e, g in zip(expected, got, strict=True)))
+    if worst > TOLERANCE:
+        raise ExportError(f"{path}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {TOLERANCE})")
+    return worst
+
+
+def _sample_images(meta: dict, images: np.ndarray | None) -> np.ndarray:
+    size = meta["image_size"]
+    if images is not None:
+        if images.shape[1:] != (size, size, 3) or images.dtype != np.uint8:
+            raise ExportError(
+                f"parity images must be uint8 (N, {size}, {size}, 3), got {images.dtype} {images.shape}"
+            )
+        return images[:7]
+    return np.random.default_rng(0).integers(0, 256, size=(7, size, size, 3), dtype=np.uint8)
+
+
+def export_serving(
+    new: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    images: np.ndarray | None = None,
+    name: str | None = None,
+) -> tuple[Path, float]:
+    """Export φ_new + ρ + ψ; returns (path, worst ONNX-vs-PyTorch difference).
+
+    Raises:
+        ExportError: the heads do not fit the backbone, or parity fails.
+        ValueError: a checkpoint of the wrong kind.
+    """
+    backbone, meta = load_backbone(new)
+    head_model, head_meta = load_heads(heads)
+    if head_meta["d_new"] != meta["embed_dim"]:
+        raise ExportError(
+            f"{heads} expects {head_meta['d_new']}-d backbone embeddings, {new} makes {meta['embed_dim']}-d"
+        )
+    module = ServingGraph(backbone, meta["mean"], meta["std"], head_model).eval()
+    size = meta["image_size"]
+    info = ModelInfo(
+        name or f"{meta['arch']}+heads-{head_meta['config']['loss']}",
+        "cosine",
+        {"new": head_meta["d_new"], "rev": head_meta["d_old"]},
+        InputSpec(size, size, 3),
+    )
+    sample = _sample_images(meta, images)
+    path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), ["new", "rev"], info)
+    return path, check_parity(module, path, sample, ["new", "rev"])
+
+
+def export_old(
+    old: str | Path,
+    out: str | Path,
+    *,
+    scores: bool = True,
+    images: np.ndarray | None = None,
+    name: str | None = None,
+) -> tuple[Path, float]:
+    """Export the old backbone: ``embedding`` (and ``scores``, its classifier's softmax)."""
+    backbone, meta = load_backbone(old)
+    module = ServingGraph(backbone, meta["mean"], meta["std"], scores=scores).eval()
+    outputs = ["embedding", "scores"] if scores else ["embedding"]
+    dims = {"embedding": meta["embed_dim"], **({"scores": len(meta["classes"])} if scores else {})}
+    size = meta["image_size"]
+    info = ModelInfo(name or f"{meta['arch']}-old", "cosine", dims, InputSpec(size, size, 3))
+    sample = _sample_images(meta, images)
+    path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), outputs, info)
+    return path, check_parity(module, path, sample, outputs)

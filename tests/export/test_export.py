@@ -1,0 +1,105 @@
+"""Exported graphs: parity with PyTorch, loaded by rm_qdrant's encoder, composed with an ONNX backbone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from exporters.compose import attach_heads
+from exporters.linear import linear_encoder
+from exporters.serving import ExportError, export_old, export_serving
+from rm_qdrant import InputSpec, OnnxEncoder
+from train.backbone import load_backbone, save_backbone
+from train.backbones import build_backbone
+from train.config import BackboneConfig, HeadsConfig
+from train.data import load_image_folder, to_tensor
+from train.heads import Heads, load_heads, save_heads
+
+
+def checkpoints(tmp_path, arch, *, embed_dim=16, d_old=12):
+    torch.manual_seed(0)
+    model = build_backbone(arch, num_classes=5, embed_dim=embed_dim).eval()
+    new = save_backbone(
+        model,
+        BackboneConfig(out=str(tmp_path / f"{arch}.pt"), arch=arch, embed_dim=embed_dim),
+        list("abcde"),
+        epoch=0,
+        metric={},
+    )
+    heads = Heads(embed_dim, d_old, hidden=32).eval()
+    with torch.no_grad():  # non-trivial BatchNorm statistics
+        for bn in (m for m in heads.modules() if isinstance(m, torch.nn.BatchNorm1d)):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    cfg = HeadsConfig(old=str(new), new=str(new), out=str(tmp_path / f"heads-{arch}.pt"), hidden=32)
+    return new, save_heads(heads, cfg, epoch=0, loss=0.0)
+
+
+@pytest.mark.parametrize("arch", ["small-cnn", "resnet18"])
+def test_parity_with_pytorch_at_batch_1_and_7(tmp_path, arch):
+    new, heads = checkpoints(tmp_path, arch)
+    path, worst = export_serving(new, heads, tmp_path / "model.onnx")
+    assert worst <= 1e-4
+    encoder = OnnxEncoder(path)
+    assert encoder.info.query_modes == ("rm",) and encoder.info.outputs == {"new": 16, "rev": 12}
+
+
+def test_encoder_gives_what_train_computes(tmp_path, tiny_folder):
+    new, heads = checkpoints(tmp_path, "small-cnn")
+    path, _ = export_serving(new, heads, tmp_path / "model.onnx")
+    data = load_image_folder(tiny_folder / "test")
+    backbone, _ = load_backbone(new)
+    head_model, _ = load_heads(heads)
+    with torch.no_grad():
+        embedding, _ = backbone(to_tensor(data.images))
+        expected_new, expected_rev = (F.normalize(t, dim=1).numpy() for t in head_model(embedding))
+    got = OnnxEncoder(path).encode(list(data.paths))
+    np.testing.assert_allclose(got["new"], expected_new, atol=1e-4)
+    np.testing.assert_allclose(got["rev"], expected_rev, atol=1e-4)
+
+
+def test_old_model_export_with_scores(tmp_path):
+    old, _ = checkpoints(tmp_path, "small-cnn")
+    path, worst = export_old(old, tmp_path / "old.onnx")
+    info = OnnxEncoder(path).info
+    assert worst <= 1e-4 and info.outputs == {"embedding": 16, "scores": 5}
+
+
+def test_heads_attached_to_an_onnx_backbone(tmp_path):
+    spec = InputSpec(8, 8, 3)
+    weights = np.random.default_rng(1).normal(size=(192, 16))
+    backbone = linear_encoder(
+        tmp_path / "theirs.onnx", [("embedding", "pixels", weights)], input_spec=spec, name="theirs"
+    )
+    _, heads = checkpoints(tmp_path, "small-cnn")
+    path, worst = attach_heads(backbone, heads, tmp_path / "composed.onnx")
+    encoder = OnnxEncoder(path)
+    assert worst <= 1e-4 and encoder.info.outputs == {"new": 16, "rev": 12}
+    image = np.random.default_rng(2).integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    head_model, _ = load_heads(heads)
+    with torch.no_grad():
+        phi = torch.from_numpy((image.reshape(1, -1) / 255.0 @ weights).astype(np.float32))
+        expected = F.normalize(head_model(phi)[1], dim=1).numpy()
+    np.testing.assert_allclose(encoder.encode(image)["rev"], expected, atol=1e-4)
+
+
+def test_bad_exports_are_clear_errors(tmp_path):
+    _, heads = checkpoints(tmp_path, "small-cnn")
+    other_new, _ = checkpoints(tmp_path, "resnet18", embed_dim=24)
+    with pytest.raises(ExportError, match="expects 16-d backbone embeddings"):
+        export_serving(other_new, heads, tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="not an rm-qdrant backbone checkpoint"):
+        export_serving(heads, heads, tmp_path / "m.onnx")
+    spec = InputSpec(8, 8, 3)
+    two = linear_encoder(
+        tmp_path / "two.onnx",
+        [("embedding", "pixels", np.ones((192, 16))), ("scores", "embedding", np.ones((16, 3)))],
+        input_spec=spec,
+        name="two",
+    )
+    with pytest.raises(ExportError, match="several outputs"):
+        attach_heads(two, heads, tmp_path / "c.onnx")
+    with pytest.raises(ExportError, match="is 3-d"):
+        attach_heads(two, heads, tmp_path / "c.onnx", output_name="scores")
