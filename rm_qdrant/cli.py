@@ -198,11 +198,7 @@ class _TrainGroup(click.Group):
         try:
             from train.cli import train as real
         except ModuleNotFoundError as exc:
-            if exc.name in ("torch", "yaml"):
-                raise click.ClickException(
-                    "training needs PyTorch: pip install -e '.[train]' (pins the CPU build, torch==2.13.0)"
-                ) from exc
-            raise
+            raise _needs_torch(exc) from exc
         return real
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -210,6 +206,82 @@ class _TrainGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         return self._real().get_command(ctx, name)
+
+
+def _needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
+    if exc.name in ("torch", "yaml", "onnx"):
+        return click.ClickException(
+            f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
+        )
+    raise exc
+
+
+@cli.command(name="export")
+@click.option("--new", "new", type=click.Path(exists=True), help="New backbone checkpoint (PyTorch).")
+@click.option("--new-onnx", type=click.Path(exists=True), help="Or: the team's own ONNX backbone.")
+@click.option("--output-name", help="With --new-onnx: the output that holds the embedding.")
+@click.option(
+    "--input-size", type=int, help="With --new-onnx and no rm_qdrant metadata: input height = width."
+)
+@click.option("--input-layout", type=click.Choice(["NHWC", "NCHW"]), default="NHWC", show_default=True)
+@click.option("--input-dtype", type=click.Choice(["uint8", "float32"]), default="uint8", show_default=True)
+@click.option("--heads", type=click.Path(exists=True), help="Trained ρ/ψ heads checkpoint.")
+@click.option("--out", type=click.Path(), help="Where the two-output graph goes.")
+@click.option("--old", type=click.Path(exists=True), help="Old backbone checkpoint, for --out-old.")
+@click.option("--out-old", type=click.Path(), help="Where the old model's graph goes (RM_naive, rmq index).")
+@click.option("--no-scores", is_flag=True, help="Leave out the old classifier's 'scores' output.")
+@json_option
+def export_command(
+    new: str | None,
+    new_onnx: str | None,
+    output_name: str | None,
+    input_size: int | None,
+    input_layout: str,
+    input_dtype: str,
+    heads: str | None,
+    out: str | None,
+    old: str | None,
+    out_old: str | None,
+    no_scores: bool,
+    as_json: bool,
+) -> None:
+    """Export φ_new+ρ+ψ as one ONNX graph (outputs new, rev) and/or the old model, checked against PyTorch."""
+    try:
+        from exporters.compose import attach_heads
+        from exporters.serving import ExportError, export_old, export_serving
+    except ModuleNotFoundError as exc:
+        raise _needs_torch(exc) from exc
+    from rm_qdrant.modelinfo import InputSpec
+
+    done = {}
+    try:
+        if (new or new_onnx) and not (heads and out):
+            raise ConfigError("--new/--new-onnx need --heads and --out")
+        if new and new_onnx:
+            raise ConfigError("give --new or --new-onnx, not both")
+        if new:
+            done["model"] = export_serving(new, heads, out)  # type: ignore[arg-type]
+        elif new_onnx:
+            spec = InputSpec(input_size, input_size, 3, input_layout, input_dtype) if input_size else None
+            done["model"] = attach_heads(new_onnx, heads, out, output_name=output_name, input_spec=spec)  # type: ignore[arg-type]
+        if old or out_old:
+            if not (old and out_old):
+                raise ConfigError("--old and --out-old go together")
+            done["old"] = export_old(old, out_old, scores=not no_scores)
+        if not done:
+            raise ConfigError(
+                "nothing to export: give --new/--new-onnx with --heads and --out, or --old with --out-old"
+            )
+    except (ExportError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    report = {k: {"path": str(p), "max_abs_diff": d} for k, (p, d) in done.items()}
+    emit(
+        report,
+        as_json,
+        "\n".join(
+            f"wrote {r['path']} (ONNX Runtime vs PyTorch: {r['max_abs_diff']:.1e})" for r in report.values()
+        ),
+    )
 
 
 cli.add_command(

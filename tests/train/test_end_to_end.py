@@ -98,6 +98,58 @@ def test_tiny_run_through_the_cli(tiny_folder):
         assert heads(torch.from_numpy(cached.emb))[1].shape == (32, 16)
 
 
+def test_trained_models_serve_through_rmq(tiny_folder, tmp_path):
+    """The whole product path: train, export, index with the old model, pair, migrate, search."""
+    common = ["--data", tiny_folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
+    rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common)
+    rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common)
+    rmq_train(
+        "heads",
+        "--old",
+        "runs/old.pt",
+        "--new",
+        "runs/new.pt",
+        "--data",
+        tiny_folder,
+        "--epochs",
+        "2",
+        "--set",
+        "batch=32",
+        "--out",
+        "runs/heads.pt",
+    )
+    runner = CliRunner()
+
+    def rmq(*args):
+        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    report = json.loads(
+        rmq(
+            "export",
+            "--new",
+            "runs/new.pt",
+            "--heads",
+            "runs/heads.pt",
+            "--out",
+            "model.onnx",
+            "--old",
+            "runs/old.pt",
+            "--out-old",
+            "old.onnx",
+            "--json",
+        )
+    )
+    assert report["model"]["max_abs_diff"] <= 1e-4 and report["old"]["max_abs_diff"] <= 1e-4
+    rmq("index", "--collection", "gallery", "--data", tiny_folder / "test", "--encoder", "old.onnx")
+    rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", "model.onnx")
+    rmq("migrate", "--name", "p", "--until", "0.5", "--order", "confidence")
+    query = sorted((tiny_folder / "test" / "cat").glob("*.png"))[0]
+    hits = json.loads(rmq("search", "--name", "p", query, "--limit", "32", "--exact", "--json"))
+    assert len({h["id"] for h in hits}) == 32 and {h["source"] for h in hits} == {"old", "new"}
+
+
 def test_bad_settings_are_one_clear_error(tiny_folder):
     result = CliRunner().invoke(cli, ["train", "backbone", "--data", tiny_folder, "--set", "colour=blue"])
     assert result.exit_code == 1 and "unknown setting(s) colour for BackboneConfig" in result.output
