@@ -17,11 +17,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-import torch.nn.functional as F
 from onnx import compose, helper
 from torch import Tensor, nn
 
-from exporters.serving import TOLERANCE, ExportError
+from exporters.serving import TOLERANCE, ExportError, FoldedHeads, unit
 from rm_qdrant.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from train.heads import load_heads
 
@@ -35,7 +34,7 @@ class _HeadsGraph(nn.Module):
 
     def forward(self, phi: Tensor) -> tuple[Tensor, Tensor]:
         new, rev = self.heads(phi)
-        return F.normalize(new, dim=1), F.normalize(rev, dim=1)
+        return unit(new), unit(rev)
 
 
 def _backbone_output(model: onnx.ModelProto, output_name: str | None, source: str) -> str:
@@ -105,7 +104,7 @@ def attach_heads(
             f"{source} output {embedding!r} is {phi.shape[1]}-d; {heads} expects {meta['d_new']}-d"
         )
     opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
-    graph = _HeadsGraph(head_model).eval()
+    graph = _HeadsGraph(FoldedHeads(head_model.eval())).eval()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter warns that it is legacy
         torch.onnx.export(

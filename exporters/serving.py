@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rm_qdrant.modelinfo import InputSpec, ModelInfo
@@ -47,6 +46,47 @@ class Normalise(nn.Module):
         return (x - self.mean) / self.std
 
 
+def unit(x: Tensor) -> Tensor:
+    """L2-normalise rows in three ONNX ops (``F.normalize`` exports as five)."""
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def fold_batchnorm(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` (eval mode) with every Linear → BatchNorm1d pair fused into one Linear."""
+    if not isinstance(module, nn.Sequential):
+        return module
+    layers, children = [], list(module)
+    i = 0
+    while i < len(children):
+        layer = children[i]
+        following = children[i + 1] if i + 1 < len(children) else None
+        if isinstance(layer, nn.Linear) and isinstance(following, nn.BatchNorm1d):
+            scale = following.weight / torch.sqrt(following.running_var + following.eps)
+            fused = nn.Linear(layer.in_features, layer.out_features)
+            with torch.no_grad():
+                fused.weight.copy_(layer.weight * scale[:, None])
+                bias = layer.bias if layer.bias is not None else torch.zeros_like(following.running_mean)
+                fused.bias.copy_((bias - following.running_mean) * scale + following.bias)
+            layers.append(fused)
+            i += 2
+        else:
+            layers.append(layer)
+            i += 1
+    return nn.Sequential(*layers).eval()
+
+
+class FoldedHeads(nn.Module):
+    """Trained heads with their BatchNorm folded into the Linear layers: same outputs, fewer ops."""
+
+    def __init__(self, heads: nn.Module) -> None:
+        super().__init__()
+        self.rho, self.psi = fold_batchnorm(heads.rho), fold_batchnorm(heads.psi)
+
+    def forward(self, phi: Tensor) -> tuple[Tensor, Tensor]:
+        new = self.rho(phi)
+        return new, self.psi(new)
+
+
 class ServingGraph(nn.Module):
     """What the exported graph computes: (new, rev), or (embedding[, scores]) for an old model."""
 
@@ -65,10 +105,10 @@ class ServingGraph(nn.Module):
     def forward(self, images: Tensor) -> tuple[Tensor, ...]:
         embedding, logits = self.backbone(self.prep(images))
         if self.heads is None:
-            out = F.normalize(embedding, dim=1)
+            out = unit(embedding)
             return (out, logits.softmax(dim=1)) if self.scores else (out,)
         new, rev = self.heads(embedding)
-        return F.normalize(new, dim=1), F.normalize(rev, dim=1)
+        return unit(new), unit(rev)
 
 
 def _export(module: nn.Module, sample: Tensor, path: Path, outputs: list[str], info: ModelInfo) -> Path:
@@ -141,7 +181,7 @@ def export_serving(
         raise ExportError(
             f"{heads} expects {head_meta['d_new']}-d backbone embeddings, {new} makes {meta['embed_dim']}-d"
         )
-    module = ServingGraph(backbone, meta["mean"], meta["std"], head_model).eval()
+    module = ServingGraph(backbone, meta["mean"], meta["std"], FoldedHeads(head_model.eval())).eval()
     size = meta["image_size"]
     info = ModelInfo(
         name or f"{meta['arch']}+heads-{head_meta['config']['loss']}",

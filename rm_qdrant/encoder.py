@@ -71,7 +71,8 @@ class OnnxEncoder:
         info = parse_metadata(meta, outputs, source=str(self.path))
         self.info = ModelInfo(info.name, info.distance, info.outputs, info.input, fingerprint_bytes(data))
         self.batch_size = batch_size
-        if "CUDAExecutionProvider" in _providers() and self._session.get_providers()[0] != "CUDAExecutionProvider":
+        running = self._session.get_providers()[0]
+        if "CUDAExecutionProvider" in _providers() and running != "CUDAExecutionProvider":
             log.info("CUDA is installed but not usable here: %s encodes on the CPU", self.path)
         log.debug("loaded encoder %s (%s) on %s", self.path, self.info.name, self._session.get_providers())
 
