@@ -42,30 +42,19 @@ def test_checkpoint_gives_back_the_same_embeddings(tiny_folder, tmp_path):
     assert meta["classes"] == ["ant", "bee", "cat", "dog"] and meta["metric"] == {"top1": 0.5}
 
 
-def test_tiny_run_through_the_cli(tiny_folder):
-    common = ["--data", tiny_folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
+def train_tiny(folder) -> str:
+    """Old and new backbones (1 epoch) and MCL heads (2 epochs) under runs/; returns the heads report."""
+    common = ["--data", folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
     rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common)
     rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common)
+    heads = ["--old", "runs/old.pt", "--new", "runs/new.pt", "--data", folder, "--loss", "mcl"]
+    return rmq_train("heads", *heads, "--epochs", "2", "--set", "batch=32", "--out", "runs/heads.pt")
+
+
+def test_tiny_run_through_the_cli(tiny_folder):
+    out = train_tiny(tiny_folder)
     old_model, old_meta = load_backbone("runs/old.pt")
     assert old_meta["classes"] == ["ant", "bee"] and 0.0 <= old_meta["metric"]["top1"] <= 1.0
-
-    out = rmq_train(
-        "heads",
-        "--old",
-        "runs/old.pt",
-        "--new",
-        "runs/new.pt",
-        "--data",
-        tiny_folder,
-        "--loss",
-        "mcl",
-        "--epochs",
-        "2",
-        "--set",
-        "batch=32",
-        "--out",
-        "runs/heads.pt",
-    )
     report = json.loads(out.strip().splitlines()[-1])
     assert len(report["loss"]) == 2 and report["config"]["loss"] == "mcl"
     heads, meta = load_heads("runs/heads.pt")
@@ -100,24 +89,7 @@ def test_tiny_run_through_the_cli(tiny_folder):
 
 def test_trained_models_serve_through_rmq(tiny_folder, tmp_path):
     """The whole product path: train, export, index with the old model, pair, migrate, search."""
-    common = ["--data", tiny_folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
-    rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common)
-    rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common)
-    rmq_train(
-        "heads",
-        "--old",
-        "runs/old.pt",
-        "--new",
-        "runs/new.pt",
-        "--data",
-        tiny_folder,
-        "--epochs",
-        "2",
-        "--set",
-        "batch=32",
-        "--out",
-        "runs/heads.pt",
-    )
+    train_tiny(tiny_folder)
     runner = CliRunner()
 
     def rmq(*args):
