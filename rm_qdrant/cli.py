@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store
-from rm_qdrant.cli_migrate import finalize_command, migrate, rollback_command
+from rm_qdrant.cli_migrate import eval_command, finalize_command, migrate, rollback_command
 from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError
@@ -288,6 +288,7 @@ cli.add_command(
     _TrainGroup(name="train", help="Train backbones, heads, adapters and baselines (needs PyTorch).")
 )
 cli.add_command(migrate)
+cli.add_command(eval_command)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)
 

@@ -148,3 +148,17 @@ def test_migrate_bad_input(rmq, models, image_folder, args, message):
     )
     result = rmq("migrate", "--name", "demo", *args, ok=False)
     assert result.exit_code != 0 and message in result.output
+
+
+def test_eval_measures_through_the_pair(rmq, models, image_folder):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    points = json.loads(
+        rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "1,0", "--json").output
+    )
+    assert [p["t"] for p in points] == [0.0, 1.0] and [p["fraction"] for p in points] == [0.0, 1.0]
+    assert all(0.0 < p["map"] <= 1.0 for p in points)
+    assert (
+        "bad --at"
+        in rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "half", ok=False).output
+    )

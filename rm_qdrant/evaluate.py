@@ -1,0 +1,116 @@
+"""Served evaluation: the paper's metrics measured through the live pair (DualIndex over Qdrant).
+
+Queries are labelled images (an ImageFolder); the gallery is whatever the pair
+serves, each point labelled by its payload ``label``. A query that is itself in the
+gallery (same ``uri``) is left out of its own ranking, as in the offline protocol.
+Between fractions the pair is migrated with ``--until``, in the pair's backfill order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.indexing import ImageItem
+from rm_qdrant.merge import Hit
+from rm_qdrant.metrics import Retrieval
+from rm_qdrant.migrate import MigrateOptions, run_migration
+from rm_qdrant.pair import active_where
+from rm_qdrant.store import Where
+
+
+@dataclass(frozen=True)
+class ServedPoint:
+    """Quality at one backfill state, as served."""
+
+    t: float  # the fraction asked for
+    fraction: float  # the fraction actually in new
+    map: float
+    top1: float
+
+
+def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
+    store, pair = index.store, index.pair
+    counts = {}
+    for label in labels:
+        where = Where(must={"label": label})
+        old = store.count(pair.old_collection, active_where(pair) & where) if pair.state != "finalized" else 0
+        counts[label] = old + store.count(pair.new_collection, where)
+    return counts
+
+
+def average_precision(
+    hits: Sequence[Hit], label: str, relevant: int, *, skip_uri: str, k: int | None
+) -> tuple[float, bool]:
+    """AP (or AP@k) of one served ranking, and whether its first hit is relevant.
+
+    ``relevant`` counts the gallery items with the query's label, the query itself excluded.
+    """
+    ranked = [h for h in hits if h.payload.get("uri") != skip_uri][:k]
+    flags = np.array([h.payload.get("label") == label for h in ranked], dtype=bool)
+    denominator = min(relevant, k) if k is not None else relevant
+    if denominator == 0 or len(flags) == 0:
+        return 0.0, bool(len(flags) and flags[0])
+    precision = np.cumsum(flags) / np.arange(1, len(flags) + 1)
+    return float((precision * flags).sum() / denominator), bool(flags[0])
+
+
+def served_retrieval(
+    index: DualIndex, queries: Sequence[ImageItem], *, k: int | None = None, batch: int = 64
+) -> Retrieval:
+    """mAP (or mAP@k) and top-1 of the pair as it serves now, over ``queries``.
+
+    Raises:
+        ConfigError: a query has no label.
+    """
+    if any(q.label is None for q in queries):
+        raise ConfigError("served evaluation needs labelled queries: QUERIES/<label>/<image>")
+    counts = _label_counts(index, {q.label for q in queries if q.label is not None})
+    gallery = index.status().old_count + index.status().new_count
+    limit = (k or gallery) + 1  # one more: the query itself may come back
+    aps, tops = [], []
+    for start in range(0, len(queries), batch):
+        chunk = queries[start : start + batch]
+        for query, hits in zip(chunk, index.search_batch([q.uri for q in chunk], limit=limit), strict=True):
+            label = query.label or ""
+            relevant = counts[label] - (1 if _in_gallery(index, query) else 0)
+            ap, top = average_precision(hits, label, relevant, skip_uri=query.uri, k=k)
+            aps.append(ap)
+            tops.append(top)
+    hits_array = np.array(tops, dtype=bool)
+    return Retrieval(float(np.mean(aps)), float(hits_array.mean()), hits_array)
+
+
+def _in_gallery(index: DualIndex, query: ImageItem) -> bool:
+    pair, store = index.pair, index.store
+    found = store.retrieve(pair.new_collection, [query.point_id])
+    if not found and pair.state != "finalized":
+        found = store.retrieve(pair.old_collection, [query.point_id])
+    return bool(found)
+
+
+def evaluate_served(
+    index: DualIndex,
+    queries: Sequence[ImageItem],
+    fractions: Sequence[float],
+    *,
+    options: MigrateOptions | None = None,
+    k: int | None = None,
+    on_point: Callable[[ServedPoint], None] | None = None,
+) -> list[ServedPoint]:
+    """Migrate to each fraction in turn (ascending) and measure what the pair serves there."""
+    base = options or MigrateOptions()
+    points = []
+    for t in sorted(fractions):
+        run_migration(index, dataclasses.replace(base, until=t))
+        r = served_retrieval(index, queries, k=k)
+        point = ServedPoint(t, index.progress(), r.map, r.top1)
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+    return points
