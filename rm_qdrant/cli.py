@@ -284,6 +284,55 @@ def export_command(
     )
 
 
+@cli.command()
+@click.option(
+    "--out",
+    default="rmq-demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the demo's files go.",
+)
+@click.option(
+    "--data",
+    type=click.Path(exists=True, file_okay=False),
+    help="An ImageFolder with train/ and test/ [default: scikit-learn's digits].",
+)
+@click.option("--epochs", default=12, show_default=True, type=click.IntRange(min=1), help="Backbone epochs.")
+@json_option
+def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
+    """Train old and new models, serve both collections, and watch quality climb as the gallery migrates."""
+    import time
+    from pathlib import Path
+
+    try:
+        from train.demo import run_demo, summary
+    except ModuleNotFoundError as exc:
+        raise _needs_torch(exc) from exc
+    started = time.perf_counter()
+    if not as_json:
+        click.echo("training the old model (first half of the classes), the new one (all) and ψ/ρ (MCL)...")
+
+    def show(row: Any) -> None:
+        if not as_json:
+            if row.t == 0:
+                click.echo(f"\n{'t':>4}  {'RM_naive mAP':>12} {'top-1':>6}   {'RM mAP':>7} {'top-1':>6}")
+            click.echo(
+                f"{row.t:4.1f}  {100 * row.naive_map:12.1f} {100 * row.naive_top1:6.1f}   "
+                f"{100 * row.rm_map:7.1f} {100 * row.rm_top1:6.1f}"
+            )
+
+    rows = run_demo(Path(out), data=Path(data) if data else None, epochs=epochs, on_row=show)
+    areas = summary(rows)
+    report = {**areas, "seconds": time.perf_counter() - started, "out": str(Path(out).resolve())}
+    auc = f"RM_naive {100 * areas['auc_map_naive']:.1f}, RM {100 * areas['auc_map_rm']:.1f}"
+    plotted = ", the plot curves.png" if (Path(out) / "curves.png").is_file() else ""
+    text = (
+        f"\narea under mAP_t: {auc}\nmodels, ONNX graphs, the Qdrant store{plotted} are in {report['out']}"
+        f"; took {report['seconds']:.0f} s"
+    )
+    emit({**report, "rows": [vars(r) for r in rows]} if as_json else report, as_json, text)
+
+
 cli.add_command(
     _TrainGroup(name="train", help="Train backbones, heads, adapters and baselines (needs PyTorch).")
 )

@@ -125,3 +125,15 @@ def test_trained_models_serve_through_rmq(tiny_folder, tmp_path):
 def test_bad_settings_are_one_clear_error(tiny_folder):
     result = CliRunner().invoke(cli, ["train", "backbone", "--data", tiny_folder, "--set", "colour=blue"])
     assert result.exit_code == 1 and "unknown setting(s) colour for BackboneConfig" in result.output
+
+
+def test_demo_on_a_given_folder(tiny_folder, tmp_path):
+    """`rmq demo --data DIR`: both query modes served at the 11 fractions, from old to new."""
+    result = CliRunner().invoke(
+        cli, ["demo", "--data", str(tiny_folder), "--out", str(tmp_path / "demo"), "--epochs", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [row["t"] for row in report["rows"]] == [i / 10 for i in range(11)]
+    assert all(0.0 <= row["rm_map"] <= 1.0 and 0.0 <= row["naive_map"] <= 1.0 for row in report["rows"])
+    assert (tmp_path / "demo" / "model.onnx").is_file() and (tmp_path / "demo" / "curves.png").is_file()
