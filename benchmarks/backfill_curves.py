@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 
 from rm_qdrant.metrics import backfill_retrieval, retrieval  # noqa: E402
+from rm_qdrant.ordering import order_keys  # noqa: E402
 from train.adapters import fit_adapter  # noqa: E402
 from train.cache import embeddings  # noqa: E402
 from train.heads import load_heads  # noqa: E402
@@ -44,10 +45,21 @@ def main() -> None:
     parser.add_argument(
         "--tag", default="-t0.1-lr0.0001-e50", help="heads file suffix, as train_cifar.py names them"
     )
+    parser.add_argument(
+        "--order", default="random", help="random | confidence | centroid | centroid-unsupervised"
+    )
+    parser.add_argument("--systems", default="", help="only these rows, comma-separated (default: all)")
     args = parser.parse_args()
     runs, data = Path(args.runs), cifar_root()
     old, new = embeddings(runs / "old.pt", data / "test"), embeddings(runs / "new.pt", data / "test")
-    labels, order = new.labels, np.random.default_rng(0).permutation(len(new.labels))
+    labels = new.labels
+    if args.order == "random":  # seed 0, as train_cifar.py
+        order = np.random.default_rng(0).permutation(len(labels))
+    else:  # rm-qdrant's own orders, from the old model's view of the test set
+        payloads = [
+            {"label": str(y), "old_confidence": float(c)} for y, c in zip(labels, old.scores(), strict=True)
+        ]
+        order = np.argsort(order_keys(args.order, list(range(len(labels))), payloads, old.emb), kind="stable")
     auc_old = retrieval(old.emb, old.emb, labels).map
     auc_new = retrieval(new.emb, new.emb, labels).map
     systems = {"RM_naive": (new.emb, old.emb, new.emb, old.emb)}
@@ -69,11 +81,14 @@ def main() -> None:
             systems[f"RM {name}"] = (q_new, q_rev, q_new, old.emb)
     print(f"command: python {' '.join(sys.argv)}")
     print(
-        f"Old mAP {100 * auc_old:.1f}, New mAP {100 * auc_new:.1f} (offline); backfill order random, seed 0\n"
+        f"Old mAP {100 * auc_old:.1f}, New mAP {100 * auc_new:.1f} (offline); backfill order {args.order}\n"
     )
     print("| system | " + " | ".join(f"{t:.1f}" for t in T) + " | AUC_mAP | Gain | never falls |")
     print("|---|" + "--:|" * (len(T) + 3))
+    wanted = set(args.systems.split(",")) if args.systems else set(systems)
     for name, (q_new, q_old, g_new, g_old) in systems.items():
+        if name not in wanted:
+            continue
         maps = curve(q_new, q_old, g_new, g_old, labels, order)
         auc = float(np.trapezoid(maps, T))
         gain = (auc - auc_old) / (auc_new - auc_old)
