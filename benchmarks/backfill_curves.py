@@ -49,6 +49,9 @@ def main() -> None:
         "--order", default="random", help="random | confidence | centroid | centroid-unsupervised"
     )
     parser.add_argument("--systems", default="", help="only these rows, comma-separated (default: all)")
+    parser.add_argument(
+        "--adapters", default="procrustes", help="adapters to fit: procrustes,low-rank,residual-mlp"
+    )
     args = parser.parse_args()
     runs, data = Path(args.runs), cifar_root()
     old, new = embeddings(runs / "old.pt", data / "test"), embeddings(runs / "new.pt", data / "test")
@@ -67,14 +70,14 @@ def main() -> None:
         embeddings(runs / "old.pt", data / "train"),
         embeddings(runs / "new.pt", data / "train"),
     )
-    procrustes = fit_adapter("procrustes", train_new.emb, train_old.emb)
+    wanted = set(args.systems.split(",")) if args.systems else None
+    for kind in args.adapters.split(","):
+        name = f"{kind} adapter"
+        if wanted is None or name in wanted:  # the trainable adapters take a minute or two each
+            adapter = fit_adapter(kind, train_new.emb, train_old.emb)
+            with torch.no_grad():
+                systems[name] = (new.emb, adapter(torch.from_numpy(new.emb)).numpy(), new.emb, old.emb)
     with torch.no_grad():
-        systems["Procrustes adapter"] = (
-            new.emb,
-            procrustes(torch.from_numpy(new.emb)).numpy(),
-            new.emb,
-            old.emb,
-        )
         for name in args.heads.split(","):
             heads, _ = load_heads(runs / f"heads-{name}{args.tag}.pt")
             q_new, q_rev = (x.numpy() for x in heads(torch.from_numpy(new.emb)))
@@ -85,9 +88,8 @@ def main() -> None:
     )
     print("| system | " + " | ".join(f"{t:.1f}" for t in T) + " | AUC_mAP | Gain | never falls |")
     print("|---|" + "--:|" * (len(T) + 3))
-    wanted = set(args.systems.split(",")) if args.systems else set(systems)
     for name, (q_new, q_old, g_new, g_old) in systems.items():
-        if name not in wanted:
+        if wanted is not None and name not in wanted:
             continue
         maps = curve(q_new, q_old, g_new, g_old, labels, order)
         auc = float(np.trapezoid(maps, T))
