@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 
-from rm_qdrant.metrics import backfill_retrieval, retrieval  # noqa: E402
+from rm_qdrant.metrics import backfill_retrieval, migrated_at, retrieval  # noqa: E402
 from rm_qdrant.ordering import order_keys  # noqa: E402
 from train.adapters import fit_adapter  # noqa: E402
 from train.cache import embeddings  # noqa: E402
@@ -32,8 +32,7 @@ T = np.linspace(0, 1, 11)
 def curve(q_new, q_old, g_new, g_old, labels, order) -> np.ndarray:
     maps = []
     for t in T:
-        migrated = np.zeros(len(labels), dtype=bool)
-        migrated[order[: round(t * len(labels))]] = True
+        migrated = migrated_at(order, t)
         maps.append(backfill_retrieval(q_new, q_old, g_new, g_old, labels, migrated).map)
     return np.array(maps)
 

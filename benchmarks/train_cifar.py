@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 
-from rm_qdrant.metrics import backfill_retrieval, retrieval  # noqa: E402
+from rm_qdrant.metrics import backfill_retrieval, migrated_at, retrieval  # noqa: E402
 from train.backbone import train_backbone  # noqa: E402
 from train.cache import embeddings  # noqa: E402
 from train.config import BackboneConfig, HeadsConfig  # noqa: E402
@@ -57,8 +57,7 @@ def backbones(args: argparse.Namespace, runs: Path) -> tuple[Path, Path, dict[st
 def curve(q_new, q_old, g_new, g_old, labels, order) -> list[tuple[float, float]]:
     points = []
     for t in FRACTIONS:
-        migrated = np.zeros(len(labels), dtype=bool)
-        migrated[order[: round(t * len(labels))]] = True
+        migrated = migrated_at(order, t)
         r = backfill_retrieval(q_new, q_old, g_new, g_old, labels, migrated)
         points.append((r.map, r.top1))
     return points

@@ -6,8 +6,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from train.adapters import Adapter, build_adapter, fit_adapter
 from train.cache import embeddings, file_hash
 from train.checkpoints import description, load_checkpoint, save_checkpoint
@@ -18,7 +16,7 @@ def train_adapter_job(cfg: AdapterConfig) -> Path:
     """Fit ``cfg.kind`` from φ_new to φ_old on the new model's training images; save it."""
     folder = Path(cfg.data) / "train"
     old, new = embeddings(cfg.old, folder), embeddings(cfg.new, folder)
-    keep = np.isin(new.labels, [new.classes.index(c) for c in new.model_classes])
+    keep = new.known()
     adapter = fit_adapter(
         cfg.kind,
         new.emb[keep],

@@ -282,7 +282,7 @@ def train_transformation(cfg: BaselineConfig, *, side: str | None) -> tuple[Path
     folder = Path(cfg.data) / "train"
     old, new = embeddings(cfg.old, folder, device=cfg.device), embeddings(cfg.new, folder, device=cfg.device)
     # The images of the classes the new model knows: h must reproduce φ_new where φ_new is meaningful.
-    keep = np.isin(new.labels, [new.classes.index(c) for c in new.model_classes])
+    keep = new.known()
     inputs = _inputs(old, side, folder, device=cfg.device)
     x, target = torch.from_numpy(inputs[keep]), torch.from_numpy(new.emb[keep])
     model = mlp(x.shape[1], target.shape[1], blocks=cfg.blocks, hidden=cfg.hidden).to(device)

@@ -32,6 +32,10 @@ class Embedded:
     classes: tuple[str, ...]
     model_classes: tuple[str, ...]
 
+    def known(self) -> np.ndarray:
+        """Mask of the images whose class the backbone was trained on."""
+        return np.isin(self.labels, [self.classes.index(c) for c in self.model_classes])
+
     def scores(self) -> np.ndarray:
         """Max-softmax confidence of the backbone's classifier, per image."""
         z = self.logits - self.logits.max(axis=1, keepdims=True)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -86,7 +85,7 @@ def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
     folder = Path(cfg.data) / "train"
     old, new = embeddings(cfg.old, folder, device=cfg.device), embeddings(cfg.new, folder, device=cfg.device)
     # Train on the images of the classes the new model knows (all of them in the extended setting).
-    keep = np.isin(new.labels, [new.classes.index(c) for c in new.model_classes])
+    keep = new.known()
     phi_new, phi_old, labels = as_tensors(new.emb[keep], old.emb[keep], new.labels[keep])
     model = Heads(
         phi_new.shape[1],
