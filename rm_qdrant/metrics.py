@@ -8,13 +8,17 @@ chunked over queries so a 10,000 × 10,000 evaluation stays within a few hundred
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 #: The backfill fractions of the evaluation protocol: t = 0, 0.1, ..., 1.
 FRACTIONS = tuple(i / 10 for i in range(11))
+#: Threads that score query chunks at once.
+WORKERS = min(4, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -79,18 +83,32 @@ def unit(x: np.ndarray) -> np.ndarray:
 def _scores(
     dist: np.ndarray, labels: np.ndarray, rows: np.ndarray, k: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """AP (or AP@k) and top-1 hit of each query row of ``dist`` (the query itself excluded)."""
-    dist = dist.copy()
-    dist[np.arange(len(rows)), rows] = np.inf
-    order = np.argsort(dist, axis=1, kind="stable")[:, :-1]  # drop the query itself (last)
-    relevant = labels[order] == labels[rows][:, None]
+    """AP (or AP@k) and top-1 hit of each query row of ``dist`` (the query itself excluded).
+
+    Sorts the relevant and the irrelevant distances of each row apart: the i-th
+    nearest relevant item (1-based) ranks at i plus the irrelevant items no farther
+    than it, so a tie counts against the query (top-1 too). Overwrites ``dist``.
+    """
+    at = np.arange(len(rows))
+    dist[at, rows] = np.inf
+    relevant = labels[None, :] == labels[rows][:, None]
+    relevant[at, rows] = False
     n_rel = relevant.sum(axis=1)
-    if k is not None:
-        relevant, n_rel = relevant[:, :k], np.minimum(n_rel, k)
-    hits = np.cumsum(relevant, axis=1)
-    ranks = np.arange(1, relevant.shape[1] + 1)
-    ap = np.where(n_rel > 0, (relevant * hits / ranks).sum(axis=1) / np.maximum(n_rel, 1), 0.0)
-    return ap, relevant[:, 0]
+    near_relevant = np.sort(np.where(relevant, dist, np.inf), axis=1)
+    near_other = np.sort(np.where(relevant, np.inf, dist), axis=1)
+    top = near_relevant[:, 0] < near_other[:, 0]
+    ap = np.zeros(len(rows))
+    for i, m in enumerate(n_rel):
+        if not m:
+            continue
+        hits = np.arange(1, m + 1)
+        ranks = hits + np.searchsorted(near_other[i], near_relevant[i, :m], side="right")
+        if k is None:
+            ap[i] = (hits / ranks).mean()
+        else:
+            kept = ranks <= k
+            ap[i] = (hits[kept] / ranks[kept]).sum() / min(m, k)
+    return ap, top
 
 
 def backfill_retrieval(
@@ -103,6 +121,7 @@ def backfill_retrieval(
     *,
     k: int | None = None,
     chunk: int = 1000,
+    workers: int = WORKERS,
 ) -> Retrieval:
     """Quality of a distance-rank-merged system at one backfill state.
 
@@ -110,24 +129,32 @@ def backfill_retrieval(
     query's new vector and its new vector), else from old (query's old-side vector,
     ``rev`` or the old model's, against its old vector). Ranking the whole gallery by
     these cosine distances is what merging each collection's top-k by distance returns.
+    Chunks of ``chunk`` queries are scored on ``workers`` threads (numpy sorts
+    release the GIL); each thread holds a few ``chunk`` × gallery float arrays.
     """
     n = len(labels)
+    labels = np.asarray(labels)
     migrated = np.asarray(migrated, dtype=bool)
     qn, qo = (unit(q) if q is not None else None for q in (query_new, query_old))
     gn, go = (unit(g) if g is not None else None for g in (gallery_new, gallery_old))
-    aps, tops = [], []
-    for start in range(0, n, chunk):
+
+    def score(start: int) -> tuple[np.ndarray, np.ndarray]:
         rows = np.arange(start, min(start + chunk, n))
         dist = np.empty((len(rows), n), dtype=np.float32)
         if migrated.any():
             dist[:, migrated] = 1.0 - qn[rows] @ gn[migrated].T  # type: ignore[index]
         if (~migrated).any():
             dist[:, ~migrated] = 1.0 - qo[rows] @ go[~migrated].T  # type: ignore[index]
-        ap, top = _scores(dist, labels, rows, k)
-        aps.append(ap)
-        tops.append(top)
-    hits = np.concatenate(tops)
-    return Retrieval(float(np.concatenate(aps).mean()), float(hits.mean()), hits)
+        return _scores(dist, labels, rows, k)
+
+    starts = range(0, n, chunk)
+    if workers > 1 and len(starts) > 1:
+        with ThreadPoolExecutor(min(workers, len(starts))) as pool:
+            parts = list(pool.map(score, starts))
+    else:
+        parts = [score(start) for start in starts]
+    hits = np.concatenate([top for _, top in parts])
+    return Retrieval(float(np.concatenate([ap for ap, _ in parts]).mean()), float(hits.mean()), hits)
 
 
 def retrieval(

@@ -89,3 +89,13 @@ def test_small_helpers():
     with pytest.raises(ValueError):
         gain(0.5, 0.4, 0.4)
     assert migrated_at(np.array([3, 1, 0, 2]), 0.5).tolist() == [False, True, False, True]
+
+
+def test_a_tie_counts_against_the_query():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    labels = np.array([0, 0, 1])
+    got = backfill_retrieval(x, None, x, None, labels, np.ones(3, bool), workers=1)
+    # Query 0 sees item 1 (relevant) and item 2 (not) at one distance: the relevant one ranks second.
+    # Query 1's relevant item is second; query 2 has none. No query's nearest is strictly relevant.
+    assert got.map == pytest.approx((0.5 + 0.5 + 0.0) / 3)
+    assert got.top1 == 0.0
