@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -61,20 +62,43 @@ def embed(
     return torch.cat(embs), torch.cat(logits)
 
 
-def _influence_head(path: str, device: torch.device) -> tuple[torch.nn.Linear, list[str]]:
+def _influence_head(
+    path: str, device: torch.device, train: ImageSet, classes: list[str]
+) -> tuple[torch.nn.Linear, list[str]]:
+    """The old model's frozen classifier, extended to the classes of ``classes`` it never saw.
+
+    As in BCT (Shen et al. 2020), a new class is scored with a synthesised weight: the
+    mean of the old model's embeddings of that class's training images, here scaled to
+    the old rows' mean norm, with the old rows' mean bias. So the influence loss also
+    reaches the new classes' images, which keeps it alive in the open-class setting,
+    where the two models share no class.
+    """
     old, meta = load_backbone(path, device=device)
-    head = old.classifier.eval()
+    old_classes = list(meta["classes"])
+    weight, bias = old.classifier.weight.detach(), old.classifier.bias.detach()
+    unseen = [c for c in classes if c not in old_classes]
+    if unseen:
+        mask = np.isin(train.labels, [train.classes.index(c) for c in unseen])
+        emb, _ = embed(old, train.images[mask], device=device)
+        names = np.array([train.classes[y] for y in train.labels[mask]])
+        means = torch.stack([emb[torch.from_numpy(names == c)].mean(0) for c in unseen]).to(device)
+        means = means / means.norm(dim=1, keepdim=True) * weight.norm(dim=1).mean()
+        weight = torch.cat([weight, means])
+        bias = torch.cat([bias, bias.mean().repeat(len(unseen))])
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0]).to(device)
+    head.weight.data.copy_(weight)
+    head.bias.data.copy_(bias)
     for p in head.parameters():
         p.requires_grad_(False)
-    return head, meta["classes"]
+    return head.eval(), old_classes + unseen
 
 
 def train_backbone(cfg: BackboneConfig) -> Path:
     """Train one backbone as ``cfg`` says; returns the checkpoint path.
 
-    With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint is
-    also applied to the new embeddings of the old classes' images, and its
-    cross-entropy is added with ``cfg.influence_weight``. With ``cfg.compat``
+    With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint
+    (extended to the new classes, see :func:`_influence_head`) is also applied to
+    the new embeddings, and its cross-entropy is added with ``cfg.influence_weight``. With ``cfg.compat``
     (RACT), :func:`train.baselines.compat_loss` is added with ``cfg.compat_weight``.
     """
     torch.manual_seed(cfg.seed)
@@ -95,7 +119,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
     model = build_backbone(
         cfg.arch, num_classes=len(classes), embed_dim=cfg.embed_dim, stem=cfg.stem, image_size=cfg.image_size
     ).to(device)
-    influence = _influence_head(cfg.influence, device) if cfg.influence else None
+    influence = _influence_head(cfg.influence, device, train, classes) if cfg.influence else None
     compat = _compat_loss(cfg, device) if cfg.compat else None
     steps = cfg.epochs * math.ceil(len(train) / cfg.batch)
     optimizer = torch.optim.SGD(
@@ -147,7 +171,7 @@ def _influence_loss(
     influence: tuple[torch.nn.Linear, list[str]], emb: torch.Tensor, y: torch.Tensor, classes: list[str]
 ) -> torch.Tensor:
     head, old_classes = influence
-    # Labels of this model → labels of the old classifier; images of new classes are skipped.
+    # Labels of this model → labels of the (extended) old classifier.
     mapping = torch.tensor(
         [old_classes.index(c) if c in old_classes else -1 for c in classes], device=y.device
     )

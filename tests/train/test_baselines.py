@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from train.backbone import train_backbone
+from train.backbone import _influence_head, train_backbone
 from train.baselines import (
     METHODS,
     BaselineConfig,
@@ -23,6 +23,7 @@ from train.baselines import (
 )
 from train.cache import embeddings
 from train.config import BackboneConfig, load_config
+from train.data import load_image_folder
 
 CLASSES = ("ant", "bee", "cat", "dog")
 TINY = {"arch": "small-cnn", "epochs": 1, "batch": 16, "device": "cpu"}
@@ -197,3 +198,15 @@ def test_unknown_method_and_config_from_yaml(world: World, tmp_path: Path):
     assert (
         cfg.backbone == {"arch": "resnet18", "epochs": 30} and cfg.hidden == 256 and cfg.out == "runs/bct.pt"
     )
+
+
+def test_bct_influence_reaches_classes_the_old_model_never_saw(world: World):
+    train = load_image_folder(world.data / "train")
+    head, names = _influence_head(str(world.old), torch.device("cpu"), train, list(CLASSES))
+    assert names == list(CLASSES)  # the old model's two classes, then the two it never saw
+    old = embeddings(world.old, world.data / "train", device="cpu")
+    unseen = np.isin(old.labels, [2, 3])
+    with torch.no_grad():
+        scores = head(torch.from_numpy(old.emb[unseen]))[:, 2:]
+    # A synthesised row is its class's mean old embedding: it tells cats from dogs in the old space.
+    assert (scores.argmax(1).numpy() == old.labels[unseen] - 2).mean() >= 0.75
