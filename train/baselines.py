@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rm_qdrant.metrics import Retrieval, backfill_retrieval
+from rm_qdrant.offline import BackfillEmbeddings
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
 from train.cache import CACHE, Embedded, embeddings, file_hash
@@ -79,23 +79,6 @@ class BaselineConfig:
     lr: float = 1e-3  # Adam, cosine decay; also the autoencoder's
     seed: int = 0
     device: str = "auto"
-
-
-@dataclass(frozen=True)
-class BackfillEmbeddings:
-    """What a method serves for one test set; row i of every array is test image i."""
-
-    query_new: np.ndarray  # a query's vector against migrated gallery items
-    query_old: np.ndarray  # a query's vector against not-yet-migrated items
-    gallery_new: np.ndarray  # a gallery item's vector once migrated
-    gallery_old: np.ndarray  # its vector before migration
-    labels: np.ndarray
-
-    def retrieval(self, migrated: np.ndarray) -> Retrieval:
-        """mAP and top-1 with the items where ``migrated`` is true served from the new vectors."""
-        return backfill_retrieval(
-            self.query_new, self.query_old, self.gallery_new, self.gallery_old, self.labels, migrated
-        )
 
 
 def _check_method(method: str) -> None:
