@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import sys
@@ -122,6 +123,8 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
 
     for method in ("bct", "ract"):
         files[method] = runs.make(f"{method}.pt", baseline_job(method, backbone={**backbone, "role": "new"}))
+    if args.stage == "backbones":
+        return files
 
     def heads_job(loss: str, rho: bool) -> Callable[[Path], object]:
         e = p["head_epochs"]
@@ -242,6 +245,8 @@ def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
     started = time.perf_counter()
     files = train_all(setting, args, p, runs)
     trained = time.perf_counter() - started
+    if args.stage == "backbones":
+        return
     methods, old, new = served(files, Path(args.data) / "test")
     r_old, r_new = retrieval(old.emb, old.emb, old.labels), retrieval(new.emb, new.emb, new.labels)
 
@@ -344,12 +349,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, help="training images per backbone, 0 for all (overrides)")
     parser.add_argument("--head-epochs", dest="head_epochs", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stage",
+        choices=("all", "backbones"),
+        default="all",
+        help="backbones: train the four backbones, stop",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument(
         "--data", help="ImageFolder with train/ and test/ (default: CIFAR-10 from ../shared/data)"
     )
     parser.add_argument("--runs", default=str(ROOT / ".cache" / "runs"), help="where trained files are kept")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
     args.command = " ".join(["python benchmarks/cifar_table.py", *(sys.argv[1:] if argv is None else argv)])
     args.data = args.data or str(cifar_root())
     preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")

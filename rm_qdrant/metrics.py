@@ -18,7 +18,7 @@ import numpy as np
 #: The backfill fractions of the evaluation protocol: t = 0, 0.1, ..., 1.
 FRACTIONS = tuple(i / 10 for i in range(11))
 #: Threads that score query chunks at once.
-WORKERS = min(4, os.cpu_count() or 1)
+WORKERS = min(8, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
