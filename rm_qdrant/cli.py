@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store
+from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store, store_location
 from rm_qdrant.cli_migrate import eval_command, finalize_command, migrate, rollback_command
+from rm_qdrant.cli_probe import probe_command, status_estimate
 from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError
@@ -172,8 +173,10 @@ def search(
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
     """Both collections' sizes, the fraction migrated, the query mode and the models."""
     store = open_cli_store(ctx)
-    state = pair_status(store, load_pair(store, name))
-    data = {**dataclasses.asdict(state), "fraction": state.fraction}
+    pair = load_pair(store, name)
+    state = pair_status(store, pair)
+    estimate = status_estimate(store, pair, store_location(ctx))
+    data = {**dataclasses.asdict(state), "fraction": state.fraction, "estimate": estimate}
     text = "\n".join(
         [
             f"pair          {state.name} ({state.mode}, {state.state})",
@@ -186,9 +189,21 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"encoder       {state.encoder}",
             f"old encoder   {state.old_encoder or '-'}",
             f"alias         {state.alias or '-'}",
+            f"estimate      {_estimate_line(estimate)}",
         ]
     )
     emit(data, as_json, text)
+
+
+def _estimate_line(e: dict[str, Any] | None) -> str:
+    if e is None:
+        return "- (run rmq probe for a label-free quality estimate)"
+    k = e["k"]
+    return (
+        f"{e['mode']}: recall@{k} {e[f'recall@{k}']:.3f} now, {e[f'recall@{k}_start']:.3f} at the start "
+        f"(label-free, {e['sample']}-point probe sample, {e['sample_migrated']:.0%} of it migrated)"
+        + ("  BELOW THE START: the merge is dipping" if e["below_start"] else "")
+    )
 
 
 class _TrainGroup(click.Group):
@@ -338,6 +353,7 @@ cli.add_command(
 )
 cli.add_command(migrate)
 cli.add_command(eval_command)
+cli.add_command(probe_command)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from rm_qdrant.errors import RmqError
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, open_store
 
 name_option = click.option("--name", required=True, help="The pair's name.")
@@ -22,6 +25,36 @@ class Group(click.Group):
             return super().invoke(ctx)
         except RmqError as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--root, --allow-scheme and --timeout: where images come from (see :func:`source_config`)."""
+    for option in reversed(
+        [
+            click.option("--root", type=click.Path(file_okay=False), help="Folder for relative image paths."),
+            click.option(
+                "--allow-scheme",
+                "schemes",
+                multiple=True,
+                default=("file", "http", "https"),
+                show_default=True,
+                help="URI schemes images may come from (repeatable).",
+            ),
+            click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP connect/read."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def source_config(root: str | None, schemes: tuple[str, ...], timeout: float) -> SourceConfig:
+    return SourceConfig(root=Path(root) if root else None, schemes=schemes, timeout=timeout)
+
+
+def store_location(ctx: click.Context) -> str:
+    """The --qdrant value, a local folder made absolute (a key that does not depend on the cwd)."""
+    location = ctx.find_root().obj["qdrant"]
+    return location if location == ":memory:" or "://" in location else str(Path(location).resolve())
 
 
 def open_cli_store(ctx: click.Context) -> Store:

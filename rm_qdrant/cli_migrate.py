@@ -8,12 +8,11 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import click
 
-from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store
+from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_config, source_options
 from rm_qdrant.cutover import finalize, rollback
 from rm_qdrant.dual import DualIndex
 from rm_qdrant.errors import ConfigError
@@ -23,7 +22,6 @@ from rm_qdrant.migrate import BatchResult, MigrateOptions, MigrationReport, run_
 from rm_qdrant.ordering import ORDERS, check_order
 from rm_qdrant.pair import active_where, load_pair
 from rm_qdrant.planning import parse_shard, points_to_move
-from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
 
@@ -104,16 +102,7 @@ def _summary(report: MigrationReport) -> str:
     type=click.FloatRange(0, 1),
     help="Stop when more than this share of a batch fails.",
 )
-@click.option("--root", type=click.Path(file_okay=False), help="Folder for relative image paths.")
-@click.option(
-    "--allow-scheme",
-    "schemes",
-    multiple=True,
-    default=("file", "http", "https"),
-    show_default=True,
-    help="URI schemes images may come from (repeatable).",
-)
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP connect/read.")
+@source_options
 @click.option(
     "--fetch-workers",
     default=8,
@@ -159,7 +148,7 @@ def migrate(
         retry_failed=retry_failed,
         max_failure_share=max_failures,
         fetch_workers=fetch_workers,
-        source=SourceConfig(root=Path(root) if root else None, schemes=schemes, timeout=timeout),
+        source=source_config(root, schemes, timeout),
     )
     index = DualIndex.open(store, name, encoder=encoder)
     if dry_run:

@@ -33,7 +33,7 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
     """
     for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "integer")):
         store.create_index(pair.old_collection, name, kind)
-    ids, payloads, vectors = _read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
+    ids, payloads, vectors = read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
     positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
     store.set_payload(
         pair.old_collection,
@@ -45,7 +45,7 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
     return updated
 
 
-def _read_all(
+def read_all(
     store: Store, collection: str, where: Where, with_vectors: bool
 ) -> tuple[list[PointId], list[dict[str, Any]], np.ndarray | None]:
     ids: list[PointId] = []

@@ -162,3 +162,45 @@ def test_eval_measures_through_the_pair(rmq, models, image_folder):
         "bad --at"
         in rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "half", ok=False).output
     )
+
+
+def test_probe_forecasts_without_writing_and_status_shows_the_estimate(
+    rmq, models, image_folder, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    assert "run rmq probe" in rmq("status", "--name", "demo").output
+    out = json.loads(rmq("probe", "--name", "demo", "--sample", "20", "--k", "5", "--json").output)
+    assert (out["sample"], out["unreadable"], out["order"]) == (20, 0, "random")
+    naive, rm = out["forecasts"]
+    assert (naive["mode"], rm["mode"]) == ("naive", "rm")
+    assert rm["recall"][-1] == pytest.approx(1.0) and len(rm["recall"]) == len(rm["map"]) == 11
+    # ψ selects the old part of the new vector exactly, yet the new vectors' extra dimensions stretch their
+    # distances: merged with the old ones they rank too far, and the forecast must say where that dips.
+    assert out["recommendation"].startswith("serve ")
+    assert ("rm dips at t = " in out["recommendation"]) == bool(rm["dips_at"])
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert status["new_count"] == 0  # the probe wrote nothing
+    assert status["estimate"]["mode"] == "rm" and status["estimate"]["sample_migrated"] == 0.0
+    rmq("migrate", "--name", "demo", "--until", "0.5")
+    estimate = json.loads(rmq("status", "--name", "demo", "--json").output)["estimate"]
+    assert 0.0 < estimate["sample_migrated"] < 1.0 and estimate["sample"] == 20
+    assert "label-free, 20-point probe sample" in rmq("status", "--name", "demo").output
+    text = rmq("probe", "--name", "demo", "--sample", "8", "--k", "3").output
+    assert "recall@3 against the new model's own neighbours" in text and "recommendation:" in text
+
+
+def test_probe_bad_input(rmq, models, image_folder):
+    assert "no pair named 'nope'" in rmq("probe", "--name", "nope", ok=False).output
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    for image in image_folder.rglob("*.png"):
+        image.unlink()
+    assert "24 gallery points re-embedded, 12 unreadable skipped" not in rmq("probe", "--name", "demo").output
+    assert "12 gallery points re-embedded, 12 unreadable skipped" in rmq("probe", "--name", "demo").output
+    for image in image_folder.rglob("*.jpg"):
+        image.unlink()
+    result = rmq("probe", "--name", "demo", ok=False)
+    assert result.exit_code == 1 and "sampled images could be read" in result.output
+    assert len(result.output.strip().splitlines()) == 1

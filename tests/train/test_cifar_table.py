@@ -44,9 +44,13 @@ def test_one_command_writes_every_methods_row_and_reuses_what_it_trained(tiny_fo
         stem = tmp_path / "results" / f"cifar-{setting}-small-cnn"
         report = json.loads(stem.with_suffix(".json").read_text())
         assert [r["name"] for r in report["rows"]] == ROWS
-        assert all(len(r["map"]) == 11 and 0.0 <= min(r["map"]) <= max(r["map"]) <= 1.0 for r in report["rows"])
+        assert all(
+            len(r["map"]) == 11 and 0.0 <= min(r["map"]) <= max(r["map"]) <= 1.0 for r in report["rows"]
+        )
         naive = report["rows"][2]
-        assert naive["map"][0] == report["rows"][0]["map"][0] and naive["map"][-1] == report["rows"][1]["map"][0]
+        assert (
+            naive["map"][0] == report["rows"][0]["map"][0] and naive["map"][-1] == report["rows"][1]["map"][0]
+        )
         assert set(report["orders"]) == {"random", "confidence", "centroid", "centroid-unsupervised"}
         table = stem.with_suffix(".md").read_text()
         assert all(f"| {name} |" in table for name in ROWS) and report["command"] in table

@@ -30,7 +30,9 @@ def test_rows_run_from_old_to_new_with_gain_relative_to_both(world):
     seen = []
     naive, everywhere = backfill_table(methods, order, old=r_old, new=r_new, on_row=seen.append)
     assert [r.name for r in seen] == ["RM_naive", "new everywhere"]
-    assert naive.curve.maps[0] == pytest.approx(r_old.map) and naive.curve.maps[-1] == pytest.approx(r_new.map)
+    assert naive.curve.maps[0] == pytest.approx(r_old.map) and naive.curve.maps[-1] == pytest.approx(
+        r_new.map
+    )
     assert 0.0 < naive.gain_map < 1.0
     assert everywhere.gain_map == pytest.approx(1.0) and everywhere.gain_cmc == pytest.approx(1.0)
     old_row, new_row = reference_rows(r_old, r_new)

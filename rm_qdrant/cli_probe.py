@@ -1,0 +1,106 @@
+"""``rmq probe``: the label-free forecast of a backfill, and the estimate ``rmq status`` shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from rm_qdrant.cli_common import (
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    source_config,
+    source_options,
+    store_location,
+)
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.forecast import ModeForecast, recommend
+from rm_qdrant.ordering import ORDERS, check_order
+from rm_qdrant.pair import PairRecord
+from rm_qdrant.probe import cache_path, draw_sample, estimate_now, forecast_sample, load_sample, save_sample
+from rm_qdrant.store import Store
+
+
+@click.command(name="probe")
+@name_option
+@click.option("--sample", "size", default=2000, show_default=True, type=click.IntRange(min=2), help="Gallery points to re-embed.")
+@click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
+@click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
+@click.option("--seed", default=0, show_default=True, help="Seed of the sample and of the random order.")
+@source_options
+@click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
+@json_option
+@click.pass_context
+def probe_command(
+    ctx: click.Context,
+    name: str,
+    size: int,
+    k: int,
+    order: str | None,
+    seed: int,
+    root: str | None,
+    schemes: tuple[str, ...],
+    timeout: float,
+    encoder: str | None,
+    as_json: bool,
+) -> None:
+    """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
+
+    Quality is recall@k and nDCG@k against the new model's own neighbours over the
+    sample (no labels needed); with payload labels, mAP and top-1 too.
+    """
+    store = open_cli_store(ctx)
+    index = DualIndex.open(store, name, encoder=encoder)
+    spec = check_order(order) if order else (index.pair.order or "random")
+    sample = draw_sample(index, size, seed=seed, source=source_config(root, schemes, timeout))
+    forecasts = forecast_sample(sample, order=spec, seed=seed, k=k)
+    advice = recommend(forecasts)
+    cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
+    data = {
+        "pair": name,
+        "sample": len(sample.ids),
+        "unreadable": sample.failed,
+        "order": spec,
+        "k": k,
+        "forecasts": [f.as_dict() for f in forecasts],
+        "recommendation": advice,
+        "cache": str(cached),
+    }
+    emit(data, as_json, _text(data, index.pair.mode, forecasts))
+
+
+def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str:
+    head = f"{'t':14}" + "".join(f"{t:>7g}" for t in forecasts[0].fractions) + f"{'area':>8}  dips below t=0"
+    lines = [
+        f"pair {data['pair']} ({mode}): {data['sample']} gallery points re-embedded"
+        + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
+        + f"; order {data['order']}; nothing written",
+        "",
+        f"recall@{data['k']} against the new model's own neighbours (label-free):",
+        head,
+    ]
+    for f in forecasts:
+        dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
+        lines.append(f"{f.mode:14}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
+    if forecasts[0].maps is not None:
+        lines += ["", "mAP over the sample (payload labels):", head.rsplit("area", 1)[0].rstrip()]
+        lines += [f"{f.mode:14}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
+    lines += [
+        "",
+        f"recommendation: {data['recommendation']}",
+        f"sample cached in {data['cache']} (rmq status shows the estimate now)",
+    ]
+    return "\n".join(lines)
+
+
+def status_estimate(store: Store, pair: PairRecord, location: str) -> dict[str, Any] | None:
+    """The label-free estimate for the current state, from the last probe's sample (None without one)."""
+    loaded = load_sample(cache_path(location, pair.name))
+    if loaded is None:
+        return None
+    sample, k = loaded
+    if sample.encoder != pair.encoder.fingerprint:
+        return None  # probed with another model: not this pair's forecast
+    return estimate_now(store, pair, sample, k=k)

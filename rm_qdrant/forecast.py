@@ -1,0 +1,173 @@
+"""Forecast a backfill's quality curve on a sample, without labels (pure numpy).
+
+Each sample item is a query against the rest of the sample. The reference is the
+new model's exhaustive top-k over the sample: the ranking the pair serves once the
+backfill is done. At each fraction t, a share t of the sample has migrated (new
+vectors) and the rest holds old vectors; a query's merged top-k is compared with
+its reference top-k by recall@k and nDCG@k (binary relevance: in the reference
+top-k or not). With labels, mAP and top-1 over the sample are added.
+
+A query mode says what a query uses against the old half: ``naive``, the old
+model's vector of the same image (the stored old vector); ``rm``, the encoder's
+``rev`` output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rm_qdrant.metrics import FRACTIONS, area, backfill_retrieval, migrated_at, unit
+
+#: How far (recall@k) a curve may fall below its start before it counts as a dip.
+DIP_TOLERANCE = 0.005
+
+
+@dataclass(frozen=True)
+class ModeForecast:
+    """One query mode's forecast curve."""
+
+    mode: str  # naive | rm
+    fractions: tuple[float, ...]
+    recall: tuple[float, ...]  # recall@k against the new model's neighbours
+    ndcg: tuple[float, ...]
+    maps: tuple[float, ...] | None = None  # with labels
+    top1s: tuple[float, ...] | None = None
+
+    @property
+    def area(self) -> float:
+        """Area under recall@k over t (1.0 would be the new model from the start)."""
+        return area(self.recall, self.fractions)
+
+    def dips(self, tolerance: float = DIP_TOLERANCE) -> list[float]:
+        """The fractions t > 0 where recall@k is below its value at t = 0 (negative flips)."""
+        return [
+            t
+            for t, r in zip(self.fractions[1:], self.recall[1:], strict=True)
+            if r < self.recall[0] - tolerance
+        ]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "fractions": list(self.fractions),
+            "recall": list(self.recall),
+            "ndcg": list(self.ndcg),
+            "area": self.area,
+            "dips_at": self.dips(),
+            **({"map": list(self.maps), "top1": list(self.top1s or ())} if self.maps is not None else {}),
+        }
+
+
+def top_k(distances: np.ndarray, k: int) -> np.ndarray:
+    """Indices of each row's ``k`` smallest distances, nearest first (the diagonal excluded)."""
+    d = distances.copy()
+    np.fill_diagonal(d, np.inf)
+    k = min(k, d.shape[1] - 1)
+    part = np.argpartition(d, k - 1, axis=1)[:, :k]
+    order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def merged_distances(
+    query_new: np.ndarray, query_old: np.ndarray, new: np.ndarray, old: np.ndarray, migrated: np.ndarray
+) -> np.ndarray:
+    """Cosine distances from every sample query to every sample item, as the merge sees them."""
+    d = np.empty((len(new), len(new)), dtype=np.float32)
+    qn, qo = unit(query_new), unit(query_old)
+    d[:, migrated] = 1.0 - qn @ unit(new[migrated]).T
+    d[:, ~migrated] = 1.0 - qo @ unit(old[~migrated]).T
+    return d
+
+
+def agreement(found: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """Mean recall@k and nDCG@k of ``found`` (n, k) against ``reference`` (n, k)."""
+    k = reference.shape[1]
+    hit = (found[:, :, None] == reference[:, None, :]).any(axis=2)
+    gains = 1.0 / np.log2(np.arange(2, k + 2))
+    return float(hit.mean()), float((hit * gains).sum(axis=1).mean() / gains.sum())
+
+
+def forecast(
+    old: np.ndarray,
+    new: np.ndarray,
+    rev: np.ndarray | None = None,
+    *,
+    order: np.ndarray,
+    labels: Sequence[object] | None = None,
+    k: int = 10,
+    fractions: Sequence[float] = FRACTIONS,
+) -> list[ModeForecast]:
+    """The naive mode's forecast, and the rm mode's when ``rev`` is given.
+
+    Args:
+        old: the sample's stored old vectors (n, d_old).
+        new: the encoder's gallery output for the same images (n, d_new).
+        rev: the encoder's ``rev`` output for them (n, d_old), or None.
+        order: the sample indices in migration order.
+        labels: one label per item (None where unknown), or None for no labels.
+        k: the neighbours compared.
+
+    Raises:
+        ValueError: fewer than two items, or arrays of different lengths.
+    """
+    n = len(old)
+    if n < 2 or len(new) != n or (rev is not None and len(rev) != n) or len(order) != n:
+        raise ValueError(f"a forecast needs two or more items and one row each; got {n} old, {len(new)} new")
+    reference = top_k(1.0 - unit(new) @ unit(new).T, k)
+    labelled = labels is not None and all(label is not None for label in labels)
+    y = np.unique(np.asarray([str(label) for label in labels]), return_inverse=True)[1] if labelled else None
+    modes = {"naive": old, **({"rm": rev} if rev is not None else {})}
+    out = []
+    for mode, query_old in modes.items():
+        recall, ndcg, maps, tops = [], [], [], []
+        for t in fractions:
+            migrated = migrated_at(order, t)
+            found = top_k(merged_distances(new, query_old, new, old, migrated), k)
+            r, g = agreement(found, reference)
+            recall.append(r)
+            ndcg.append(g)
+            if y is not None:
+                served = backfill_retrieval(new, query_old, new, old, y, migrated, workers=1)
+                maps.append(served.map)
+                tops.append(served.top1)
+        out.append(
+            ModeForecast(
+                mode,
+                tuple(fractions),
+                tuple(recall),
+                tuple(ndcg),
+                tuple(maps) if y is not None else None,
+                tuple(tops) if y is not None else None,
+            )
+        )
+    return out
+
+
+def recommend(forecasts: Sequence[ModeForecast]) -> str:
+    """A plain recommendation: which mode to serve, and whether the naive merge is safe."""
+    by_mode = {f.mode: f for f in forecasts}
+    naive, rm = by_mode["naive"], by_mode.get("rm")
+    naive_dips = naive.dips()
+    if naive_dips:
+        safety = (
+            f"the naive merge is not safe: its recall@k falls below its start ({naive.recall[0]:.3f}) "
+            f"at t = {', '.join(f'{t:g}' for t in naive_dips)}"
+        )
+    else:
+        safety = "the naive merge is safe: its recall@k never falls below its start"
+    if rm is None:
+        choice = (
+            "serve naive" if not naive_dips else "do not serve the naive merge; train ψ/ρ heads (rm mode)"
+        )
+        return f"{choice}; {safety}."
+    candidates = [f for f in (rm, naive) if not f.dips()] or [rm, naive]
+    best = max(candidates, key=lambda f: f.area)
+    other = naive if best is rm else rm
+    return (
+        f"serve {best.mode} (area {best.area:.3f} vs {other.mode} {other.area:.3f}"
+        + (f"; rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}" if rm.dips() else "")
+        + f"); {safety}."
+    )

@@ -1,0 +1,185 @@
+"""``rmq probe``: re-embed a random sample of the gallery and forecast the backfill, writing nothing.
+
+The sample comes from the old collection (the points still served from old): their
+stored old vectors, their payloads, and their images fetched from the payload ``uri``
+and embedded with the pair's encoder (``new``, and ``rev`` when the graph has it).
+:func:`rm_qdrant.forecast.forecast` then simulates the backfill on it. The sample is
+cached in a local file so ``rmq status`` can show the same estimate for the current
+state of a running migration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.errors import ConfigError, ImageError, SourceError
+from rm_qdrant.forecast import DIP_TOLERANCE, ModeForecast, agreement, forecast, merged_distances, top_k
+from rm_qdrant.merge import PointId
+from rm_qdrant.metrics import unit
+from rm_qdrant.ordering import order_keys
+from rm_qdrant.pair import PairRecord, active_where
+from rm_qdrant.ranking import read_all
+from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.store import Store
+
+_BATCH = 256
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """A gallery sample with its old vectors and the new model's view of the same images."""
+
+    ids: list[PointId]
+    payloads: list[dict[str, Any]]
+    old: np.ndarray  # stored old vectors (n, d_old)
+    new: np.ndarray  # the encoder's gallery output (n, d_new)
+    rev: np.ndarray | None  # the encoder's rev output (n, d_old), or None
+    encoder: str  # the encoder's fingerprint
+    failed: int  # sampled points whose image could not be fetched or decoded
+
+    def labels(self) -> list[Any] | None:
+        """Each point's payload ``label``, or None unless every sampled point has one."""
+        labels = [p.get("label") for p in self.payloads]
+        return labels if labels and all(label is not None for label in labels) else None
+
+
+def draw_sample(
+    index: DualIndex, size: int, *, seed: int = 0, source: SourceConfig | None = None, workers: int = 8
+) -> ProbeSample:
+    """Sample ``size`` points of the old collection and embed their images with the pair's encoder.
+
+    Raises:
+        ConfigError: no encoder, nothing to sample, or fewer than two images could be read.
+    """
+    if index.encoder is None:
+        raise ConfigError("probe needs the pair's encoder to re-embed the sample")
+    store, pair, encoder = index.store, index.pair, index.encoder
+    ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False)
+    if len(ids) < 2:
+        raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
+    rng = np.random.default_rng(seed)
+    chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
+    records = store.retrieve(pair.old_collection, chosen, with_vectors=True)
+    gallery = encoder.info.gallery_output()
+    outputs = [gallery, *(["rev"] if "rev" in encoder.info.outputs else [])]
+
+    def load(uri: Any) -> np.ndarray | None:
+        try:
+            return encoder.preprocess([src.fetch(uri)])
+        except (SourceError, ImageError):
+            return None
+
+    with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
+        tensors = list(pool.map(lambda r: load(r.payload.get("uri")), records))
+    kept = [(r, x) for r, x in zip(records, tensors, strict=True) if x is not None and r.vector is not None]
+    if len(kept) < 2:
+        raise ConfigError(
+            f"only {len(kept)} of {len(records)} sampled images could be read: check the payload uris "
+            "(--root, --allow-scheme)"
+        )
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
+    for start in range(0, len(kept), _BATCH):
+        batch = np.concatenate([x for _, x in kept[start : start + _BATCH]])
+        for name, value in encoder.run(batch, outputs).items():
+            parts[name].append(value)
+    return ProbeSample(
+        ids=[r.id for r, _ in kept],
+        payloads=[dict(r.payload) for r, _ in kept],
+        old=np.stack([np.asarray(r.vector, dtype=np.float32) for r, _ in kept]),
+        new=np.concatenate(parts[gallery]),
+        rev=np.concatenate(parts["rev"]) if "rev" in parts else None,
+        encoder=encoder.fingerprint,
+        failed=len(records) - len(kept),
+    )
+
+
+def forecast_sample(
+    sample: ProbeSample, *, order: str = "random", seed: int = 0, k: int = 10
+) -> list[ModeForecast]:
+    """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it)."""
+    keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed)
+    return forecast(
+        sample.old,
+        sample.new,
+        sample.rev,
+        order=np.argsort(keys, kind="stable"),
+        labels=sample.labels(),
+        k=k,
+    )
+
+
+# --- the cached sample, and the estimate for the current state ------------------------------------
+
+
+def cache_path(location: str, name: str) -> Path:
+    """Where the last probe of pair ``name`` on ``location`` is kept ($XDG_CACHE_HOME/rm-qdrant)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rm-qdrant"
+    key = hashlib.sha256(f"{location}\n{name}".encode()).hexdigest()[:16]
+    return root / f"probe-{key}.npz"
+
+
+def save_sample(sample: ProbeSample, path: Path, *, k: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"ids": sample.ids, "encoder": sample.encoder, "failed": sample.failed, "k": k}
+    arrays = {"old": sample.old, "new": sample.new, **({"rev": sample.rev} if sample.rev is not None else {})}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, meta=np.array(json.dumps(meta)), payloads=np.array(json.dumps(sample.payloads)), **arrays)
+    tmp.replace(path)
+    return path
+
+
+def load_sample(path: Path) -> tuple[ProbeSample, int] | None:
+    """The cached sample and its k, or None when there is none (or it cannot be read)."""
+    try:
+        with np.load(path) as saved:
+            meta = json.loads(str(saved["meta"]))
+            sample = ProbeSample(
+                ids=meta["ids"],
+                payloads=json.loads(str(saved["payloads"])),
+                old=saved["old"],
+                new=saved["new"],
+                rev=saved["rev"] if "rev" in saved.files else None,
+                encoder=meta["encoder"],
+                failed=meta["failed"],
+            )
+            return sample, int(meta["k"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int) -> dict[str, Any]:
+    """The label-free quality of the pair's query mode now: the sample's migrated points as they are.
+
+    A sampled point counts as migrated when the new collection holds it.
+    """
+    migrated_ids = {r.id for r in store.retrieve(pair.new_collection, sample.ids)}
+    migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
+    rm = pair.mode == "rm" and sample.rev is not None
+    query_old = sample.rev if rm and sample.rev is not None else sample.old
+    reference = top_k(1.0 - unit(sample.new) @ unit(sample.new).T, k)
+
+    def served(mask: np.ndarray) -> tuple[float, float]:
+        return agreement(
+            top_k(merged_distances(sample.new, query_old, sample.new, sample.old, mask), k), reference
+        )
+
+    now, start = served(migrated), served(np.zeros_like(migrated))
+    return {
+        "mode": "rm" if rm else "naive",
+        "sample": len(sample.ids),
+        "sample_migrated": float(migrated.mean()),
+        f"recall@{k}": now[0],
+        f"ndcg@{k}": now[1],
+        f"recall@{k}_start": start[0],
+        "below_start": now[0] < start[0] - DIP_TOLERANCE,
+        "k": k,
+    }
