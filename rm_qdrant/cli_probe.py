@@ -25,7 +25,14 @@ from rm_qdrant.store import Store
 
 @click.command(name="probe")
 @name_option
-@click.option("--sample", "size", default=2000, show_default=True, type=click.IntRange(min=2), help="Gallery points to re-embed.")
+@click.option(
+    "--sample",
+    "size",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Points to re-embed.",
+)
 @click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
 @click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
 @click.option("--seed", default=0, show_default=True, help="Seed of the sample and of the random order.")

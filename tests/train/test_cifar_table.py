@@ -1,4 +1,4 @@
-"""benchmarks/cifar_table.py end to end on tiny images: every method's row, then a rerun that trains nothing."""
+"""benchmarks/cifar_table.py end to end on tiny images: every row, then a rerun that trains nothing."""
 
 from __future__ import annotations
 
