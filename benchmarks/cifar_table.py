@@ -75,6 +75,7 @@ ADAPTERS = {
     "residual-MLP adapter": "residual-mlp",
 }
 ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised")
+OLD_DIM = 128  # the old backbone's embedding size (BackboneConfig's default)
 
 
 class Runs:
@@ -117,10 +118,18 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
         "seed": args.seed,
     }
 
-    def backbone_job(role: str) -> Callable[[Path], object]:
-        return lambda out: train_backbone(BackboneConfig(data=data, out=str(out), role=role, **backbone))
+    upgrade = {"arch": args.new_arch, "embed_dim": args.new_dim, "epochs": args.new_epochs or p["epochs"]}
 
-    files = {role: runs.make(f"{role}.pt", backbone_job(role)) for role in ("old", "new")}
+    def backbone_job(role: str, **changes: Any) -> Callable[[Path], object]:
+        settings = {**backbone, **changes}
+        return lambda out: train_backbone(BackboneConfig(data=data, out=str(out), role=role, **settings))
+
+    # A heterogeneous upgrade keeps the homogeneous run's old model (trained there when missing).
+    old_runs = Runs(Path(args.runs) / tag(setting, args, p, hetero=False)) if heterogeneous(args) else runs
+    files = {
+        "old": old_runs.make("old.pt", backbone_job("old")),
+        "new": runs.make("new.pt", backbone_job("new", **upgrade)),
+    }
     old, new = str(files["old"]), str(files["new"])
 
     def baseline_job(method: str, **settings: Any) -> Callable[[Path], object]:
@@ -130,7 +139,8 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
 
         return job
 
-    for method in ("bct", "ract"):
+    same_width = args.new_dim == OLD_DIM  # BCT and RACT compare new queries with old vectors directly
+    for method in ("bct", "ract") if same_width else ():
         files[method] = runs.make(f"{method}.pt", baseline_job(method, backbone={**backbone, "role": "new"}))
     if args.stage == "backbones":
         return files
@@ -161,8 +171,19 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
     files["FCT (no side-info)"] = runs.make(
         "fct-noside.pt", baseline_job("fct", new=new, side_info=False, **side)
     )
-    files["BiCT"] = runs.make("bict.pt", baseline_job("bict", new=str(files["bct"]), **side))
+    if same_width:
+        files["BiCT"] = runs.make("bict.pt", baseline_job("bict", new=str(files["bct"]), **side))
     return files
+
+
+def heterogeneous(args: argparse.Namespace) -> bool:
+    return args.new_arch != args.arch or args.new_dim != OLD_DIM
+
+
+def tag(setting: str, args: argparse.Namespace, p: dict[str, Any], *, hetero: bool) -> str:
+    """The runs folder's name: everything that changes what is trained."""
+    upgrade = f"-to-{args.new_arch}-{args.new_dim}d-e{args.new_epochs or p['epochs']}" if hetero else ""
+    return f"{setting}-{args.arch}{upgrade}-e{p['epochs']}-n{p['limit']}-s{args.seed}"
 
 
 def served(files: dict[str, Path], test: Path) -> tuple[dict[str, BackfillEmbeddings], Any, Any]:
@@ -180,15 +201,17 @@ def served(files: dict[str, Path], test: Path) -> tuple[dict[str, BackfillEmbedd
             q_rev = adapter(torch.from_numpy(new.emb)).numpy()
             methods[name] = BackfillEmbeddings(new.emb, q_rev, new.emb, old.emb, labels)
     for name, method in (("BCT", "bct"), ("RACT", "ract")):
-        methods[name] = baseline_embeddings(method, test, old=files["old"], new=files[method])
+        if method in files:
+            methods[name] = baseline_embeddings(method, test, old=files["old"], new=files[method])
     for name, method, target in (
         ("FCT", "fct", "new"),
         ("FCT (no side-info)", "fct", "new"),
         ("BiCT", "bict", "bct"),
     ):
-        methods[name] = baseline_embeddings(
-            method, test, old=files["old"], new=files[target], transformation=files[name]
-        )
+        if name in files:
+            methods[name] = baseline_embeddings(
+                method, test, old=files["old"], new=files[target], transformation=files[name]
+            )
     return methods, old, new
 
 
@@ -248,9 +271,10 @@ def machine() -> str:
 
 def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
     p = {**PRESETS[preset], **{k: v for k, v in vars(args).items() if k in PRESETS[preset] and v is not None}}
-    tag = f"{setting}-{args.arch}-e{p['epochs']}-n{p['limit']}-s{args.seed}"
-    print(f"\n== {setting}: {tag}", flush=True)
-    runs = Runs(Path(args.runs) / tag)
+    hetero = heterogeneous(args)
+    folder = tag(setting, args, p, hetero=hetero)
+    print(f"\n== {setting}: {folder}", flush=True)
+    runs = Runs(Path(args.runs) / folder)
     started = time.perf_counter()
     files = train_all(setting, args, p, runs)
     trained = time.perf_counter() - started
@@ -276,15 +300,19 @@ def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
     top1 = {
         role: torch.load(files[role], map_location="cpu", weights_only=False)["metric"]["top1"]
         for role in ("old", "new", "bct", "ract")
+        if role in files
     }
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"cifar-{setting}-{args.arch}"
+    models = f"{args.arch}-to-{args.new_arch}-{args.new_dim}d" if hetero else args.arch
+    stem = out / f"cifar-{setting}-{models}"
     command = args.command
     header = {
         "setting": setting,
         "arch": args.arch,
+        "new_arch": args.new_arch,
+        "new_dim": args.new_dim,
         "preset": preset,
         "settings": p,
         "date": datetime.date.today().isoformat(),
@@ -307,22 +335,31 @@ def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
             indent=2,
         )
     )
-    png = plot(rows, stem.with_suffix(".png"), title=f"CIFAR-10 {setting}-class, {args.arch}, random order")
+    png = plot(rows, stem.with_suffix(".png"), title=f"CIFAR-10 {setting}-class, {models}, random order")
     split = (
         "old: first 5 classes, new: all 10"
         if setting == "extended"
         else "old: a seeded 3 classes, new: the other 7"
     )
     lines = [
-        f"# CIFAR-10 {setting}-class ({split}), {args.arch}: every method, offline",
+        f"# CIFAR-10 {setting}-class ({split}), {models}: every method, offline",
         "",
         f"- Command: `{command}` (preset `{preset}`: {p['epochs']}-epoch backbones on "
         f"{p['limit'] or 'all'} training images each, {p['head_epochs']}-epoch heads, "
         f"{p['adapter_epochs']}-epoch adapters, "
         f"{p['fct_epochs']}-epoch FCT/BiCT transformations)",
         f"- Machine: {machine()}; date {header['date']}",
-        f"- Backbone test top-1 on their own classes: old {pct(top1['old'])}, new {pct(top1['new'])}, "
-        f"BCT {pct(top1['bct'])}, RACT {pct(top1['ract'])} %",
+        "- Backbone test top-1 on their own classes: "
+        + ", ".join(f"{role} {pct(value)} %" for role, value in top1.items()),
+        *(
+            [
+                f"- Heterogeneous upgrade: old {args.arch} ({OLD_DIM}-d), new {args.new_arch} "
+                f"({args.new_dim}-d, {args.new_epochs or p['epochs']} epochs). BCT, RACT, BiCT need one size "
+                "(their new queries meet old vectors directly), so they have no row here."
+            ]
+            if hetero
+            else []
+        ),
         f"- Training: {runs.summary()} (per file in the JSON; "
         f"{trained:.0f} s of wall time in this run), scoring {scored:.0f} s in this run",
         "- mAP and top-1 over the 10,000 test images, each query against the other 9,999; "
@@ -357,6 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, help="backbone epochs (overrides the preset)")
     parser.add_argument("--limit", type=int, help="training images per backbone, 0 for all (overrides)")
     parser.add_argument("--head-epochs", dest="head_epochs", type=int)
+    parser.add_argument("--new-arch", help="the new model's architecture (default: --arch)")
+    parser.add_argument("--new-dim", type=int, default=OLD_DIM, help="the new model's embedding size")
+    parser.add_argument("--new-epochs", type=int, help="the new model's epochs (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--stage",
@@ -373,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="  %(message)s")
     args.command = " ".join(["python benchmarks/cifar_table.py", *(sys.argv[1:] if argv is None else argv)])
     args.data = args.data or str(cifar_root())
+    args.new_arch = args.new_arch or args.arch
     preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
     for setting in args.settings.split(","):
         run_setting(setting, args, preset)

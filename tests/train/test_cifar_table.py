@@ -59,3 +59,16 @@ def test_one_command_writes_every_methods_row_and_reuses_what_it_trained(tiny_fo
     assert "trained" not in second  # everything reused from runs/
     again = json.loads((tmp_path / "results" / "cifar-open-small-cnn.json").read_text())
     assert again["rows"] == report["rows"]
+
+
+def test_a_heterogeneous_upgrade_keeps_the_old_model_and_drops_the_same_width_baselines(
+    tiny_folder: Path, tmp_path: Path
+):
+    common = ["--preset", "smoke", "--data", str(tiny_folder), "--runs", "runs", "--out", "results"]
+    run(*common, "--settings", "extended", "--stage", "backbones")
+    out = run(*common, "--settings", "extended", "--new-arch", "resnet18", "--new-dim", "24")
+    assert "trained old.pt" not in out  # the homogeneous run's old model serves as the old one
+    stem = tmp_path / "results" / "cifar-extended-small-cnn-to-resnet18-24d"
+    report = json.loads(stem.with_suffix(".json").read_text())
+    assert [r["name"] for r in report["rows"]] == [n for n in ROWS if n not in ("BCT", "RACT", "BiCT")]
+    assert report["new_dim"] == 24 and "need one size" in stem.with_suffix(".md").read_text()
