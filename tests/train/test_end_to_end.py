@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 
 from rm_qdrant.cli import cli
+from rm_qdrant.encoder import OnnxEncoder
 from train.adapter_job import load_adapter
 from train.backbone import embed, load_backbone, save_backbone
 from train.backbones import build_backbone
@@ -42,11 +44,13 @@ def test_checkpoint_gives_back_the_same_embeddings(tiny_folder, tmp_path):
     assert meta["classes"] == ["ant", "bee", "cat", "dog"] and meta["metric"] == {"top1": 0.5}
 
 
-def train_tiny(folder) -> str:
-    """Old and new backbones (1 epoch) and MCL heads (2 epochs) under runs/; returns the heads report."""
-    common = ["--data", folder, "--epochs", "1", "--set", "batch=32", "--set", "embed_dim=16"]
-    rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common)
-    rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common)
+def train_tiny(folder, *, new_arch: str = "small-cnn", new_dim: int = 16) -> str:
+    """Old (small CNN, 16-d) and new backbones (1 epoch) and MCL heads (2 epochs) under runs/; returns the
+    heads report."""
+    common = ["--data", folder, "--epochs", "1", "--set", "batch=32"]
+    rmq_train("backbone", "--role", "old", "--out", "runs/old.pt", *common, "--set", "embed_dim=16")
+    new = ["--arch", new_arch, "--set", f"embed_dim={new_dim}"]
+    rmq_train("backbone", "--role", "new", "--out", "runs/new.pt", *common, *new)
     heads = ["--old", "runs/old.pt", "--new", "runs/new.pt", "--data", folder, "--loss", "mcl"]
     return rmq_train("heads", *heads, "--epochs", "2", "--set", "batch=32", "--out", "runs/heads.pt")
 
@@ -87,9 +91,17 @@ def test_tiny_run_through_the_cli(tiny_folder):
         assert heads(torch.from_numpy(cached.emb))[1].shape == (32, 16)
 
 
-def test_trained_models_serve_through_rmq(tiny_folder, tmp_path):
-    """The whole product path: train, export, index with the old model, pair, migrate, search."""
-    train_tiny(tiny_folder)
+@pytest.mark.parametrize(
+    ("new_arch", "new_dim"), [("small-cnn", 16), ("resnet18", 24)], ids=["same", "heterogeneous"]
+)
+def test_trained_models_serve_through_rmq(tiny_folder, tmp_path, monkeypatch, new_arch, new_dim):
+    """The whole product path: train, export, index with the old model, pair, probe, migrate, search.
+
+    The heterogeneous case upgrades a 16-d small CNN to a 24-d ResNet-18: ψ maps 24 → 16, the
+    graph's ``rev`` output fills the 16-d old collection's queries and ``new`` the 24-d new one.
+    """
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    train_tiny(tiny_folder, new_arch=new_arch, new_dim=new_dim)
     runner = CliRunner()
 
     def rmq(*args):
@@ -114,9 +126,14 @@ def test_trained_models_serve_through_rmq(tiny_folder, tmp_path):
         )
     )
     assert report["model"]["max_abs_diff"] <= 1e-4 and report["old"]["max_abs_diff"] <= 1e-4
+    assert OnnxEncoder("model.onnx").info.outputs == {"new": new_dim, "rev": 16}
     rmq("index", "--collection", "gallery", "--data", tiny_folder / "test", "--encoder", "old.onnx")
     rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", "model.onnx")
+    probe = json.loads(rmq("probe", "--name", "p", "--k", "5", "--json"))
+    assert [f["mode"] for f in probe["forecasts"]] == ["naive", "rm"] and probe["sample"] == 32
     rmq("migrate", "--name", "p", "--until", "0.5", "--order", "confidence")
+    status = json.loads(rmq("status", "--name", "p", "--json"))
+    assert (status["old_count"], status["new_count"]) == (16, 16) and status["estimate"]["mode"] == "rm"
     query = sorted((tiny_folder / "test" / "cat").glob("*.png"))[0]
     hits = json.loads(rmq("search", "--name", "p", query, "--limit", "32", "--exact", "--json"))
     assert len({h["id"] for h in hits}) == 32 and {h["source"] for h in hits} == {"old", "new"}
