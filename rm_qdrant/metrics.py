@@ -19,6 +19,8 @@ import numpy as np
 FRACTIONS = tuple(i / 10 for i in range(11))
 #: Threads that score query chunks at once.
 WORKERS = min(8, os.cpu_count() or 1)
+#: Query × gallery cells held at once over all threads (each cell costs ~20 bytes of work arrays).
+CELLS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,12 @@ def backfill_retrieval(
     query's new vector and its new vector), else from old (query's old-side vector,
     ``rev`` or the old model's, against its old vector). Ranking the whole gallery by
     these cosine distances is what merging each collection's top-k by distance returns.
-    Chunks of ``chunk`` queries are scored on ``workers`` threads (numpy sorts
-    release the GIL); each thread holds a few ``chunk`` × gallery float arrays.
+    Chunks of at most ``chunk`` queries are scored on ``workers`` threads (numpy
+    sorts release the GIL), sized so all threads together hold about ``CELLS``
+    query × gallery cells (a few hundred MB, whatever the gallery size).
     """
     n = len(labels)
+    chunk = max(1, min(chunk, CELLS // max(1, n * workers)))
     labels = np.asarray(labels)
     migrated = np.asarray(migrated, dtype=bool)
     qn, qo = (unit(q) if q is not None else None for q in (query_new, query_old))
