@@ -66,6 +66,18 @@ class Row:
     gain_map: float  # (AUC_mAP − Old's) / (New's − Old's); NaN where Old = New
     gain_cmc: float  # the same with AUC_CMC
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Row:
+        """The row :meth:`as_dict` wrote."""
+        curve = Curve(tuple(d["fractions"]), tuple(d["map"]), tuple(d["top1"]), int(d["flips"]))
+        nan = float("nan")
+        return cls(
+            d["name"],
+            curve,
+            nan if d["gain_map"] is None else d["gain_map"],
+            nan if d["gain_cmc"] is None else d["gain_cmc"],
+        )
+
     def as_dict(self) -> dict[str, Any]:
         c = self.curve
         return {

@@ -14,7 +14,7 @@ ROWS = [
     "RM_naive",
     "RM ψ:RQT",
     "RM ψ:CL-S",
-    "RM ψ:CL-M",
+    "RM CL-M + ρ",
     "RM ψ:MCL",
     "RM full (MCL + ρ)",
     "Procrustes adapter",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant.metrics import retrieval
-from rm_qdrant.offline import BackfillEmbeddings, as_json, backfill_table, markdown, plot, reference_rows
+from rm_qdrant.offline import BackfillEmbeddings, Row, as_json, backfill_table, markdown, plot, reference_rows
 
 
 @pytest.fixture
@@ -51,6 +51,7 @@ def test_markdown_json_and_plot_carry_every_row(world, tmp_path):
     assert f"| RM_naive | {100 * naive.curve.auc_map:.1f} | {100 * naive.curve.auc_cmc:.1f} |" in text
     assert text.count("| Old |") == 3  # the table, the mAP_t curve and the top-1_t curve
     data = json.loads(json.dumps(as_json(rows)))
+    assert [Row.from_dict(d) for d in data] == rows
     assert [d["name"] for d in data] == ["Old", "New", "RM_naive"]
     assert data[2]["map"] == pytest.approx(list(naive.curve.maps)) and data[2]["flips"] == naive.curve.flips
     png = plot(rows, tmp_path / "curves.png", title="test")
