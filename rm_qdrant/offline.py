@@ -183,10 +183,15 @@ def plot(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path | No
         log.info("matplotlib is not installed: no plot (pip install rm-qdrant[plot])")
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    styles = ["-", "--", "-.", ":"]
+    styles = ["-", "--", "-.", ":"]  # past 20 rows, the colours repeat with another line style
     for i, r in enumerate(rows):
         t = r.curve.fractions
-        style = {"linestyle": styles[(i // 10) % len(styles)], "marker": "o", "markersize": 3}
+        style = {
+            "color": plt.get_cmap("tab20")(i % 20),
+            "linestyle": styles[(i // 20) % len(styles)] if len(rows) > 10 else "-",
+            "marker": "o",
+            "markersize": 3,
+        }
         axes[0].plot(t, [100 * v for v in r.curve.maps], label=r.name, **style)
         axes[1].plot(t, [100 * v for v in r.curve.top1s], label=r.name, **style)
     for ax, ylabel in zip(axes, ("mAP (%)", "top-1 (%)"), strict=True):
