@@ -188,7 +188,7 @@ def plot(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path | No
         t = r.curve.fractions
         style = {
             "color": plt.get_cmap("tab20")(i % 20),
-            "linestyle": styles[(i // 20) % len(styles)] if len(rows) > 10 else "-",
+            "linestyle": styles[(i // 20) % len(styles)],
             "marker": "o",
             "markersize": 3,
         }
