@@ -401,7 +401,8 @@ def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
             else []
         ),
         f"- Training: {runs.summary()} (per file in the JSON; "
-        f"{trained:.0f} s of wall time in this run), scoring {scored:.0f} s in this run",
+        f"{trained:.0f} s of wall time in this run); scoring {scored:.0f} s in this run (rows already in "
+        "scores.json are not scored again)",
         "- mAP and top-1 over the 10,000 test images, each query against the other 9,999; "
         "backfill order random (seeded); Gain = (AUC − AUC_Old) / (AUC_New − AUC_Old).",
         "",
