@@ -167,7 +167,8 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
 
     for name, kind in ADAPTERS.items():
         files[name] = runs.make(f"adapter-{kind}-e{p['adapter_epochs']}.pt", adapter_job(kind))
-    side = {"side": str(runs.folder / "side.pt"), "limit": p["limit"], "epochs": p["fct_epochs"]}
+    # The side-information autoencoder is label-free and model-free: one per data set and preset.
+    side = {"side": str(old_runs.folder / "side.pt"), "limit": p["limit"], "epochs": p["fct_epochs"]}
     files["FCT"] = runs.make("fct.pt", baseline_job("fct", new=new, side_info=True, **side))
     files["FCT (no side-info)"] = runs.make(
         "fct-noside.pt", baseline_job("fct", new=new, side_info=False, **side)
