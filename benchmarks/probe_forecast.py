@@ -40,7 +40,7 @@ from train.heads import load_heads  # noqa: E402
 
 RUNS = ROOT / ".cache" / "runs" / "extended-small-cnn-e20-n0-s0"
 TABLE = ROOT / "benchmarks" / "results" / "cifar-extended-small-cnn.json"
-RMQ = [sys.executable, "-m", "rm_qdrant.cli"]
+RMQ = [str(Path(sys.executable).with_name("rmq"))]  # the console script beside this interpreter
 
 
 def dips(curve: list[float], tolerance: float) -> bool:
