@@ -117,8 +117,9 @@ def forecast(
     if n < 2 or len(new) != n or (rev is not None and len(rev) != n) or len(order) != n:
         raise ValueError(f"a forecast needs two or more items and one row each; got {n} old, {len(new)} new")
     reference = top_k(1.0 - unit(new) @ unit(new).T, k)
-    labelled = labels is not None and all(label is not None for label in labels)
-    y = np.unique(np.asarray([str(label) for label in labels]), return_inverse=True)[1] if labelled else None
+    y = None  # labels as integers, when every item has one
+    if labels is not None and all(label is not None for label in labels):
+        _, y = np.unique([str(label) for label in labels], return_inverse=True)
     modes = {"naive": old, **({"rm": rev} if rev is not None else {})}
     out = []
     for mode, query_old in modes.items():

@@ -130,9 +130,16 @@ def cache_path(location: str, name: str) -> Path:
 def save_sample(sample: ProbeSample, path: Path, *, k: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"ids": sample.ids, "encoder": sample.encoder, "failed": sample.failed, "k": k}
-    arrays = {"old": sample.old, "new": sample.new, **({"rev": sample.rev} if sample.rev is not None else {})}
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, meta=np.array(json.dumps(meta)), payloads=np.array(json.dumps(sample.payloads)), **arrays)
+    arrays: dict[str, Any] = {
+        "meta": np.array(json.dumps(meta)),
+        "payloads": np.array(json.dumps(sample.payloads)),
+        "old": sample.old,
+        "new": sample.new,
+    }
+    if sample.rev is not None:
+        arrays["rev"] = sample.rev
+    tmp = path.with_suffix(".tmp.npz")  # written whole, then moved: a reader never sees half a file
+    np.savez(tmp, **arrays)
     tmp.replace(path)
     return path
 
