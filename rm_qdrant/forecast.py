@@ -90,6 +90,19 @@ def agreement(found: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     return float(hit.mean()), float((hit * gains).sum(axis=1).mean() / gains.sum())
 
 
+def reference_top_k(new: np.ndarray, k: int) -> np.ndarray:
+    """The new model's own top-k over the sample: what the pair serves once the backfill is done."""
+    return top_k(1.0 - unit(new) @ unit(new).T, k)
+
+
+def merged_agreement(
+    new: np.ndarray, query_old: np.ndarray, old: np.ndarray, migrated: np.ndarray, reference: np.ndarray
+) -> tuple[float, float]:
+    """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
+    found = top_k(merged_distances(new, query_old, new, old, migrated), reference.shape[1])
+    return agreement(found, reference)
+
+
 def forecast(
     old: np.ndarray,
     new: np.ndarray,
@@ -116,7 +129,7 @@ def forecast(
     n = len(old)
     if n < 2 or len(new) != n or (rev is not None and len(rev) != n) or len(order) != n:
         raise ValueError(f"a forecast needs two or more items and one row each; got {n} old, {len(new)} new")
-    reference = top_k(1.0 - unit(new) @ unit(new).T, k)
+    reference = reference_top_k(new, k)
     y = None  # labels as integers, when every item has one
     if labels is not None and all(label is not None for label in labels):
         _, y = np.unique([str(label) for label in labels], return_inverse=True)
@@ -126,8 +139,7 @@ def forecast(
         recall, ndcg, maps, tops = [], [], [], []
         for t in fractions:
             migrated = migrated_at(order, t)
-            found = top_k(merged_distances(new, query_old, new, old, migrated), k)
-            r, g = agreement(found, reference)
+            r, g = merged_agreement(new, query_old, old, migrated, reference)
             recall.append(r)
             ndcg.append(g)
             if y is not None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.dual import DualIndex
+from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
 from rm_qdrant.merge import PointId
 from rm_qdrant.pair import PairRecord
@@ -45,7 +46,6 @@ from rm_qdrant.ranking import plan, prepare_order, unranked
 from rm_qdrant.sources import ImageSource, SourceConfig
 
 log = logging.getLogger(__name__)
-_PAGE = 2_000
 #: Seconds between a batch's write to new and its removal from old where the store
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
@@ -122,6 +122,14 @@ class _Prepared:
     tensors: dict[PointId, np.ndarray]
     failed: list[tuple[PointId, str]]
     gone: int
+
+
+def load_tensor(encoder: OnnxEncoder, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
+    """The encoder's input tensor for the image at ``uri``, or None and why it could not be read."""
+    try:
+        return encoder.preprocess([source.fetch(uri)]), ""
+    except (SourceError, ImageError) as exc:
+        return None, str(exc)
 
 
 class Migrator:
@@ -250,10 +258,7 @@ class Migrator:
         return _Prepared(ids, payloads, already, tensors, failed, len(batch) - len(ids))
 
     def _load(self, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
-        try:
-            return self.encoder.preprocess([source.fetch(uri)]), ""
-        except (SourceError, ImageError) as exc:
-            return None, str(exc)
+        return load_tensor(self.encoder, source, uri)
 
     def _encode(self, prepared: _Prepared) -> np.ndarray:
         if not prepared.tensors:

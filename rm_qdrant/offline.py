@@ -131,12 +131,11 @@ def _percent(x: float) -> str:
     return "n/a" if np.isnan(x) else f"{100 * x:.0f} %"
 
 
-def reference_rows(old: Retrieval, new: Retrieval, n_fractions: int = len(FRACTIONS)) -> list[Row]:
-    """The flat Old and New rows (Gain 0 and 1 by definition)."""
-    fractions = FRACTIONS[:n_fractions]
-    n = len(fractions)
+def reference_rows(old: Retrieval, new: Retrieval) -> list[Row]:
+    """The flat Old and New rows over ``FRACTIONS`` (Gain 0 and 1 by definition)."""
+    n = len(FRACTIONS)
     return [
-        Row(name, Curve(fractions, (r.map,) * n, (r.top1,) * n, 0), g, g)
+        Row(name, Curve(FRACTIONS, (r.map,) * n, (r.top1,) * n, 0), g, g)
         for name, r, g in (("Old", old, 0.0), ("New", new, 1.0))
     ]
 

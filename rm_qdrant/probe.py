@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.dual import DualIndex
-from rm_qdrant.errors import ConfigError, ImageError, SourceError
-from rm_qdrant.forecast import DIP_TOLERANCE, ModeForecast, agreement, forecast, merged_distances, top_k
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
 from rm_qdrant.merge import PointId
-from rm_qdrant.metrics import unit
+from rm_qdrant.migrate import load_tensor
 from rm_qdrant.ordering import order_keys
 from rm_qdrant.pair import PairRecord, active_where
 from rm_qdrant.ranking import read_all
@@ -72,14 +72,8 @@ def draw_sample(
     gallery = encoder.info.gallery_output()
     outputs = [gallery, *(["rev"] if "rev" in encoder.info.outputs else [])]
 
-    def load(uri: Any) -> np.ndarray | None:
-        try:
-            return encoder.preprocess([src.fetch(uri)])
-        except (SourceError, ImageError):
-            return None
-
     with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
-        tensors = list(pool.map(lambda r: load(r.payload.get("uri")), records))
+        tensors = [x for x, _ in pool.map(lambda r: load_tensor(encoder, src, r.payload.get("uri")), records)]
     kept = [(r, x) for r, x in zip(records, tensors, strict=True) if x is not None and r.vector is not None]
     if len(kept) < 2:
         raise ConfigError(
@@ -172,14 +166,11 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
     migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
     rm = pair.mode == "rm" and sample.rev is not None
     query_old = sample.rev if rm and sample.rev is not None else sample.old
-    reference = top_k(1.0 - unit(sample.new) @ unit(sample.new).T, k)
-
-    def served(mask: np.ndarray) -> tuple[float, float]:
-        return agreement(
-            top_k(merged_distances(sample.new, query_old, sample.new, sample.old, mask), k), reference
-        )
-
-    now, start = served(migrated), served(np.zeros_like(migrated))
+    reference = reference_top_k(sample.new, k)
+    now, start = (
+        merged_agreement(sample.new, query_old, sample.old, mask, reference)
+        for mask in (migrated, np.zeros_like(migrated))
+    )
     return {
         "mode": "rm" if rm else "naive",
         "sample": len(sample.ids),
