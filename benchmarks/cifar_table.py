@@ -55,6 +55,7 @@ from train.adapter_job import load_adapter, train_adapter_job  # noqa: E402
 from train.backbone import train_backbone  # noqa: E402
 from train.baselines import BaselineConfig, baseline_embeddings, train_baseline  # noqa: E402
 from train.cache import embeddings, file_hash  # noqa: E402
+from train.checkpoints import load_checkpoint  # noqa: E402
 from train.config import AdapterConfig, BackboneConfig, HeadsConfig  # noqa: E402
 from train.heads import load_heads, train_heads  # noqa: E402
 
@@ -155,9 +156,7 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
         )
 
     for name, (loss, rho) in HEADS.items():
-        files[name] = runs.make(
-            f"heads-{loss}{'' if rho else '-no-rho'}-e{p['head_epochs']}.pt", heads_job(loss, rho)
-        )
+        files[name] = runs.make(heads_file(loss, rho, p["head_epochs"]), heads_job(loss, rho))
 
     def adapter_job(kind: str) -> Callable[[Path], object]:
         e = p["adapter_epochs"]
@@ -166,7 +165,7 @@ def train_all(setting: str, args: argparse.Namespace, p: dict[str, Any], runs: R
         )
 
     for name, kind in ADAPTERS.items():
-        files[name] = runs.make(f"adapter-{kind}-e{p['adapter_epochs']}.pt", adapter_job(kind))
+        files[name] = runs.make(adapter_file(kind, p["adapter_epochs"]), adapter_job(kind))
     # The side-information autoencoder is label-free and model-free: one per data set and preset.
     side = {"side": str(old_runs.folder / "side.pt"), "limit": p["limit"], "epochs": p["fct_epochs"]}
     files["FCT"] = runs.make("fct.pt", baseline_job("fct", new=new, side_info=True, **side))
@@ -188,9 +187,16 @@ def tag(setting: str, args: argparse.Namespace, p: dict[str, Any], *, hetero: bo
     return f"{setting}-{args.arch}{upgrade}-e{p['epochs']}-n{p['limit']}-s{args.seed}"
 
 
-def served(files: dict[str, Path], test: Path) -> tuple[dict[str, BackfillEmbeddings], Any, Any]:
-    """What each method serves on the test set, and the old and new models' embeddings of it."""
-    old, new = embeddings(files["old"], test), embeddings(files["new"], test)
+def heads_file(loss: str, rho: bool, epochs: int) -> str:
+    return f"heads-{loss}{'' if rho else '-no-rho'}-e{epochs}.pt"
+
+
+def adapter_file(kind: str, epochs: int) -> str:
+    return f"adapter-{kind}-e{epochs}.pt"
+
+
+def rm_methods(files: dict[str, Path], old: Any, new: Any) -> dict[str, BackfillEmbeddings]:
+    """RM_naive, the ψ/ρ heads and the adapters: the methods that merge an old and a new collection."""
     labels = new.labels
     methods = {"RM_naive": BackfillEmbeddings(new.emb, old.emb, new.emb, old.emb, labels)}
     with torch.no_grad():
@@ -202,6 +208,13 @@ def served(files: dict[str, Path], test: Path) -> tuple[dict[str, BackfillEmbedd
             adapter, _ = load_adapter(files[name])
             q_rev = adapter(torch.from_numpy(new.emb)).numpy()
             methods[name] = BackfillEmbeddings(new.emb, q_rev, new.emb, old.emb, labels)
+    return methods
+
+
+def served(files: dict[str, Path], test: Path) -> tuple[dict[str, BackfillEmbeddings], Any, Any]:
+    """What each method serves on the test set, and the old and new models' embeddings of it."""
+    old, new = embeddings(files["old"], test), embeddings(files["new"], test)
+    methods = rm_methods(files, old, new)
     for name, method in (("BCT", "bct"), ("RACT", "ract")):
         if method in files:
             methods[name] = baseline_embeddings(method, test, old=files["old"], new=files[method])
@@ -339,7 +352,7 @@ def run_setting(setting: str, args: argparse.Namespace, preset: str) -> None:
     by_name = {r.name: r for r in rows}
     scored = time.perf_counter() - started - trained
     top1 = {
-        role: torch.load(files[role], map_location="cpu", weights_only=False)["metric"]["top1"]
+        role: load_checkpoint(files[role], "backbone")["metric"]["top1"]
         for role in ("old", "new", "bct", "ract")
         if role in files
     }

@@ -26,18 +26,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
-from cifar_table import ADAPTERS, HEADS  # noqa: E402
+from cifar_table import ADAPTERS, HEADS, PRESETS, adapter_file, heads_file, rm_methods  # noqa: E402
 
 from rm_qdrant.forecast import forecast  # noqa: E402
 from rm_qdrant.ordering import order_keys  # noqa: E402
-from train.adapter_job import load_adapter  # noqa: E402
 from train.cache import embeddings  # noqa: E402
-from train.heads import load_heads  # noqa: E402
 
 RUNS = ROOT / ".cache" / "runs" / "extended-small-cnn-e20-n0-s0"
 TABLE = ROOT / "benchmarks" / "results" / "cifar-extended-small-cnn.json"
@@ -80,21 +77,20 @@ def cifar_part(sample: int, seed: int) -> list[dict[str, object]]:
     table = {r["name"]: r["map"] for r in json.loads(TABLE.read_text())["rows"]}
     pick = np.sort(np.random.default_rng(seed).choice(len(new.labels), size=sample, replace=False))
     order = np.argsort(order_keys("random", [int(i) for i in pick], [{}] * sample, seed=seed), kind="stable")
-    systems = {"RM_naive": (new.emb, None)}
-    with torch.no_grad():
-        for name, (loss, rho) in HEADS.items():
-            heads, _ = load_heads(RUNS / f"heads-{loss}{'' if rho else '-no-rho'}-e50.pt")
-            systems[name] = tuple(x.numpy() for x in heads(torch.from_numpy(new.emb)))
-        for name, kind in ADAPTERS.items():
-            adapter, _ = load_adapter(RUNS / f"adapter-{kind}-e50.pt")
-            systems[name] = (new.emb, adapter(torch.from_numpy(new.emb)).numpy())
+    epochs = PRESETS["gpu"]
+    files = {
+        "old": RUNS / "old.pt",
+        "new": RUNS / "new.pt",
+        **{n: RUNS / heads_file(loss, rho, epochs["head_epochs"]) for n, (loss, rho) in HEADS.items()},
+        **{n: RUNS / adapter_file(kind, epochs["adapter_epochs"]) for n, kind in ADAPTERS.items()},
+    }
     print(
         f"\nCIFAR-10 extended-class: forecast on {sample} test images (label-free) vs mAP_t on all 10,000\n"
     )
     header("mAP_t % (cifar_table.py)")
     rows = []
-    for name, (gallery_new, rev) in systems.items():
-        modes = forecast(old.emb[pick], gallery_new[pick], None if rev is None else rev[pick], order=order)
+    for name, m in rm_methods(files, old, new).items():  # rm mode: the method's own old-side query
+        modes = forecast(m.gallery_old[pick], m.gallery_new[pick], m.query_old[pick], order=order)
         rows.append(compare(name, list(modes[-1].recall), table[name]))
     return rows
 
