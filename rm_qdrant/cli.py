@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from typing import Any
 
 import click
+from PIL import Image
 
 from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store, store_location
 from rm_qdrant.cli_migrate import eval_command, finalize_command, migrate, rollback_command
@@ -44,8 +46,10 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> N
     """Online backfilling for Qdrant: serve the new embedding model while the gallery migrates."""
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    if verbose < 2:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    for chatty in ("httpx", "httpcore"):  # they log whole URLs, credentials included
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    # rm-qdrant refuses oversized images itself (--max-pixels), with the point's id and reason.
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None}
 
 
@@ -113,7 +117,7 @@ def index(
     """Load an image folder into a collection (reproduces an existing deployment)."""
     if (name is None) == (collection is None):
         raise ConfigError("give exactly one of --name and --collection")
-    store = open_cli_store(ctx)
+    store = open_cli_store(ctx, create=True)
     target = collection or load_pair(store, name or "").old_collection
     items = scan_image_folder(data)
     model = OnnxEncoder(encoder)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,27 +29,53 @@ class Group(click.Group):
 
 
 def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--root, --allow-scheme and --timeout: where images come from (see :func:`source_config`)."""
-    for option in reversed(
-        [
-            click.option("--root", type=click.Path(file_okay=False), help="Folder for relative image paths."),
-            click.option(
-                "--allow-scheme",
-                "schemes",
-                multiple=True,
-                default=("file", "http", "https"),
-                show_default=True,
-                help="URI schemes images may come from (repeatable).",
-            ),
-            click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP connect/read."),
-        ]
-    ):
-        command = option(command)
-    return command
+    """Where images come from and what is accepted; the command gets one ``source`` argument."""
+    options = [
+        click.option("--root", type=click.Path(file_okay=False), help="Folder for relative image paths."),
+        click.option(
+            "--allow-scheme",
+            "schemes",
+            multiple=True,
+            default=("file", "http", "https"),
+            show_default=True,
+            help="URI schemes images may come from (repeatable).",
+        ),
+        click.option(
+            "--timeout",
+            default=10.0,
+            show_default=True,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Seconds one image fetch may take in all (connect, redirects, body).",
+        ),
+        click.option(
+            "--max-pixels",
+            default=SourceConfig.max_pixels,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="Refuse images whose header declares more pixels (bounds decoding memory).",
+        ),
+        click.option(
+            "--allow-private-network",
+            is_flag=True,
+            help="Let http(s) images come from loopback, private, link-local or metadata addresses "
+            "(refused by default: the URIs come from payloads).",
+        ),
+    ]
 
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["source"] = SourceConfig(
+            root=Path(root) if (root := kwargs.pop("root")) else None,
+            schemes=kwargs.pop("schemes"),
+            timeout=kwargs.pop("timeout"),
+            max_pixels=kwargs.pop("max_pixels"),
+            allow_private=kwargs.pop("allow_private_network"),
+        )
+        return command(*args, **kwargs)
 
-def source_config(root: str | None, schemes: tuple[str, ...], timeout: float) -> SourceConfig:
-    return SourceConfig(root=Path(root) if root else None, schemes=schemes, timeout=timeout)
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 def store_location(ctx: click.Context) -> str:
@@ -57,10 +84,11 @@ def store_location(ctx: click.Context) -> str:
     return location if location == ":memory:" or "://" in location else str(Path(location).resolve())
 
 
-def open_cli_store(ctx: click.Context) -> Store:
+def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
+    """The --qdrant store; only commands that fill a store may create it (a typo is an error)."""
     obj = ctx.find_root().obj
     if obj.get("store") is None:
-        obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"])
+        obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"], create=create)
         ctx.find_root().call_on_close(obj["store"].close)
     return obj["store"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_config, source_options
+from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_options
 from rm_qdrant.cutover import finalize, rollback
 from rm_qdrant.dual import DualIndex
 from rm_qdrant.errors import ConfigError
@@ -22,6 +22,8 @@ from rm_qdrant.migrate import BatchResult, MigrateOptions, MigrationReport, run_
 from rm_qdrant.ordering import ORDERS, check_order
 from rm_qdrant.pair import active_where, load_pair
 from rm_qdrant.planning import parse_shard, points_to_move
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.status import in_both
 from rm_qdrant.store import Store
 
 
@@ -50,7 +52,7 @@ def stop_on_signals(echo: bool) -> Iterator[threading.Event]:
 def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dict[str, Any]:
     """What a run would do, without writing anything."""
     pair = index.pair
-    old_active = store.count(pair.old_collection, active_where(pair))
+    old_active = store.count(pair.old_collection, active_where(pair)) - len(in_both(store, pair))
     new = store.count(pair.new_collection)
     budget = points_to_move(old_active=old_active, new=new, until=options.until, limit=options.limit)
     order = options.order or pair.order or "random"
@@ -76,6 +78,11 @@ def _summary(report: MigrationReport) -> str:
     )
     if report.failure_sample:
         text += f"\nfirst failure: {report.failure_sample[0][1]}"
+    if report.skipped_failed:
+        text += (
+            f"\n{report.skipped_failed} points that failed before were not tried again ('rmq status' "
+            "lists them): fix their source, then rerun with --retry-failed"
+        )
     if report.stopped_early:
         text += "\nstopped early: run the same command again to continue"
     return text
@@ -127,9 +134,7 @@ def migrate(
     shard: str | None,
     retry_failed: bool,
     max_failures: float,
-    root: str | None,
-    schemes: tuple[str, ...],
-    timeout: float,
+    source: SourceConfig,
     fetch_workers: int,
     prepare: bool,
     dry_run: bool,
@@ -148,7 +153,7 @@ def migrate(
         retry_failed=retry_failed,
         max_failure_share=max_failures,
         fetch_workers=fetch_workers,
-        source=source_config(root, schemes, timeout),
+        source=source,
     )
     index = DualIndex.open(store, name, encoder=encoder)
     if dry_run:

@@ -11,7 +11,6 @@ from rm_qdrant.cli_common import (
     json_option,
     name_option,
     open_cli_store,
-    source_config,
     source_options,
     store_location,
 )
@@ -20,6 +19,7 @@ from rm_qdrant.forecast import ModeForecast, recommend
 from rm_qdrant.ordering import ORDERS, check_order
 from rm_qdrant.pair import PairRecord
 from rm_qdrant.probe import cache_path, draw_sample, estimate_now, forecast_sample, load_sample, save_sample
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
 
@@ -47,9 +47,7 @@ def probe_command(
     k: int,
     order: str | None,
     seed: int,
-    root: str | None,
-    schemes: tuple[str, ...],
-    timeout: float,
+    source: SourceConfig,
     encoder: str | None,
     as_json: bool,
 ) -> None:
@@ -61,7 +59,7 @@ def probe_command(
     store = open_cli_store(ctx)
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
-    sample = draw_sample(index, size, seed=seed, source=source_config(root, schemes, timeout))
+    sample = draw_sample(index, size, seed=seed, source=source)
     forecasts = forecast_sample(sample, order=spec, seed=seed, k=k)
     advice = recommend(forecasts)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)

@@ -27,6 +27,10 @@ def finalize(
 ) -> PairRecord:
     """Point the serving alias at the new collection and serve from it alone.
 
+    The cutover is recorded before it starts (state ``finalizing``: new serves
+    alone from then on), so a run killed half-way is completed by running it again,
+    whatever it had done: dropped the old collection, moved the alias, or neither.
+
     Args:
         alias: the name the application serves from (default: the pair's name).
         drop_old: delete the old collection (no rollback is possible then). If the
@@ -34,8 +38,10 @@ def finalize(
             so that the application's name now serves new.
 
     Raises:
-        MigrationError: the pair is not backfilling, or old still serves points.
+        MigrationError: the pair is finalized or rolled back, or old still serves points.
     """
+    if pair.state == "finalizing":
+        return _complete_finalize(store, pair)
     if pair.state != "backfilling":
         raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
     remaining = store.count(pair.old_collection, active_where(pair))
@@ -46,15 +52,24 @@ def finalize(
             "see 'rmq status'): finish the migration (rmq migrate --retry-failed) first"
         )
     name = alias or pair.alias or pair.name
-    if drop_old and name == pair.old_collection:
+    if name != pair.old_collection or not drop_old:
+        _check_alias(store, name)
+    starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
+    save_pair(store, starting)
+    return _complete_finalize(store, starting)
+
+
+def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
+    name = pair.alias or pair.name
+    if pair.drop_old and name == pair.old_collection and store.has_collection(pair.old_collection):
         # The application keeps its collection name: it becomes an alias of new. Queries
         # by that name fail between the drop and the alias (a moment); DualIndex is unaffected.
         store.delete_collection(pair.old_collection)
     store.set_alias(_check_alias(store, name), pair.new_collection)
-    updated = replace(pair, state="finalized", alias=name)
-    save_pair(store, updated)
-    if drop_old and store.has_collection(pair.old_collection):
+    if pair.drop_old and store.has_collection(pair.old_collection):
         store.delete_collection(pair.old_collection)
+    updated = replace(pair, state="finalized")
+    save_pair(store, updated)
     log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
     return updated
 

@@ -14,7 +14,7 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.images import ImageLike, as_batch
 from rm_qdrant.merge import Hit, PointId, Source, merge_batches, score_to_distance
 from rm_qdrant.pair import ModelRef, PairRecord, load_pair
-from rm_qdrant.planning import MIGRATED
+from rm_qdrant.planning import MIGRATED, user_payload
 from rm_qdrant.status import PairStatus, pair_status
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import as_where
@@ -68,7 +68,7 @@ class DualIndex:
         self._new_dim = store.collection(pair.new_collection).dim
         self._old_dim = (
             store.collection(pair.old_collection).dim
-            if pair.state != "finalized" or store.has_collection(pair.old_collection)
+            if pair.serves_old or store.has_collection(pair.old_collection)
             else None  # finalized with the old collection dropped
         )
         self._pool = ThreadPoolExecutor(max_workers=2) if store.concurrent_search else None
@@ -160,9 +160,9 @@ class DualIndex:
         While the pair backfills, both collections are searched; once finalized,
         only new (``old_vectors`` may be None); once rolled back, only old.
         """
-        state = self.pair.state
-        new_q = None if state == "rolled_back" else self._check(new_vectors, self._new_dim, "new")
-        old_q = None if state == "finalized" else self._check(old_vectors, self._old_dim, "old")
+        pair = self.pair
+        new_q = self._check(new_vectors, self._new_dim, "new") if pair.serves_new else None
+        old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
         args: dict[str, Any] = {
@@ -210,7 +210,7 @@ class DualIndex:
             return [[] for _ in range(rows)]
         d = self.pair.distance
         return [
-            [Hit(r.id, r.score, score_to_distance(r.score, d), source, r.payload) for r in hits]
+            [Hit(r.id, r.score, score_to_distance(r.score, d), source, user_payload(r.payload)) for r in hits]
             for hits in results
         ]
 
@@ -250,7 +250,10 @@ class DualIndex:
             raise ConfigError(
                 f"pair {self.pair.name!r} was rolled back: the old model serves, index into old"
             )
-        self.store.upsert(self.pair.new_collection, ids, vectors, payloads)
+        # Bookkeeping fields are rm-qdrant's: a user's write that carried them (a hit's payload
+        # written back, say) would pass for a migration copy, which the migration may delete.
+        bodies = None if payloads is None else [user_payload(p) for p in payloads]
+        self.store.upsert(self.pair.new_collection, ids, vectors, bodies)
         if self._old_dim is not None:
             self.store.delete(self.pair.old_collection, ids)
 

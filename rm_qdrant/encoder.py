@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from rm_qdrant.errors import EncoderError
-from rm_qdrant.images import ImageLike, as_batch, pixels
+from rm_qdrant.images import MAX_PIXELS, ImageLike, as_batch, pixels
 from rm_qdrant.modelinfo import ModelInfo, parse_metadata
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,15 @@ class OnnxEncoder:
     def fingerprint(self) -> str:
         return self.info.fingerprint
 
-    def preprocess(self, images: Sequence[ImageLike]) -> np.ndarray:
-        """Decode and lay out a batch of images as the graph's input tensor."""
+    def preprocess(self, images: Sequence[ImageLike], *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+        """Decode and lay out a batch of images as the graph's input tensor.
+
+        Raises:
+            ImageError: an image cannot be decoded, or declares more than ``max_pixels``.
+        """
         spec = self.info.input
-        batch = np.stack(
-            [pixels(i, height=spec.height, width=spec.width, channels=spec.channels) for i in images]
-        )
+        size = {"height": spec.height, "width": spec.width, "channels": spec.channels}
+        batch = np.stack([pixels(i, **size, max_pixels=max_pixels) for i in images])
         if spec.dtype == "float32":
             mean = np.asarray(spec.mean, dtype=np.float32)
             std = np.asarray(spec.std, dtype=np.float32)

@@ -39,7 +39,7 @@ def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
     counts = {}
     for label in labels:
         where = Where(must={"label": label})
-        old = store.count(pair.old_collection, active_where(pair) & where) if pair.state != "finalized" else 0
+        old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0
         counts[label] = old + store.count(pair.new_collection, where)
     return counts
 
@@ -89,7 +89,7 @@ def served_retrieval(
 def _in_gallery(index: DualIndex, query: ImageItem) -> bool:
     pair, store = index.pair, index.store
     found = store.retrieve(pair.new_collection, [query.point_id])
-    if not found and pair.state != "finalized":
+    if not found and pair.serves_old:
         found = store.retrieve(pair.old_collection, [query.point_id])
     return bool(found)
 

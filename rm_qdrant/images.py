@@ -9,47 +9,58 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from rm_qdrant.errors import ImageError
 
 #: Anything :func:`to_pil` accepts as one image.
 ImageLike = str | os.PathLike | bytes | Image.Image | np.ndarray
 
+#: The largest image decoded by default (width × height), about 7,300 × 5,500.
+MAX_PIXELS = 40_000_000
 
-def to_pil(image: ImageLike) -> Image.Image:
+
+def to_pil(image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Decode one image.
 
     Args:
         image: a file path, encoded bytes (JPEG, PNG, ...), a PIL image, or a
             ``uint8`` array of shape ``(H, W)``, ``(H, W, 1)`` or ``(H, W, 3)``.
+        max_pixels: refuse encoded images whose header declares more pixels than this
+            (checked before any pixel is decoded, so a decompression bomb costs nothing).
 
     Raises:
-        ImageError: the file is missing or not an image, or the array has the
-            wrong shape or type.
+        ImageError: the file is missing or not an image, declares too many pixels,
+            or the array has the wrong shape or type.
     """
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, np.ndarray):
         return _from_array(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return _decode(io.BytesIO(bytes(image)), "image bytes")
+        return _decode(bytes(image), "image bytes", max_pixels)
     if isinstance(image, (str, os.PathLike)):
         path = Path(image)
         try:
             with path.open("rb") as handle:
-                return _decode(io.BytesIO(handle.read()), str(path))
-        except OSError as exc:
-            raise ImageError(f"cannot read image {path}: {exc.strerror or exc}") from exc
+                data = handle.read()
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+            raise ImageError(f"cannot read image {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        return _decode(data, str(path), max_pixels)
     raise ImageError(f"cannot use {type(image).__name__} as an image")
 
 
-def _decode(stream: io.BytesIO, what: str) -> Image.Image:
+def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
     try:
-        picture = Image.open(stream)
+        picture = Image.open(io.BytesIO(data))
+        width, height = picture.size
+        if width * height > max_pixels:
+            raise ImageError(f"{what} is {width}x{height} pixels, over the {max_pixels:,}-pixel limit")
         picture.load()  # decode now: a truncated file fails here, not later
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ImageError(f"{what} is not a readable image: {exc}") from exc
+    except ImageError:
+        raise
+    except Exception as exc:  # Pillow parses untrusted bytes and raises all kinds (SyntaxError, ...)
+        raise ImageError(f"{what} is not a readable image: {type(exc).__name__}: {exc}") from exc
     return picture
 
 
@@ -77,13 +88,20 @@ def as_batch(images: ImageLike | Sequence[ImageLike]) -> tuple[list[ImageLike], 
     return [images], True  # type: ignore[list-item]  # str is a Sequence too, but one image
 
 
-def pixels(image: ImageLike, *, height: int, width: int, channels: int) -> np.ndarray:
+def pixels(
+    image: ImageLike, *, height: int, width: int, channels: int, max_pixels: int = MAX_PIXELS
+) -> np.ndarray:
     """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array."""
-    picture = to_pil(image)
+    picture = to_pil(image, max_pixels=max_pixels)
     mode = "RGB" if channels == 3 else "L"
-    if picture.mode != mode:
-        picture = picture.convert(mode)
-    if picture.size != (width, height):
-        picture = picture.resize((width, height), Image.Resampling.BILINEAR)
+    try:
+        if picture.mode != mode:
+            picture = picture.convert(mode)
+        if picture.size != (width, height):
+            picture = picture.resize((width, height), Image.Resampling.BILINEAR)
+    except Exception as exc:  # a decoded image in an unusual mode Pillow cannot convert
+        raise ImageError(
+            f"cannot convert a {picture.mode} image to {mode}: {type(exc).__name__}: {exc}"
+        ) from exc
     array: Any = np.asarray(picture, dtype=np.uint8)
     return array.reshape(height, width, channels)

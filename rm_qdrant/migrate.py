@@ -33,17 +33,22 @@ from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
 from rm_qdrant.merge import PointId
-from rm_qdrant.pair import PairRecord
+from rm_qdrant.pair import PairRecord, active_where
 from rm_qdrant.planning import (
     ERROR,
     MIGRATED,
+    MOVING,
+    ORIGIN,
+    ORIGIN_MIGRATE,
     chunks,
     new_payload,
     over_failure_limit,
     settle,
 )
 from rm_qdrant.ranking import plan, prepare_order, unranked
-from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.redact import redact
+from rm_qdrant.sources import ImageSource, SourceConfig, shown
+from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
 #: Seconds between a batch's write to new and its removal from old where the store
@@ -96,6 +101,7 @@ class MigrationReport:
     """What a run did, summed over its batches."""
 
     planned: int = 0
+    skipped_failed: int = 0
     moved: int = 0
     repaired: int = 0
     failed: int = 0
@@ -115,6 +121,13 @@ class MigrationReport:
 
 
 @dataclass(frozen=True)
+class _Encoded:
+    ids: list[PointId]  # encoded to storable vectors, in row order
+    vectors: np.ndarray
+    failed: list[tuple[PointId, str]]  # the encoder's output was unusable
+
+
+@dataclass(frozen=True)
 class _Prepared:
     ids: list[PointId]  # still in old, in plan order
     payloads: dict[PointId, dict[str, Any]]
@@ -127,9 +140,20 @@ class _Prepared:
 def load_tensor(encoder: OnnxEncoder, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
     """The encoder's input tensor for the image at ``uri``, or None and why it could not be read."""
     try:
-        return encoder.preprocess([source.fetch(uri)]), ""
+        return encoder.preprocess([source.fetch(uri)], max_pixels=source.config.max_pixels), ""
     except (SourceError, ImageError) as exc:
         return None, str(exc)
+    except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
+        log.warning("unexpected failure reading %s", shown(uri), exc_info=True)
+        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
+
+
+def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:
+    """Rows an encoder returned that cannot be stored: NaN or infinity, or zero under cosine."""
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if distance == "cosine":
+        bad |= ~(np.abs(vectors).sum(axis=1) > 0)
+    return bad
 
 
 class Migrator:
@@ -141,8 +165,13 @@ class Migrator:
     """
 
     def __init__(self, index: DualIndex, options: MigrateOptions) -> None:
-        if index.pair.state != "backfilling":
-            raise MigrationError(f"pair {index.pair.name!r} is {index.pair.state}: nothing to migrate")
+        name, state = index.pair.name, index.pair.state
+        if state == "finalizing":
+            raise MigrationError(
+                f"a cutover of pair {name!r} is under way: 'rmq finalize --name {name}' completes it"
+            )
+        if state != "backfilling":
+            raise MigrationError(f"pair {name!r} is {state}: nothing to migrate")
         if index.encoder is None:
             raise MigrationError("a migration needs the pair's encoder")
         if not 0.0 <= options.max_failure_share <= 1.0:
@@ -159,9 +188,9 @@ class Migrator:
         return self.index.pair
 
     def ensure_order(self) -> None:
-        """Rank the old points if the order is new or changed, or some points lack a rank."""
+        """Rank the old points if the order is new, changed, half-written, or some points lack a rank."""
         wanted = self.options.order or self.pair.order or "random"
-        if wanted == self.pair.order and unranked(self.store, self.pair) == 0:
+        if wanted == self.pair.order and self.pair.order_ready and unranked(self.store, self.pair) == 0:
             return
         if self.options.shard is not None:
             raise MigrationError(
@@ -194,8 +223,9 @@ class Migrator:
             ids = plan(self.store, self.pair, self.options)
         report = MigrationReport(planned=len(ids))
         batches = list(chunks(ids, self.options.batch))
+        halt = stop or threading.Event()  # set: fetches not yet begun give up at once
         with (
-            ImageSource(self.options.source) as source,
+            ImageSource(self.options.source, stop=halt) as source,
             ThreadPoolExecutor(self.options.fetch_workers, "rmq-fetch") as fetch,
             ThreadPoolExecutor(1, "rmq-prepare") as prepare,
             ThreadPoolExecutor(1, "rmq-write") as write,
@@ -207,19 +237,23 @@ class Migrator:
                 return None if batch is None else prepare.submit(self._prepare, batch, source, fetch)
 
             upcoming, pending_write = next_batch(), None
-            while upcoming is not None:
-                if stop is not None and stop.is_set():
-                    report.stopped_early = True
-                    upcoming.cancel()
-                    break
-                prepared = upcoming.result()
-                upcoming = next_batch()  # fetched and decoded while this one is encoded
-                vectors = self._encode(prepared)
+            try:
+                while upcoming is not None:
+                    prepared = None if halt.is_set() else upcoming.result()
+                    if prepared is None or halt.is_set():  # its fetches may have given up: drop it
+                        report.stopped_early = True
+                        upcoming.cancel()
+                        break
+                    upcoming = next_batch()  # fetched and decoded while this one is encoded
+                    encoded = self._encode(prepared)
+                    if pending_write is not None:
+                        self._collect(pending_write.result(), report, on_batch)
+                    pending_write = write.submit(self._settle, prepared, encoded)
                 if pending_write is not None:
                     self._collect(pending_write.result(), report, on_batch)
-                pending_write = write.submit(self._settle, prepared, vectors)
-            if pending_write is not None:
-                self._collect(pending_write.result(), report, on_batch)
+            except BaseException:
+                halt.set()  # the fetch threads wind down fast instead of finishing the batch
+                raise
         report.seconds = time.perf_counter() - started
         return report
 
@@ -237,7 +271,7 @@ class Migrator:
             reason = result.failed[0][1]
             raise MigrationError(
                 f"{len(result.failed)} of {attempted} points in a batch failed (first: {reason}); "
-                "stopping: fix the source and rerun, or raise --max-failures"
+                "stopping: fix the source, then rerun with --retry-failed (or raise --max-failures)"
             )
 
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
@@ -260,20 +294,28 @@ class Migrator:
     def _load(self, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
         return load_tensor(self.encoder, source, uri)
 
-    def _encode(self, prepared: _Prepared) -> np.ndarray:
+    def _encode(self, prepared: _Prepared) -> _Encoded:
         if not prepared.tensors:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        batch = np.concatenate(list(prepared.tensors.values()))
-        vectors = self.encoder.run(batch, [self.output])[self.output]
-        log.debug("encoded %s", list(prepared.tensors))
-        return vectors
+            return _Encoded([], np.zeros((0, self.dim), dtype=np.float32), [])
+        ids = list(prepared.tensors)
+        vectors = self.encoder.run(np.concatenate(list(prepared.tensors.values())), [self.output])[
+            self.output
+        ]
+        log.debug("encoded %s", ids)
+        bad = unusable_rows(vectors, self.pair.distance)
+        if not bad.any():
+            return _Encoded(ids, vectors, [])
+        reason = "the encoder returned NaN, infinity or a zero vector for this image"
+        failed = [(i, reason) for i, b in zip(ids, bad.tolist(), strict=True) if b]
+        return _Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
 
-    def _settle(self, prepared: _Prepared, vectors: np.ndarray) -> BatchResult:
+    def _settle(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
         pair, store = self.pair, self.store
-        written = list(prepared.tensors)
+        written = encoded.ids
         if written:
             payloads = [new_payload(prepared.payloads[i]) for i in written]
-            store.upsert(pair.new_collection, written, vectors, payloads, insert_only=True)
+            store.mark(pair.old_collection, written, {MOVING: 1})  # see status.in_both
+            store.upsert(pair.new_collection, written, encoded.vectors, payloads, insert_only=True)
             log.debug("acknowledged %s", written)
         acknowledged = time.monotonic()
         batch = written + prepared.already_in_new
@@ -283,28 +325,38 @@ class Migrator:
         }
         still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch)}
         outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)
-        if outcome.delete_from_new:
-            store.delete(pair.new_collection, outcome.delete_from_new)
+        if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
+            store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
         if store.concurrent_search:  # see REMOVAL_GRACE
             time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
         if pair.keep_old:
-            store.set_payload(
-                pair.old_collection, [(i, {MIGRATED: 1, ERROR: None}) for i in outcome.remove_from_old]
-            )
+            store.mark(pair.old_collection, outcome.remove_from_old, {MIGRATED: 1, ERROR: None, MOVING: None})
         else:
             store.delete(pair.old_collection, outcome.remove_from_old)
-        if prepared.failed:
-            store.set_payload(pair.old_collection, [(i, {ERROR: reason}) for i, reason in prepared.failed])
+        failed = prepared.failed + encoded.failed
+        record_failures(store, pair.old_collection, failed)
         if outcome.unconfirmed:
             log.warning("%d written points were not found in new; they stay in old", len(outcome.unconfirmed))
         removed = set(outcome.remove_from_old)
         return BatchResult(
             moved=sum(i in removed for i in written),
             repaired=sum(i in removed for i in prepared.already_in_new),
-            failed=prepared.failed,
+            failed=failed,
             gone=prepared.gone + len(batch) - len(still_in_old),
             unconfirmed=len(outcome.unconfirmed),
         )
+
+
+_OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+
+
+def record_failures(store: Store, collection: str, failed: Sequence[tuple[PointId, str]]) -> None:
+    """Write each failed point's reason on it (one store operation per distinct reason)."""
+    by_reason: dict[str, list[PointId]] = {}
+    for point_id, reason in failed:
+        by_reason.setdefault(reason, []).append(point_id)
+    for reason, ids in by_reason.items():
+        store.mark(collection, ids, {ERROR: reason})
 
 
 def run_migration(
@@ -329,6 +381,11 @@ def run_migration(
     if workers < 1 or (workers > 1 and options.shard is not None):
         raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
     Migrator(index, options).ensure_order()
+    skipped = 0
+    if not options.retry_failed:
+        skipped = index.store.count(
+            index.pair.old_collection, active_where(index.pair) & Where(not_empty=(ERROR,))
+        )
     shards = [options] if workers == 1 else [replace(options, shard=(i, workers)) for i in range(workers)]
     migrators = [Migrator(index, shard) for shard in shards]
     plans = [plan(index.store, index.pair, m.options) for m in migrators]
@@ -354,7 +411,7 @@ def run_migration(
     with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
         futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
         reports = [f.result() for f in futures]
-    total = MigrationReport(seconds=time.perf_counter() - started)
+    total = MigrationReport(seconds=time.perf_counter() - started, skipped_failed=skipped)
     for part in reports:
         total.planned += part.planned
         total.moved += part.moved

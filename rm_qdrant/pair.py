@@ -55,12 +55,16 @@ class PairRecord:
             mode, old-collection queries).
         old_encoder: The old model, for the ``naive`` mode (optional in ``rm``).
         state: ``backfilling``, then ``finalized`` (new serves alone) or
-            ``rolled_back`` (old serves alone; keep-old pairs only).
+            ``rolled_back`` (old serves alone; keep-old pairs only). ``finalizing``
+            while a cutover is under way (new serves alone; ``rmq finalize`` completes it).
         keep_old: migrated points stay in old, marked and hidden from search, so
             the pair can roll back to the old model at once.
         order: the backfill order the old points are ranked by (None: not yet).
         order_seed: the seed of that order.
+        order_ready: False while the ranks of ``order`` are being written (a run
+            killed then left ranks of two orders; the next run ranks again).
         alias: the alias that serves the gallery after a cutover or rollback.
+        drop_old: the cutover under way drops the old collection.
     """
 
     name: str
@@ -74,7 +78,19 @@ class PairRecord:
     keep_old: bool = False
     order: str | None = None
     order_seed: int = 0
+    order_ready: bool = True
     alias: str | None = None
+    drop_old: bool = False
+
+    @property
+    def serves_old(self) -> bool:
+        """Whether search reads the old collection (not once a cutover has begun)."""
+        return self.state in ("backfilling", "rolled_back")
+
+    @property
+    def serves_new(self) -> bool:
+        """Whether search reads the new collection (not after a rollback)."""
+        return self.state != "rolled_back"
 
     def to_payload(self) -> dict[str, Any]:
         return {"kind": "pair", "name": self.name, "record": asdict(self)}

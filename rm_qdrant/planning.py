@@ -19,9 +19,11 @@ BUCKET = "rmq_bucket"  # shard bucket, from the id (old points)
 ERROR = "rmq_error"  # why the last migration attempt failed (old points)
 MIGRATED = "rmq_migrated"  # keep-old mode: 1 once this old point has a copy in new (an int:
 # qdrant-edge 0.9 does not match booleans in filters)
+MOVING = "rmq_moving"  # 1 on old points whose batch is being written to new (a crash can
+# leave them in both collections: counts subtract those found in new)
 ORIGIN = "rmq_origin"  # "migrate" on new points the migration wrote
 ORIGIN_MIGRATE = "migrate"
-INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, ORIGIN)
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, MOVING, ORIGIN)
 
 
 def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:
@@ -56,11 +58,14 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def user_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A payload without rm-qdrant's bookkeeping fields (what users write and see)."""
+    return {k: v for k, v in payload.items() if k not in INTERNAL_FIELDS}
+
+
 def new_payload(old: Mapping[str, Any]) -> dict[str, Any]:
     """The payload a migrated point gets in new: the old one, less bookkeeping, marked."""
-    body = {k: v for k, v in old.items() if k not in INTERNAL_FIELDS}
-    body[ORIGIN] = ORIGIN_MIGRATE
-    return body
+    return {**user_payload(old), ORIGIN: ORIGIN_MIGRATE}
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,9 @@ class Settlement:
 
     Attributes:
         remove_from_old: confirmed in new and still in old: safe to retire the old copy.
-        delete_from_new: our copy resurrected a point the user deleted meanwhile.
+        delete_from_new: gone from old, and new held our copy when read: a user deleted the
+            point meanwhile. The store deletes these only if still ours (``rmq_origin``) at
+            the moment of the delete, so a user's write that lands after the read survives.
         unconfirmed: written but not found (or malformed) in new: left in old for a retry.
     """
 

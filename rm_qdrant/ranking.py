@@ -17,6 +17,7 @@ from rm_qdrant.merge import PointId
 from rm_qdrant.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
 from rm_qdrant.pair import PairRecord, active_where, save_pair
 from rm_qdrant.planning import BUCKET, ERROR, MIGRATED, RANK, points_to_move
+from rm_qdrant.status import in_both
 from rm_qdrant.store import Store, Where
 
 if TYPE_CHECKING:
@@ -35,11 +36,13 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
         store.create_index(pair.old_collection, name, kind)
     ids, payloads, vectors = read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
     positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
+    writing = replace(pair, order=order, order_seed=seed, order_ready=False)
+    save_pair(store, writing)  # a kill while the ranks are written leaves a record that says so
     store.set_payload(
         pair.old_collection,
         [(i, {RANK: int(r), BUCKET: bucket(i)}) for i, r in zip(ids, positions.tolist(), strict=True)],
     )
-    updated = replace(pair, order=order, order_seed=seed)
+    updated = replace(writing, order_ready=True)
     save_pair(store, updated)
     log.info("ranked %d old points in %s order", len(ids), order)
     return updated
@@ -67,26 +70,36 @@ def read_all(
 
 
 def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointId]:
-    """The ids this run will attempt, in backfill order (the order must be prepared)."""
+    """The ids this run will attempt, in backfill order (the order must be prepared).
+
+    Points left in both collections by an interrupted step come first (finishing
+    them moves nothing new), then up to the budget of ``--until``/``--limit`` more.
+    """
+    if options.limit == 0:
+        return []
     active = active_where(pair)
-    old_active = store.count(pair.old_collection, active)
+    repairs = in_both(store, pair)
+    old_only = store.count(pair.old_collection, active) - len(repairs)
     budget = points_to_move(
-        old_active=old_active,
+        old_active=old_only,
         new=store.count(pair.new_collection),
         until=options.until,
         limit=options.limit,
     )
     where = active
     if options.shard is not None:
-        where = where & Where(must={BUCKET: shard_buckets(*options.shard)})
-        if budget < old_active:  # --until/--limit: each worker takes its share, rounded up
+        owned = set(shard_buckets(*options.shard))
+        repairs = [i for i in repairs if bucket(i) in owned]
+        where = where & Where(must={BUCKET: sorted(owned)})
+        if budget < old_only:  # --until/--limit: each worker takes its share, rounded up
             budget = -(-budget // options.shard[1])
     if not options.retry_failed:
         where = where & Where(empty=(ERROR,))
     if budget == 0:
-        return []
-    page, _ = store.scroll(pair.old_collection, limit=budget, where=where, order_by=RANK)
-    return [record.id for record in page]
+        return repairs
+    page, _ = store.scroll(pair.old_collection, limit=budget + len(repairs), where=where, order_by=RANK)
+    skip = set(repairs)
+    return repairs + [r.id for r in page if r.id not in skip][:budget]
 
 
 def unranked(store: Store, pair: PairRecord) -> int:

@@ -6,10 +6,32 @@ from dataclasses import dataclass, field
 
 from rm_qdrant.merge import PointId
 from rm_qdrant.pair import PairRecord, active_where
-from rm_qdrant.planning import ERROR, MIGRATED
+from rm_qdrant.planning import ERROR, MIGRATED, MOVING
+from rm_qdrant.sources import shown
 from rm_qdrant.store import Store, Where
 
 SAMPLE = 5
+_PAGE = 10_000
+
+
+def in_both(store: Store, pair: PairRecord) -> list[PointId]:
+    """Points that serve from old and are already in new: a migration step cut short
+    between its write to new and its removal from old. Search serves them once (from
+    new) and the next ``rmq migrate`` finishes the step; counts must not take them twice.
+
+    Only points marked ``rmq_moving`` can be in both, so this reads a few batches at most.
+    """
+    if pair.state != "backfilling" or not store.has_collection(pair.old_collection):
+        return []
+    marked: list[PointId] = []
+    offset: PointId | None = None
+    where = active_where(pair) & Where(not_empty=(MOVING,))
+    while True:
+        page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
+        marked += [r.id for r in page]
+        if offset is None:
+            break
+    return [r.id for r in store.retrieve(pair.new_collection, marked)] if marked else []
 
 
 @dataclass(frozen=True)
@@ -17,7 +39,8 @@ class PairStatus:
     """A pair's state as ``rmq status`` shows it.
 
     Attributes:
-        old_count: points that still serve from old (migrated-but-kept points excluded).
+        old_count: points that serve from old only (migrated-but-kept points, and points
+            caught in both collections by an interrupted step, excluded).
         kept_count: keep-old mode: migrated points kept in old for a rollback.
         failed: old points whose last migration attempt failed.
         failure_sample: up to five of them as (id, uri, reason).
@@ -48,15 +71,15 @@ class PairStatus:
 
 def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     """Both collections' sizes, the failures and the pair's models; needs no encoder."""
-    has_old = store.has_collection(pair.old_collection)
+    has_old = store.has_collection(pair.old_collection) and pair.state != "finalizing"
     active = active_where(pair)
-    old_count = store.count(pair.old_collection, active) if has_old else 0
+    old_count = store.count(pair.old_collection, active) - len(in_both(store, pair)) if has_old else 0
     failed_where = active & Where(not_empty=(ERROR,))
     failed = store.count(pair.old_collection, failed_where) if has_old else 0
     sample = []
     if failed:
         page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
-        sample = [(r.id, str(r.payload.get("uri", "")), str(r.payload.get(ERROR))) for r in page]
+        sample = [(r.id, shown(r.payload.get("uri", "")), str(r.payload.get(ERROR))) for r in page]
     kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if has_old and pair.keep_old else 0
     return PairStatus(
         name=pair.name,

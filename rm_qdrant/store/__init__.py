@@ -18,14 +18,16 @@ __all__ = [
 ]
 
 
-def open_store(location: str | os.PathLike[str], *, api_key: str | None = None) -> Store:
+def open_store(location: str | os.PathLike[str], *, api_key: str | None = None, create: bool = True) -> Store:
     """Open the store at ``location``, as qdrant-client users would name it.
 
     Args:
         location: ``http://host:6333`` or ``https://...`` for a Qdrant server,
             ``":memory:"`` for a throwaway in-process store, anything else is the
-            folder of an embedded on-disk store (created if missing).
+            folder of an embedded on-disk store.
         api_key: API key for a server; defaults to ``$QDRANT_API_KEY``.
+        create: create an embedded store where the folder holds none (False: StoreError,
+            so a mistyped folder is not taken for an empty store).
 
     Example:
         >>> store = open_store(":memory:")
@@ -42,4 +44,4 @@ def open_store(location: str | os.PathLike[str], *, api_key: str | None = None) 
         return ClientStore(text)
     from rm_qdrant.store.edge import EdgeStore
 
-    return EdgeStore(text)
+    return EdgeStore(text, create=create)

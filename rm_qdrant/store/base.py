@@ -125,7 +125,14 @@ class Store(Protocol):
         """Write points. ``insert_only`` leaves points that already exist untouched."""
         ...
 
-    def delete(self, name: str, ids: Sequence[PointId]) -> None: ...
+    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+        """Delete the listed points; with ``where``, only those that match it, checked and
+        deleted in one operation (a point rewritten meanwhile without the match survives)."""
+        ...
+
+    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
+        """Merge the same payload into every listed point, in one operation; missing ids are skipped."""
+        ...
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         """Merge each payload into its point's payload; ids no longer there are skipped.

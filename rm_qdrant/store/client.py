@@ -61,13 +61,15 @@ def _condition(key: str, value: Any) -> models.FieldCondition:
     return models.FieldCondition(key=key, match=match)
 
 
-def _client_filter(filter: Filter | None) -> models.Filter | None:
+def _client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> models.Filter | None:
     where = as_where(filter)
-    if where is None:
+    if where is None and ids is None:
         return None
+    where = where or Where()
+    by_id = [] if ids is None else [models.HasIdCondition(has_id=[normalize_id(i) for i in ids])]
     empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.empty]
     present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
-    must: list[Any] = [_condition(k, v) for k, v in where.must.items()] + empty
+    must: list[Any] = [_condition(k, v) for k, v in where.must.items()] + empty + by_id
     must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()] + present
     return models.Filter(must=must or None, must_not=must_not or None)
 
@@ -183,11 +185,22 @@ class ClientStore:
             with self._errors(f"upsert into {name!r}", name):
                 self._client.upsert(name, points=points, wait=True, update_mode=mode)
 
-    def delete(self, name: str, ids: Sequence[PointId]) -> None:
+    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+        if not ids:
+            return
+        selector: Any = (
+            models.PointIdsList(points=[normalize_id(i) for i in ids])
+            if where is None
+            else models.FilterSelector(filter=_client_filter(where, ids))
+        )
+        with self._errors(f"delete from {name!r}", name):
+            self._client.delete(name, points_selector=selector, wait=True)
+
+    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            selector = models.PointIdsList(points=[normalize_id(i) for i in ids])
-            with self._errors(f"delete from {name!r}", name):
-                self._client.delete(name, points_selector=selector, wait=True)
+            selector = models.FilterSelector(filter=_client_filter(None, ids))
+            with self._errors(f"payload update in {name!r}", name):
+                self._client.set_payload(name, dict(payload), points=selector, wait=True)
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         if self._remote and items:

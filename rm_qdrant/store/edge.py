@@ -69,11 +69,14 @@ def _condition(key: str, value: Any) -> qe.FieldCondition:
     return qe.FieldCondition(key=key, match=qe.MatchAny(many) if many is not None else qe.MatchValue(one))
 
 
-def _edge_filter(filter: Filter | None) -> qe.Filter | None:
+def _edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> qe.Filter | None:
     where = as_where(filter)
-    if where is None:
+    if where is None and ids is None:
         return None
+    where = where or Where()
     must: list[Any] = [_condition(k, v) for k, v in where.must.items()]
+    if ids is not None:
+        must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
     must += [qe.IsEmptyCondition(k) for k in where.empty]
     must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()]
     must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
@@ -84,17 +87,21 @@ class EdgeStore:
     """A folder of qdrant-edge shards, one per collection, locked to one process.
 
     Args:
-        path: The store's folder; created if missing.
+        path: The store's folder.
+        create: create the store if the folder holds none (else: StoreError).
 
     Raises:
         StoreLocked: another process has the folder open.
+        StoreError: no store there and ``create`` is False, or the folder cannot be made.
     """
 
     concurrent_search = False
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
         self._collections_dir = self.path / "collections"
+        if not create and not self._collections_dir.is_dir():
+            raise StoreError(f"no embedded store at {self.path} (check --qdrant; 'rmq index' creates one)")
         try:
             self._collections_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -212,9 +219,18 @@ class EdgeStore:
         if points:
             self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
 
-    def delete(self, name: str, ids: Sequence[PointId]) -> None:
-        if ids:
+    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+        if not ids:
+            return
+        if where is None:
             self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
+        else:
+            self._update(name, qe.UpdateOperation.delete_points_by_filter(_edge_filter(where, ids)))
+
+    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
+        if ids:
+            by_id = _edge_filter(None, ids)
+            self._update(name, qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload)))
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         shard = self._open(name)[1]

@@ -9,6 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from rm_qdrant import open_store
 from rm_qdrant.cli import cli
 
 
@@ -70,6 +71,7 @@ def test_index_init_search_status(rmq, models, image_folder):
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(rmq, models, tmp_path, args, message):
+    open_store(tmp_path / "q").close()  # an empty store
     filled = [a.format(rm=models.rm, old=models.old, tmp=tmp_path) for a in args]
     result = rmq(*filled, ok=False)
     assert result.exit_code == 1
@@ -96,7 +98,17 @@ def test_rmq_script_runs_as_a_process(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1
-    assert result.stderr.strip() == "Error: no pair named 'x' in this store; create it with 'rmq init'"
+    assert result.stderr.strip() == (
+        f"Error: no embedded store at {tmp_path / 'q'} (check --qdrant; 'rmq index' creates one)"
+    )
+
+
+@pytest.mark.parametrize("command", ["status", "finalize", "migrate", "search", "rollback", "probe"])
+def test_a_mistyped_store_folder_is_an_error_and_creates_nothing(rmq, tmp_path, command):
+    args = ["--name", "p"] + (["query.jpg"] if command == "search" else [])
+    result = rmq(command, *args, ok=False)
+    assert result.exit_code == 1 and "no embedded store at" in result.output
+    assert not (tmp_path / "q").exists()
 
 
 def test_migrate_finalize_from_the_command_line(rmq, models, image_folder):
@@ -192,8 +204,8 @@ def test_probe_forecasts_without_writing_and_status_shows_the_estimate(
 
 
 def test_probe_bad_input(rmq, models, image_folder):
-    assert "no pair named 'nope'" in rmq("probe", "--name", "nope", ok=False).output
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    assert "no pair named 'nope'" in rmq("probe", "--name", "nope", ok=False).output
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
     for image in image_folder.rglob("*.png"):
         image.unlink()

@@ -132,7 +132,17 @@ def test_sigterm_and_ctrl_c_stop_cleanly_after_the_batch(tmp_path, models, image
         )
     log = tmp_path / "run.log"
     command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(store_path), "-vv"]
-    command += ["migrate", "--name", "p", "--batch", "4", "--fetch-workers", "4", "--json"]
+    command += [
+        "migrate",
+        "--name",
+        "p",
+        "--batch",
+        "4",
+        "--fetch-workers",
+        "4",
+        "--allow-private-network",
+        "--json",
+    ]
     with log.open("w") as err_file:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_file, text=True)
         deadline = time.monotonic() + 60

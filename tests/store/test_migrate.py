@@ -100,7 +100,7 @@ def test_bad_sources_are_recorded_with_reasons_and_nothing_is_lost(
 ):
     broken = break_sources(store, gallery, tmp_path, http_images, closed_port)
     index = open_pair(store, models)
-    source = SourceConfig(timeout=0.3, retries=1, backoff=0.01)
+    source = SourceConfig(timeout=0.3, retries=1, backoff=0.01, allow_private=True)
     report = migrate(index, batch=N, source=source, max_failure_share=1.0)
     assert report.moved == N - 6 and report.failed == 6
     reasons = {r.id: r.payload[ERROR] for r in store.retrieve("old", list(broken))}

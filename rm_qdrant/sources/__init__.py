@@ -1,0 +1,141 @@
+"""Fetching a gallery point's source image from its URI: local files and HTTP(S).
+
+The only package that reads images from where a gallery keeps them. Every failure
+becomes a :class:`~rm_qdrant.errors.SourceError` whose message says what went
+wrong, with credentials redacted, so a migration can record it against the point
+and go on. No fetch can hang: files are opened without blocking and read with a
+bound, and a fetch over the network has one deadline for the whole transfer.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from rm_qdrant.errors import SourceError
+from rm_qdrant.redact import redact
+from rm_qdrant.sources.files import read_file
+from rm_qdrant.sources.http import HttpFetcher
+
+__all__ = ["ImageSource", "SourceConfig", "shown"]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_SHOWN_LENGTH = 300
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """How images are fetched.
+
+    Attributes:
+        root: Folder that relative paths are resolved against (None: as given).
+        schemes: URI schemes allowed; a plain path counts as ``file``.
+        timeout: Seconds one network fetch may take in all (connect, redirects, body).
+        retries: Extra attempts after a timeout, a refused connection or a 5xx/429.
+        backoff: Seconds before the first retry; doubles each time.
+        max_bytes: Largest image file accepted, local or remote.
+        max_pixels: Largest image accepted once its header is read (width × height);
+            bounds the memory a decode takes, which ``max_bytes`` does not.
+        allow_private: Let HTTP(S) fetches reach loopback, private, link-local and
+            metadata addresses (refused by default).
+        max_redirects: Redirects followed per fetch.
+    """
+
+    root: Path | None = None
+    schemes: tuple[str, ...] = ("file", "http", "https")
+    timeout: float = 10.0
+    retries: int = 2
+    backoff: float = 0.5
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000
+    allow_private: bool = False
+    max_redirects: int = 5
+
+
+def shown(uri: object) -> str:
+    """How a URI appears in messages, logs and payloads: credentials redacted, length bounded."""
+    text = redact(str(uri))
+    return text if len(text) <= _SHOWN_LENGTH else text[:_SHOWN_LENGTH] + "..."
+
+
+class ImageSource:
+    """Reads image bytes for URIs under one :class:`SourceConfig`; thread-safe.
+
+    Args:
+        config: how to fetch.
+        stop: once set, no fetch starts another attempt (a run is stopping).
+
+    Example:
+        >>> with ImageSource(SourceConfig(root=Path("photos"))) as source:  # doctest: +SKIP
+        ...     data = source.fetch("cats/001.jpg")
+    """
+
+    def __init__(self, config: SourceConfig | None = None, *, stop: threading.Event | None = None) -> None:
+        self.config = config or SourceConfig()
+        self._stop = stop
+        self._http: HttpFetcher | None = None
+        self._lock = threading.Lock()
+
+    def fetch(self, uri: object) -> bytes:
+        """The bytes at ``uri``.
+
+        Raises:
+            SourceError: the URI is malformed or its scheme not allowed, the file or
+                URL cannot be read, or the image is larger than ``max_bytes``.
+        """
+        if not isinstance(uri, str) or not uri:
+            raise SourceError(f"no image URI (got {shown(repr(uri))})")
+        name = shown(uri)
+        match = _SCHEME.match(uri)
+        explicit = match is not None and len(match.group(1)) > 1  # not a Windows drive letter
+        scheme = match.group(1).lower() if match is not None and explicit else "file"
+        if scheme not in self.config.schemes:
+            allowed = ", ".join(self.config.schemes)
+            raise SourceError(f"{name}: scheme {scheme!r} is not allowed (allowed: {allowed})")
+        if self._stop is not None and self._stop.is_set():
+            raise SourceError(f"{name}: not fetched, the run is stopping")
+        if scheme == "file":
+            target = self._path(uri, explicit, name)
+            return read_file(target, max_bytes=self.config.max_bytes, shown=name)
+        if scheme in ("http", "https"):
+            return self._fetcher().get(uri, shown=name, stop=self._stop)
+        raise SourceError(f"{name}: rm-qdrant cannot fetch {scheme!r} URIs")
+
+    def _path(self, uri: str, has_scheme: bool, name: str) -> Path:
+        if has_scheme:  # file://host/path
+            try:
+                uri = unquote(urlsplit(uri).path)
+            except ValueError as exc:
+                raise SourceError(f"{name}: malformed URI: {exc}") from exc
+        target = Path(uri)
+        if not target.is_absolute() and self.config.root is not None:
+            target = self.config.root / target
+        return target
+
+    def _fetcher(self) -> HttpFetcher:
+        with self._lock:
+            if self._http is None:
+                c = self.config
+                self._http = HttpFetcher(
+                    timeout=c.timeout,
+                    retries=c.retries,
+                    backoff=c.backoff,
+                    max_bytes=c.max_bytes,
+                    max_redirects=c.max_redirects,
+                    allow_private=c.allow_private,
+                    schemes=tuple(s for s in c.schemes if s in ("http", "https")),
+                )
+            return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+
+    def __enter__(self) -> ImageSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,49 @@
+"""Reading a gallery image from the local file system, bounded and never blocking."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from rm_qdrant.errors import SourceError
+
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+_CHUNK = 1 << 20
+
+
+def read_file(target: Path, *, max_bytes: int, shown: str) -> bytes:
+    """The bytes of the regular file ``target``, at most ``max_bytes`` of them.
+
+    Opened without blocking (a FIFO would otherwise wait forever for a writer) and
+    read with a bound (``/dev/zero`` reports a size of 0 and never ends); anything
+    but a regular file is refused. ``shown`` is how the file appears in errors.
+
+    Raises:
+        SourceError: the file is missing, unreadable, not a regular file or too large.
+    """
+    try:
+        fd = os.open(target, _FLAGS)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SourceError(f"{shown}: not a regular file")
+        if info.st_size > max_bytes:
+            raise SourceError(f"{shown}: {info.st_size} bytes is over the {max_bytes}-byte limit")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(_CHUNK, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise SourceError(f"{shown}: over the {max_bytes}-byte limit")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+    finally:
+        os.close(fd)
+
+
+def _reason(exc: Exception) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
