@@ -65,7 +65,8 @@ def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
         # The application keeps its collection name: it becomes an alias of new. Queries
         # by that name fail between the drop and the alias (a moment); DualIndex is unaffected.
         store.delete_collection(pair.old_collection)
-    store.set_alias(_check_alias(store, name), pair.new_collection)
+    if store.alias(name) != pair.new_collection:  # a resumed cutover may have moved it already
+        store.set_alias(_check_alias(store, name), pair.new_collection)
     if pair.drop_old and store.has_collection(pair.old_collection):
         store.delete_collection(pair.old_collection)
     updated = replace(pair, state="finalized")

@@ -35,7 +35,7 @@ def check_address(address: str) -> None:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    for kind in ("loopback", "link_local", "private", "multicast", "unspecified", "reserved"):
+    for kind in ("loopback", "unspecified", "link_local", "private", "multicast", "reserved"):
         if getattr(ip, f"is_{kind}"):
             raise Refused(f"{address} is a {kind.replace('_', '-')} address")
     if not ip.is_global:

@@ -135,7 +135,10 @@ class HttpFetcher:
                 if attempt == self.retries or (stop is not None and stop.is_set()):
                     raise SourceError(f"{shown}: {exc} (after {attempt + 1} attempts)") from exc
                 log.info("retrying %s in %.1fs: %s", shown, delay, exc)
-            time.sleep(delay)
+            if stop is not None and stop.wait(delay):
+                raise SourceError(f"{shown}: not retried, the run is stopping")
+            if stop is None:
+                time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 

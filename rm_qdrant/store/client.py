@@ -20,6 +20,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.merge import PointId
+from rm_qdrant.redact import redact
 from rm_qdrant.store.base import (
     CollectionSpec,
     Filter,
@@ -89,6 +90,7 @@ class ClientStore:
 
     def __init__(self, location: str, *, api_key: str | None = None, timeout: int = 30) -> None:
         self.location = location
+        self._shown = redact(location)  # a URL may carry user:password or ?api_key=
         self._remote = location != ":memory:"
         self.concurrent_search = self._remote
         self._specs: dict[str, CollectionSpec] = {}  # saves a round trip per search
@@ -104,13 +106,13 @@ class ClientStore:
                     url=location, api_key=api_key, timeout=timeout, check_compatibility=False
                 )
         except ValueError as exc:
-            raise StoreError(f"invalid Qdrant location {location!r}: {exc}") from exc
+            raise StoreError(f"invalid Qdrant location {self._shown!r}: {redact(str(exc))}") from exc
         with self._errors("connect"):
             self._client.get_collections()
 
     @contextlib.contextmanager
     def _errors(self, what: str, collection: str | None = None) -> Iterator[None]:
-        where = f"Qdrant at {self.location}"
+        where = f"Qdrant at {self._shown}"
         try:
             with self._lock:
                 yield
@@ -119,18 +121,18 @@ class ClientStore:
                 raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
             if exc.status_code in (401, 403):
                 raise StoreError(f"{where} rejected the API key ({exc.status_code})") from exc
-            detail = exc.content.decode(errors="replace")[:300]
+            detail = redact(exc.content.decode(errors="replace"))[:300]
             raise StoreError(f"{what} failed on {where}: HTTP {exc.status_code} {detail}") from exc
         except (ResponseHandlingException, httpx.HTTPError, ConnectionError) as exc:
-            raise StoreError(f"cannot reach {where}: {exc}") from exc
+            raise StoreError(f"cannot reach {where}: {redact(str(exc))}") from exc
         except ValueError as exc:  # the in-memory mode reports faults as ValueError
             if "not found" in str(exc) and collection is not None:
                 raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
-            raise StoreError(f"{what} failed on {where}: {exc}") from exc
+            raise StoreError(f"{what} failed on {where}: {redact(str(exc))}") from exc
 
     def has_collection(self, name: str) -> bool:
-        with self._errors("collection lookup"):
-            return bool(self._client.collection_exists(name))
+        # A collection, not an alias: Qdrant's collection_exists also answers True for an alias.
+        return name in self.list_collections()
 
     def collection(self, name: str) -> CollectionSpec:
         if name in self._specs:
@@ -160,7 +162,7 @@ class ClientStore:
 
     def delete_collection(self, name: str) -> None:
         if not self.has_collection(name):
-            raise CollectionNotFound(f"collection {name!r} not found in Qdrant at {self.location}")
+            raise CollectionNotFound(f"collection {name!r} not found in Qdrant at {self._shown}")
         self._specs.pop(name, None)
         with self._errors(f"deleting collection {name!r}", name):
             self._client.delete_collection(name)

@@ -1,0 +1,63 @@
+"""Test helpers that put a store's calls on a script: a user's write at a chosen moment, or a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Step = tuple[str, Callable[[str, tuple, dict], bool], Callable[[], None]]
+WRITES = frozenset(
+    {"upsert", "delete", "mark", "set_payload", "create_collection", "delete_collection", "set_alias"}
+)
+
+
+class Crash(BaseException):
+    """A process dying at this point (a BaseException: no ``except Exception`` catches it)."""
+
+
+class Scripted:
+    """A store that runs actions at chosen moments of the calls made through it.
+
+    Each step is (``"before"`` or ``"after"``, a test on (method, args, kwargs), an action);
+    steps fire once each, in order. Everything else passes through to the real store.
+    """
+
+    def __init__(self, inner, steps: list[Step]) -> None:
+        self._inner, self._steps = inner, list(steps)
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self._fire("before", name, args, kwargs)
+            result = attr(*args, **kwargs)
+            self._fire("after", name, args, kwargs)
+            return result
+
+        return call
+
+    def _fire(self, when, name, args, kwargs):
+        if self._steps and self._steps[0][0] == when and self._steps[0][1](name, args, kwargs):
+            self._steps.pop(0)[2]()
+
+    @property
+    def pending(self) -> int:
+        return len(self._steps)
+
+
+def crash() -> None:
+    raise Crash
+
+
+def nth_write(n: int) -> Callable[[str, tuple, dict], bool]:
+    """A step test that holds at the n-th store write (0-based) made through the script."""
+    seen = [0]
+
+    def test(name: str, args: tuple, kwargs: dict) -> bool:
+        if name not in WRITES:
+            return False
+        seen[0] += 1
+        return seen[0] == n + 1
+
+    return test
