@@ -38,7 +38,7 @@ def to_pil(image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
     if isinstance(image, np.ndarray):
         return _from_array(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return _decode(bytes(image), "image bytes", max_pixels)
+        return _decode(bytes(image), "the image", max_pixels)
     if isinstance(image, (str, os.PathLike)):
         path = Path(image)
         try:

@@ -141,8 +141,10 @@ def load_tensor(encoder: OnnxEncoder, source: ImageSource, uri: Any) -> tuple[np
     """The encoder's input tensor for the image at ``uri``, or None and why it could not be read."""
     try:
         return encoder.preprocess([source.fetch(uri)], max_pixels=source.config.max_pixels), ""
-    except (SourceError, ImageError) as exc:
+    except SourceError as exc:
         return None, str(exc)
+    except ImageError as exc:
+        return None, f"{shown(uri)}: {exc}"
     except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
         log.warning("unexpected failure reading %s", shown(uri), exc_info=True)
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
