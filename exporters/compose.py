@@ -2,9 +2,10 @@
 
 For teams whose new model is not PyTorch: the heads are exported on their own
 (embedding in, ``new`` and ``rev`` out, L2-normalised) and joined to the
-backbone's embedding output with ``onnx.compose``. The image input is the
-backbone's; its layout and normalisation come from the backbone's own
-``rm_qdrant`` metadata when it has one, or from the caller.
+backbone's embedding output with ``onnx.compose``. The backbone must describe
+itself (``rmq model stamp``): its ``embedding`` role names the output the heads
+read, and its input facts (size, resize and crop, layout, dtype, normalisation,
+channel order) become the composed graph's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from onnx import compose, helper
 from torch import Tensor, nn
 
 from exporters.serving import TOLERANCE, ExportError, FoldedHeads, unit
+from rm_qdrant.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.errors import EncoderError
 from rm_qdrant.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from train.heads import load_heads
 
@@ -37,75 +40,57 @@ class _HeadsGraph(nn.Module):
         return unit(new), unit(rev)
 
 
-def _backbone_output(model: onnx.ModelProto, output_name: str | None, source: str) -> str:
-    names = [o.name for o in model.graph.output]
-    if output_name is not None:
-        if output_name not in names:
-            raise ExportError(f"{source} has no output {output_name!r}; it has {', '.join(names)}")
-        return output_name
-    if len(names) != 1:
-        raise ExportError(f"{source} has several outputs ({', '.join(names)}); choose one with --output-name")
-    return names[0]
-
-
-def _input_spec(model: onnx.ModelProto, given: InputSpec | None, source: str) -> InputSpec:
-    """The caller's input facts, else the backbone's own rm_qdrant metadata."""
-    if given is not None:
-        return given
+def _describe(model: onnx.ModelProto, output_name: str | None, source: str) -> tuple[ModelInfo, str]:
+    """The backbone's own description, and the output that holds its embedding."""
     props = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in props:
         raise ExportError(
-            f"{source} has no rm_qdrant metadata: give its input size, layout, dtype and normalisation"
+            f"{source} has no rm_qdrant metadata: describe it first with 'rmq model stamp' "
+            f"(e.g. rmq model stamp {source} --out stamped.onnx --output embedding=OUTPUT --input-size N "
+            "[--resize N --crop N] [--mean a,b,c --std a,b,c]), then export the stamped graph"
         )
-    return parse_metadata(props, [o.name for o in model.graph.output], source=source).input
-
-
-def _sample(spec: InputSpec, n: int) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    shape = (
-        (n, spec.height, spec.width, spec.channels)
-        if spec.layout == "NHWC"
-        else (n, spec.channels, spec.height, spec.width)
-    )
-    if spec.dtype == "uint8":
-        return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    return rng.normal(size=shape).astype(np.float32)
-
-
-def attach_heads(
-    backbone_onnx: str | Path,
-    heads: str | Path,
-    out: str | Path,
-    *,
-    output_name: str | None = None,
-    input_spec: InputSpec | None = None,
-    name: str | None = None,
-) -> tuple[Path, float]:
-    """Join the heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
-
-    Raises:
-        ExportError: an ambiguous or missing output, a width that does not fit the
-            heads, missing input facts, or a parity failure.
-    """
-    source = str(backbone_onnx)
+    names = [o.name for o in model.graph.output]
     try:
-        backbone = onnx.load(source)
-    except Exception as exc:
-        raise ExportError(f"{source} is not a loadable ONNX graph: {exc}") from exc
-    embedding = _backbone_output(backbone, output_name, source)
-    spec = _input_spec(backbone, input_spec, source)
-    head_model, meta = load_heads(heads)
-    input_name = backbone.graph.input[0].name
-    sample = _sample(spec, 7)
-    session = ort.InferenceSession(backbone.SerializeToString(), providers=["CPUExecutionProvider"])
-    phi = session.run([embedding], {input_name: sample})[0].reshape(len(sample), -1).astype(np.float32)
-    if phi.shape[1] != meta["d_new"]:
+        info = parse_metadata(props, names, source=source)
+    except EncoderError as exc:
+        raise ExportError(str(exc)) from exc
+    if output_name is not None:
+        if output_name not in names:
+            raise ExportError(f"{source} has no output {output_name!r}; it has {', '.join(names)}")
+        return info, output_name
+    if "embedding" not in info.outputs:
         raise ExportError(
-            f"{source} output {embedding!r} is {phi.shape[1]}-d; {heads} expects {meta['d_new']}-d"
+            f"{source}'s metadata has no 'embedding' role (it has {', '.join(info.outputs)}); "
+            "stamp it with --output embedding=OUTPUT, or choose the output with --output-name"
         )
-    opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
-    graph = _HeadsGraph(FoldedHeads(head_model.eval())).eval()
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+    return info, info.graph_output("embedding")
+
+
+def _sample_images(spec: InputSpec, n: int) -> list[np.ndarray]:
+    """Random RGB images of several sizes, none of them the input size: preprocessing is exercised too."""
+    rng = np.random.default_rng(0)
+    sizes = [(spec.height + 3 * i + 1, spec.width + 5 * i + 2) for i in range(n)]
+    return [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in sizes]
+
+
+def _embeddings(source: str, embedding: str, images: list[np.ndarray]) -> np.ndarray:
+    """φ of ``images`` as rm-qdrant's encoder would feed the backbone (its own metadata's preprocessing)."""
+    try:
+        encoder = OnnxEncoder(source)
+    except EncoderError as exc:
+        raise ExportError(str(exc)) from exc
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    tensor = encoder.preprocess(images)
+    fixed = encoder.fixed_batch
+    name = session.get_inputs()[0].name
+    (phi,) = run_in_chunks(
+        session, name, [embedding], tensor, chunk=fixed or len(images), fixed=fixed is not None, what=source
+    )
+    return phi
+
+
+def _export_heads(graph: nn.Module, phi: np.ndarray, opset: int, tmp: str) -> onnx.ModelProto:
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter warns that it is legacy
         torch.onnx.export(
             graph,
@@ -117,13 +102,16 @@ def attach_heads(
             dynamic_axes={"phi": {0: "batch"}, "new": {0: "batch"}, "rev": {0: "batch"}},
             dynamo=False,
         )
-        head_graph = onnx.load(f"{tmp}/heads.onnx")
-    head_graph.ir_version = backbone.ir_version
+    return onnx.load(f"{tmp}/heads.onnx")
+
+
+def _merge(backbone: onnx.ModelProto, heads: onnx.ModelProto, embedding: str, opset: int) -> onnx.ModelProto:
+    heads.ir_version = backbone.ir_version
     if opset < 13:
         backbone = onnx.version_converter.convert_version(backbone, 13)
     merged = compose.merge_models(
         backbone,
-        compose.add_prefix(head_graph, PREFIX),
+        compose.add_prefix(heads, PREFIX),
         io_map=[(embedding, f"{PREFIX}phi")],
         outputs=[f"{PREFIX}new", f"{PREFIX}rev"],
     )
@@ -131,21 +119,71 @@ def attach_heads(
     for value in merged.graph.output:
         value.name = value.name.removeprefix(PREFIX)
     del merged.metadata_props[:]
-    info = ModelInfo(
-        name or f"{Path(source).stem}+heads", "cosine", {"new": meta["d_new"], "rev": meta["d_old"]}, spec
+    return merged
+
+
+def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    """Largest difference between the composed graph, read through rm-qdrant's encoder, and
+    backbone + heads, at batch 1 and 7 (both sides L2-normalised)."""
+    encoder = OnnxEncoder(path)
+    worst = 0.0
+    for count in (1, len(images)):
+        got = encoder.encode(images[:count], ["new", "rev"])
+        for want, role in zip(expected, ("new", "rev"), strict=True):
+            worst = max(worst, float(np.abs(want[:count] - got[role]).max()))
+    if worst > TOLERANCE:
+        raise ExportError(
+            f"{path}: composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})"
+        )
+    return worst
+
+
+def attach_heads(
+    backbone_onnx: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    output_name: str | None = None,
+    name: str | None = None,
+) -> tuple[Path, float]:
+    """Join the heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
+
+    The backbone needs its ``rm_qdrant`` entry (``rmq model stamp``); the heads read
+    its ``embedding`` role's output, or ``output_name``. The composed graph keeps the
+    backbone's input facts. Parity: images go through rm-qdrant's encoder on both
+    sides, the backbone's φ through the heads in PyTorch, at batch 1 and 7.
+
+    Raises:
+        ExportError: an unstamped backbone, a missing output, a width that does not
+            fit the heads, or a parity failure.
+    """
+    source = str(backbone_onnx)
+    try:
+        backbone = onnx.load(source)
+    except Exception as exc:
+        raise ExportError(f"{source} is not a loadable ONNX graph: {exc}") from exc
+    info, embedding = _describe(backbone, output_name, source)
+    head_model, meta = load_heads(heads)
+    images = _sample_images(info.input, 7)
+    phi = _embeddings(source, embedding, images)
+    if phi.shape[1] != meta["d_new"]:
+        raise ExportError(
+            f"{source} output {embedding!r} is {phi.shape[1]}-d; {heads} expects {meta['d_new']}-d"
+        )
+    opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
+    graph = _HeadsGraph(FoldedHeads(head_model.eval())).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = _merge(backbone, _export_heads(graph, phi, opset, tmp), embedding, opset)
+    composed = ModelInfo(
+        name or f"{Path(source).stem}+heads",
+        "cosine",
+        {"new": meta["d_new"], "rev": meta["d_old"]},
+        info.input,
     )
-    helper.set_model_props(merged, info.to_metadata())
+    helper.set_model_props(merged, composed.to_metadata())
     onnx.checker.check_model(merged)
     path = Path(out)
     onnx.save(merged, str(path))
     with torch.no_grad():
         expected = [t.numpy() for t in graph(torch.from_numpy(phi))]
-    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        ["new", "rev"], {input_name: sample}
-    )
-    worst = max(float(np.abs(e - g).max()) for e, g in zip(expected, got, strict=True))
-    if worst > TOLERANCE:
-        raise ExportError(
-            f"{path}: composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})"
-        )
-    return path, worst
+    return path, _parity(path, images, expected)

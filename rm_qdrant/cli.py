@@ -12,13 +12,17 @@ from PIL import Image
 
 from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store, store_location
 from rm_qdrant.cli_migrate import eval_command, finalize_command, migrate, rollback_command
+from rm_qdrant.cli_model import model
+from rm_qdrant.cli_pairs import drop_pair_command, pairs_command, switch_encoder_command
 from rm_qdrant.cli_probe import probe_command, status_estimate
 from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.indexing import index_images, scan_image_folder
 from rm_qdrant.pair import create_pair, load_pair
+from rm_qdrant.sources import shown
 from rm_qdrant.status import pair_status
+from rm_qdrant.uris import UriRule
 
 
 def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
@@ -55,9 +59,12 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> N
 
 @cli.command()
 @name_option
-@click.option("--old-collection", required=True, help="The collection the old model filled.")
+@click.option("--old-collection", required=True, help="The collection the old model filled (as it is).")
+@click.option("--old-vector", help="Its vector name, if it has named vectors [default: its only vector].")
 @click.option("--encoder", required=True, type=click.Path(), help="New model graph (.onnx).")
-@click.option("--old-encoder", type=click.Path(), help="Old model graph, for the naive mode.")
+@click.option(
+    "--old-encoder", type=click.Path(), help="Old model graph: the naive mode's, and what a rollback serves."
+)
 @click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
 @click.option(
     "--mode",
@@ -65,22 +72,39 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> N
     help="Query mode [default: rm if the encoder has a 'rev' output].",
 )
 @click.option(
-    "--keep-old", is_flag=True, help="Keep migrated points in old (hidden) so 'rmq rollback' works."
+    "--keep-old",
+    is_flag=True,
+    help="Keep migrated points in old (hidden) so 'rmq rollback' works (needs --old-encoder).",
 )
+@click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
+@click.option(
+    "--uri-template",
+    help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg' ({id}: the id).",
+)
+@click.option("--label-field", default="label", show_default=True, help="Payload field with class labels.")
 @json_option
 @click.pass_context
 def init(
     ctx: click.Context,
     name: str,
     old_collection: str,
+    old_vector: str | None,
     encoder: str,
     old_encoder: str | None,
     new_collection: str | None,
     mode: str | None,
     keep_old: bool,
+    uri_field: str,
+    uri_template: str | None,
+    label_field: str,
     as_json: bool,
 ) -> None:
-    """Create the new collection and the pair record."""
+    """Create the new collection (mirroring the old one's schema) and the pair record."""
+    if (
+        uri_template is not None
+        and ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
+    ):
+        raise ConfigError("give --uri-field or --uri-template, not both")
     record = create_pair(
         open_cli_store(ctx),
         name,
@@ -90,8 +114,15 @@ def init(
         new_collection=new_collection,
         mode=mode,  # type: ignore[arg-type]
         keep_old=keep_old,
+        old_vector=old_vector,
+        uri=UriRule(uri_field, uri_template),
+        label_field=label_field,
     )
-    text = f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}"
+    vector = f" (vector {record.vector!r})" if record.vector else ""
+    text = (
+        f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}{vector}; "
+        f"images from {record.uri_rule.describe()}"
+    )
     emit(dataclasses.asdict(record), as_json, text)
 
 
@@ -133,7 +164,7 @@ def index(
 @cli.command()
 @name_option
 @click.argument("image", type=click.Path())
-@click.option("--limit", default=10, show_default=True, help="Number of hits.")
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(min=1), help="Number of hits.")
 @click.option("--filter", "filters", multiple=True, help="Payload filter FIELD=VALUE (repeatable).")
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
@@ -159,13 +190,17 @@ def search(
     )
     with opened as dual:
         hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
+        pair = dual.pair
     rows = [dataclasses.asdict(h) for h in hits]
-    lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {'label':10}  id / uri"]
+    lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
     for rank, hit in enumerate(hits, 1):
-        where = hit.payload.get("uri", "")
+        try:
+            where = shown(pair.uri_rule.uri(hit.id, hit.payload))
+        except SourceError:
+            where = "-"
         lines.append(
             f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
-            f"{str(hit.payload.get('label', '')):10}  {hit.id}  {where}"
+            f"{str(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {where}"
         )
     emit(rows, as_json, "\n".join(lines))
 
@@ -181,12 +216,19 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     state = pair_status(store, pair)
     estimate = status_estimate(store, pair, store_location(ctx))
     data = {**dataclasses.asdict(state), "fraction": state.fraction, "estimate": estimate}
+    rolled_back = state.state == "rolled_back"
     text = "\n".join(
         [
             f"pair          {state.name} ({state.mode}, {state.state})",
             f"old           {state.old_collection}: {state.old_count} points"
-            + (f" (+{state.kept_count} migrated, kept for rollback)" if state.keep_old else ""),
-            f"new           {state.new_collection}: {state.new_count} points",
+            + (
+                f" (+{state.kept_count} migrated, kept for rollback)"
+                if state.keep_old and not rolled_back
+                else ""
+            )
+            + (" (all served, by the old model)" if rolled_back else ""),
+            f"new           {state.new_collection}: {state.new_count} points"
+            + (" (not served since the rollback)" if rolled_back else ""),
             f"migrated      {state.fraction:.1%} (order: {state.order or 'not prepared'})",
             f"failed        {state.failed}",
             *(f"  {pid}  {uri}: {reason}" for pid, uri, reason in state.failure_sample),
@@ -238,12 +280,14 @@ def _needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
 @cli.command(name="export")
 @click.option("--new", "new", type=click.Path(exists=True), help="New backbone checkpoint (PyTorch).")
 @click.option("--new-onnx", type=click.Path(exists=True), help="Or: the team's own ONNX backbone.")
-@click.option("--output-name", help="With --new-onnx: the output that holds the embedding.")
 @click.option(
-    "--input-size", type=int, help="With --new-onnx and no rm_qdrant metadata: input height = width."
+    "--output-name",
+    help="With --new-onnx: the output that holds the embedding [default: its 'embedding' role].",
 )
-@click.option("--input-layout", type=click.Choice(["NHWC", "NCHW"]), default="NHWC", show_default=True)
-@click.option("--input-dtype", type=click.Choice(["uint8", "float32"]), default="uint8", show_default=True)
+# Gone: a backbone describes itself with 'rmq model stamp'. Kept hidden to say so instead of "no such option".
+@click.option("--input-size", hidden=True)
+@click.option("--input-layout", hidden=True)
+@click.option("--input-dtype", hidden=True)
 @click.option("--heads", type=click.Path(exists=True), help="Trained ρ/ψ heads checkpoint.")
 @click.option("--out", type=click.Path(), help="Where the two-output graph goes.")
 @click.option("--old", type=click.Path(exists=True), help="Old backbone checkpoint, for --out-old.")
@@ -254,9 +298,9 @@ def export_command(
     new: str | None,
     new_onnx: str | None,
     output_name: str | None,
-    input_size: int | None,
-    input_layout: str,
-    input_dtype: str,
+    input_size: str | None,
+    input_layout: str | None,
+    input_dtype: str | None,
     heads: str | None,
     out: str | None,
     old: str | None,
@@ -270,8 +314,11 @@ def export_command(
         from exporters.serving import ExportError, export_old, export_serving
     except ModuleNotFoundError as exc:
         raise _needs_torch(exc) from exc
-    from rm_qdrant.modelinfo import InputSpec
-
+    if (input_size, input_layout, input_dtype) != (None, None, None):
+        raise ConfigError(
+            "--input-size/--input-layout/--input-dtype are gone: describe the backbone with "
+            "'rmq model stamp' (size, resize/crop, layout, dtype, mean/std), then export the stamped graph"
+        )
     done = {}
     try:
         if (new or new_onnx) and not (heads and out):
@@ -281,8 +328,7 @@ def export_command(
         if new:
             done["model"] = export_serving(new, heads, out)  # type: ignore[arg-type]
         elif new_onnx:
-            spec = InputSpec(input_size, input_size, 3, input_layout, input_dtype) if input_size else None
-            done["model"] = attach_heads(new_onnx, heads, out, output_name=output_name, input_spec=spec)  # type: ignore[arg-type]
+            done["model"] = attach_heads(new_onnx, heads, out, output_name=output_name)  # type: ignore[arg-type]
         if old or out_old:
             if not (old and out_old):
                 raise ConfigError("--old and --out-old go together")
@@ -360,6 +406,10 @@ cli.add_command(eval_command)
 cli.add_command(probe_command)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)
+cli.add_command(model)
+cli.add_command(pairs_command)
+cli.add_command(drop_pair_command)
+cli.add_command(switch_encoder_command)
 
 
 def main() -> None:

@@ -19,13 +19,16 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 class Group(click.Group):
-    """Turns library errors into one line on stderr and exit code 1."""
+    """Turns library errors and bad options into one line on stderr and exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except RmqError as exc:
             raise click.ClickException(str(exc)) from exc
+        except click.UsageError as exc:  # click would print the usage too, and exit 2
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            raise click.ClickException(exc.format_message() + hint) from exc
 
 
 def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -36,7 +39,7 @@ def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--allow-scheme",
             "schemes",
             multiple=True,
-            default=("file", "http", "https"),
+            default=SourceConfig.schemes,
             show_default=True,
             help="URI schemes images may come from (repeatable).",
         ),

@@ -15,6 +15,7 @@ import click
 from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_options
 from rm_qdrant.cutover import finalize, rollback
 from rm_qdrant.dual import DualIndex
+from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.indexing import scan_image_folder
@@ -225,12 +226,16 @@ def finalize_command(ctx: click.Context, name: str, alias: str | None, drop_old:
 @click.command(name="rollback")
 @name_option
 @click.option("--alias", help="Serving alias to point at old [default: the pair's].")
+@click.option("--old-encoder", type=click.Path(), help="The old model, for a pair created without one.")
 @json_option
 @click.pass_context
-def rollback_command(ctx: click.Context, name: str, alias: str | None, as_json: bool) -> None:
+def rollback_command(
+    ctx: click.Context, name: str, alias: str | None, old_encoder: str | None, as_json: bool
+) -> None:
     """Serve the old model again from the old collection (pairs created with --keep-old)."""
     store = open_cli_store(ctx)
-    record = rollback(store, load_pair(store, name), alias=alias)
+    model = OnnxEncoder(old_encoder) if old_encoder else None
+    record = rollback(store, load_pair(store, name), alias=alias, old_encoder=model)
     emit(
         dataclasses.asdict(record),
         as_json,

@@ -60,7 +60,7 @@ def probe_command(
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
     sample = draw_sample(index, size, seed=seed, source=source)
-    forecasts = forecast_sample(sample, order=spec, seed=seed, k=k)
+    forecasts = forecast_sample(sample, order=spec, seed=seed, k=k, label_field=index.pair.label_field)
     advice = recommend(forecasts)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {

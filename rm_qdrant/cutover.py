@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, MigrationError
-from rm_qdrant.pair import PairRecord, active_where, save_pair
+from rm_qdrant.pair import ModelRef, PairRecord, active_where, check_collection_model, save_pair
 from rm_qdrant.planning import ERROR
 from rm_qdrant.store import Store, Where
 
@@ -75,14 +76,19 @@ def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
     return updated
 
 
-def rollback(store: Store, pair: PairRecord, *, alias: str | None = None) -> PairRecord:
+def rollback(
+    store: Store, pair: PairRecord, *, alias: str | None = None, old_encoder: OnnxEncoder | None = None
+) -> PairRecord:
     """Serve the old model again, from the old collection alone (keep-old pairs only).
 
-    Points added or updated through the new model since the backfill began are in
-    new only, so they are not served until they are indexed with the old model.
+    Queries are then encoded by the old model, which the pair records (``rmq init
+    --old-encoder``; a pair created without it takes ``old_encoder`` here). Points
+    added or updated through the new model since the backfill began are in new only,
+    so they are not served until they are indexed with the old model.
 
     Raises:
         MigrationError: the pair did not keep old points, or its old collection is gone.
+        ConfigError: no old model is recorded or given, or the one given does not fit.
     """
     if not pair.keep_old:
         raise MigrationError(
@@ -93,8 +99,31 @@ def rollback(store: Store, pair: PairRecord, *, alias: str | None = None) -> Pai
         raise MigrationError(f"pair {pair.name!r} is already rolled back")
     if not store.has_collection(pair.old_collection):
         raise MigrationError(f"the old collection {pair.old_collection!r} was dropped")
-    name = _check_alias(store, alias or pair.alias or pair.name)
-    store.set_alias(name, pair.old_collection)
-    updated = replace(pair, state="rolled_back", alias=name)
+    model = pair.old_encoder
+    if old_encoder is not None:
+        model = _check_old_model(store, pair, old_encoder)
+    if model is None:
+        raise ConfigError(
+            f"pair {pair.name!r} has no old model recorded: give it (rmq rollback --old-encoder OLD.onnx) "
+            "so that queries are encoded as the old collection's vectors were"
+        )
+    name = alias or pair.alias or pair.name
+    if store.alias(name) != pair.old_collection:  # a rerun after a kill may find it moved already
+        store.set_alias(_check_alias(store, name), pair.old_collection)
+    updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)
     save_pair(store, updated)
     return updated
+
+
+def _check_old_model(store: Store, pair: PairRecord, encoder: OnnxEncoder) -> ModelRef:
+    output = encoder.info.gallery_output()
+    dim = store.collection(pair.old_collection, pair.vector).dim
+    if encoder.info.outputs[output] != dim or encoder.info.distance != pair.distance:
+        raise ConfigError(
+            f"{encoder.path} makes {encoder.info.outputs[output]}-d {encoder.info.distance} vectors; "
+            f"{pair.old_collection!r} holds {dim}-d {pair.distance} ones"
+        )
+    check_collection_model(store, pair.old_collection, encoder)
+    if pair.old_encoder is not None and pair.old_encoder.fingerprint != encoder.fingerprint:
+        raise ConfigError(f"pair {pair.name!r} recorded another old model ({pair.old_encoder.name})")
+    return ModelRef.of(encoder, output)

@@ -57,7 +57,7 @@ class DualIndex:
         exact: bool = False,
         hnsw_ef: int | None = None,
     ) -> None:
-        if pair.mode == "naive" and encoder is not None and old_encoder is None:
+        if pair.mode == "naive" and pair.serves_new and encoder is not None and old_encoder is None:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
         self.pair = pair
@@ -65,9 +65,9 @@ class DualIndex:
         self.old_encoder = old_encoder
         self.exact = exact
         self.hnsw_ef = hnsw_ef
-        self._new_dim = store.collection(pair.new_collection).dim
+        self._new_dim = store.collection(pair.new_collection, pair.vector).dim
         self._old_dim = (
-            store.collection(pair.old_collection).dim
+            store.collection(pair.old_collection, pair.vector).dim
             if pair.serves_old or store.has_collection(pair.old_collection)
             else None  # finalized with the old collection dropped
         )
@@ -97,7 +97,8 @@ class DualIndex:
         pair = load_pair(store, name)
         new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
         old_side = None
-        if pair.old_encoder is not None and (pair.mode == "naive" or old_encoder is not None):
+        queries_old = pair.mode == "naive" or pair.state == "rolled_back"
+        if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
         return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)
 
@@ -108,15 +109,22 @@ class DualIndex:
         batch, _ = as_batch(images)
         encoder = self._encoder()
         gallery = encoder.info.gallery_output()
+        if self.pair.state == "rolled_back":  # the old model serves alone again
+            return np.zeros((len(batch), self._new_dim), np.float32), self._old_queries(batch)
         if self.pair.mode == "rm":
             out = encoder.encode(batch, [gallery, "rev"])
             return out[gallery], out["rev"]
-        new = encoder.encode(batch, [gallery])[gallery]
+        return encoder.encode(batch, [gallery])[gallery], self._old_queries(batch)
+
+    def _old_queries(self, batch: list[ImageLike]) -> np.ndarray:
         old_model = self.old_encoder
         if old_model is None:  # __init__ refuses a naive pair with an encoder but no old one
-            raise ConfigError(f"pair {self.pair.name!r} needs its old encoder")
-        old_output = old_model.info.gallery_output()
-        return new, old_model.encode(batch, [old_output])[old_output]
+            raise ConfigError(
+                f"pair {self.pair.name!r} needs its old model to encode queries for the old collection "
+                "(rmq rollback --old-encoder records it)"
+            )
+        output = old_model.info.gallery_output()
+        return old_model.encode(batch, [output])[output]
 
     def _encoder(self) -> OnnxEncoder:
         if self.encoder is None:
@@ -170,6 +178,7 @@ class DualIndex:
             "filter": filter,
             "exact": self.exact,
             "hnsw_ef": self.hnsw_ef,
+            "vector": pair.vector,
         }
         old_args = {**args, "filter": self._old_filter(filter)}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
@@ -253,7 +262,7 @@ class DualIndex:
         # Bookkeeping fields are rm-qdrant's: a user's write that carried them (a hit's payload
         # written back, say) would pass for a migration copy, which the migration may delete.
         bodies = None if payloads is None else [user_payload(p) for p in payloads]
-        self.store.upsert(self.pair.new_collection, ids, vectors, bodies)
+        self.store.upsert(self.pair.new_collection, ids, vectors, bodies, vector=self.pair.vector)
         if self._old_dim is not None:
             self.store.delete(self.pair.old_collection, ids)
 
@@ -264,8 +273,11 @@ class DualIndex:
         self.store.delete(self.pair.new_collection, ids)
 
     def refresh(self) -> None:
-        """Re-read the pair record (a long-lived server calls this to see a cutover)."""
+        """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""
         self.pair = load_pair(self.store, self.pair.name)
+        ref = self.pair.old_encoder
+        if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":
+            self.old_encoder = _open_encoder(None, ref, self.pair.name, "old encoder")
 
     # -- state -----------------------------------------------------------------
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from rm_qdrant.errors import EncoderError
 from rm_qdrant.images import MAX_PIXELS, ImageLike, as_batch, pixels
-from rm_qdrant.modelinfo import ModelInfo, parse_metadata
+from rm_qdrant.modelinfo import check_input_shape, parse_metadata
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +32,64 @@ def _providers() -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+#: ONNX Runtime's input types, as the metadata's ``input.dtype`` names them.
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8"}
+
+
+def run_in_chunks(
+    session: Any,
+    input_name: str,
+    names: Sequence[str],
+    tensor: np.ndarray,
+    *,
+    chunk: int,
+    fixed: bool,
+    what: str,
+) -> list[np.ndarray]:
+    """Run an ONNX Runtime session ``chunk`` images at a time; each output comes back ``(N, values)``.
+
+    Args:
+        session: an ``onnxruntime.InferenceSession``.
+        input_name: the graph's image input.
+        names: the graph outputs to compute.
+        tensor: the preprocessed batch, images on axis 0.
+        chunk: images per call.
+        fixed: the graph takes exactly ``chunk`` images: the last chunk is padded with
+            zeros and the padded rows are dropped.
+        what: names the graph in errors.
+
+    Raises:
+        EncoderError: inference fails, or an output has no row per image.
+    """
+    parts: list[list[np.ndarray]] = [[] for _ in names]
+    for start in range(0, len(tensor), chunk):
+        rows = tensor[start : start + chunk]
+        feed = rows
+        if fixed and len(rows) < chunk:
+            feed = np.concatenate([rows, np.zeros((chunk - len(rows), *rows.shape[1:]), rows.dtype)])
+        try:
+            values = session.run(list(names), {input_name: feed})
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise EncoderError(f"{what}: inference failed: {exc}") from exc
+        for part, name, value in zip(parts, names, values, strict=True):
+            value = np.asarray(value, dtype=np.float32)
+            if value.ndim == 0 or value.shape[0] != len(feed):
+                raise EncoderError(
+                    f"{what}: output {name!r} has shape {list(value.shape)} for {len(feed)} images; "
+                    "rm-qdrant needs one row per image"
+                )
+            part.append(value.reshape(len(feed), -1)[: len(rows)])
+    return [np.concatenate(p) for p in parts] if len(tensor) else []
+
+
 class OnnxEncoder:
     """One ONNX graph, one ONNX Runtime session, reused for every call.
 
     Args:
         path: The ``.onnx`` file. Its ``rm_qdrant`` metadata entry describes it
             (see :mod:`rm_qdrant.modelinfo`).
-        batch_size: Images per inference call.
+        batch_size: Images per inference call. A graph whose batch axis is fixed at B
+            gets exactly B per call instead (the last call padded with zeros).
         threads: Intra-op threads for ONNX Runtime (0: its default).
 
     Raises:
@@ -63,13 +116,19 @@ class OnnxEncoder:
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise EncoderError(f"{self.path} is not a loadable ONNX graph: {exc}") from exc
         inputs = self._session.get_inputs()
-        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        if len(inputs) != 1:
             raise EncoderError(f"{self.path}: expected one 4-D image input, got {len(inputs)} inputs")
         self._input_name = inputs[0].name
         outputs = [o.name for o in self._session.get_outputs()]
         meta = self._session.get_modelmeta().custom_metadata_map
         info = parse_metadata(meta, outputs, source=str(self.path))
-        self.info = ModelInfo(info.name, info.distance, info.outputs, info.input, fingerprint_bytes(data))
+        self.info = dataclasses.replace(info, fingerprint=fingerprint_bytes(data))
+        #: The batch size the graph is fixed at, or None for a dynamic batch axis.
+        self.fixed_batch = check_input_shape(info.input, inputs[0].shape, str(self.path))
+        if ORT_DTYPES.get(inputs[0].type, inputs[0].type) != info.input.dtype:
+            raise EncoderError(
+                f"{self.path}: the graph's input is {inputs[0].type}, metadata says {info.input.dtype}"
+            )
         self.batch_size = batch_size
         running = self._session.get_providers()[0]
         if "CUDAExecutionProvider" in _providers() and running != "CUDAExecutionProvider":
@@ -87,7 +146,14 @@ class OnnxEncoder:
             ImageError: an image cannot be decoded, or declares more than ``max_pixels``.
         """
         spec = self.info.input
-        size = {"height": spec.height, "width": spec.width, "channels": spec.channels}
+        size = {
+            "height": spec.height,
+            "width": spec.width,
+            "channels": spec.channels,
+            "resize": spec.resize,
+            "crop": spec.crop,
+            "channel_order": spec.channel_order,
+        }
         batch = np.stack([pixels(i, **size, max_pixels=max_pixels) for i in images])
         if spec.dtype == "float32":
             mean = np.asarray(spec.mean, dtype=np.float32)
@@ -98,26 +164,33 @@ class OnnxEncoder:
         return np.ascontiguousarray(batch)
 
     def run(self, tensor: np.ndarray, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Run the graph on an already preprocessed input tensor."""
-        names = list(outputs or self.info.outputs)
-        results: dict[str, list[np.ndarray]] = {name: [] for name in names}
-        for start in range(0, len(tensor), self.batch_size):
-            chunk = tensor[start : start + self.batch_size]
-            try:
-                values = self._session.run(names, {self._input_name: chunk})
-            except Exception as exc:
-                raise EncoderError(f"{self.path}: inference failed: {exc}") from exc
-            for name, value in zip(names, values, strict=True):
-                results[name].append(np.asarray(value, dtype=np.float32).reshape(len(chunk), -1))
-        merged = {
-            n: np.concatenate(v) if v else np.zeros((0, self.info.outputs[n]), np.float32)
-            for n, v in results.items()
-        }
-        for name, value in merged.items():
-            if value.shape[1] != self.info.outputs[name]:
+        """Run the graph on an already preprocessed input tensor; results are keyed by role.
+
+        A graph fixed at batch size B gets exactly B images per call (the last call
+        padded with zeros, whose rows are dropped).
+
+        Raises:
+            EncoderError: an unknown role, a failed inference, or an output whose
+                size is not what the metadata says.
+        """
+        roles = self._roles(outputs)
+        if not len(tensor):
+            return {r: np.zeros((0, self.info.outputs[r]), np.float32) for r in roles}
+        values = run_in_chunks(
+            self._session,
+            self._input_name,
+            [self.info.graph_output(r) for r in roles],
+            tensor,
+            chunk=self.fixed_batch or self.batch_size,
+            fixed=self.fixed_batch is not None,
+            what=str(self.path),
+        )
+        merged = dict(zip(roles, values, strict=True))
+        for role, value in merged.items():
+            if value.shape[1] != self.info.outputs[role]:
                 raise EncoderError(
-                    f"{self.path}: output {name!r} has {value.shape[1]} values per image, "
-                    f"metadata says {self.info.outputs[name]}"
+                    f"{self.path}: output {role!r} has {value.shape[1]} values per image, "
+                    f"metadata says {self.info.outputs[role]}"
                 )
         return merged
 
@@ -129,9 +202,18 @@ class OnnxEncoder:
         Args:
             images: one image or a list of them (paths, bytes, PIL images or uint8
                 arrays), or a 4-D ``(N, H, W, C)`` uint8 array.
-            outputs: which outputs to compute; all of them by default.
+            outputs: which roles to compute (``new``, ``rev``, ``embedding``,
+                ``scores``); all of the graph's by default. Results are keyed by role,
+                whatever the graph calls its outputs.
         """
         batch, _ = as_batch(images)
+        roles = self._roles(outputs)
         if not batch:
-            return {n: np.zeros((0, self.info.outputs[n]), np.float32) for n in outputs or self.info.outputs}
-        return self.run(self.preprocess(batch), outputs)
+            return {r: np.zeros((0, self.info.outputs[r]), np.float32) for r in roles}
+        return self.run(self.preprocess(batch), roles)
+
+    def _roles(self, outputs: Sequence[str] | None) -> list[str]:
+        roles = list(outputs or self.info.outputs)
+        for role in roles:
+            self.info.graph_output(role)  # raises EncoderError for a role the graph lacks
+        return roles

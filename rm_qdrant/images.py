@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from rm_qdrant.errors import ImageError
+from rm_qdrant.errors import ConfigError, ImageError
 
 #: Anything :func:`to_pil` accepts as one image.
 ImageLike = str | os.PathLike | bytes | Image.Image | np.ndarray
@@ -89,19 +89,88 @@ def as_batch(images: ImageLike | Sequence[ImageLike]) -> tuple[list[ImageLike], 
 
 
 def pixels(
-    image: ImageLike, *, height: int, width: int, channels: int, max_pixels: int = MAX_PIXELS
+    image: ImageLike,
+    *,
+    height: int,
+    width: int,
+    channels: int,
+    max_pixels: int = MAX_PIXELS,
+    resize: int | None = None,
+    crop: int | None = None,
+    channel_order: str = "RGB",
 ) -> np.ndarray:
-    """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array."""
-    picture = to_pil(image, max_pixels=max_pixels)
-    mode = "RGB" if channels == 3 else "L"
+    """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array.
+
+    Without ``resize`` the image is resized straight to height × width (bilinear).
+    With ``resize`` and ``crop`` it goes through torchvision's ``Resize(resize)`` and
+    ``CenterCrop(crop)`` exactly: the shorter side becomes ``resize`` (bilinear), then
+    the centre ``crop`` × ``crop`` square is kept (``crop`` equals height and width).
+    ``BGR`` reverses the channels at the end.
+
+    Raises:
+        ImageError: the image cannot be decoded or converted, is empty, or declares
+            (or would be resized to) more than ``max_pixels``.
+        ConfigError: ``resize`` without ``crop``, or a crop that is not height × width.
+    """
+    if (resize is None) != (crop is None) or (crop is not None and (crop != height or crop != width)):
+        raise ConfigError(f"resize {resize} and crop {crop} do not make a {height}x{width} image")
+    picture = _convert(to_pil(image, max_pixels=max_pixels), "RGB" if channels == 3 else "L")
+    width_now, height_now = picture.size
+    if width_now < 1 or height_now < 1:
+        raise ImageError(f"the image is empty ({width_now}x{height_now} pixels)")
+    if resize is None:
+        picture = _resized(picture, (width, height))
+    else:
+        size = shorter_side_size(picture.size, resize)
+        if size[0] * size[1] > max_pixels:
+            raise ImageError(
+                f"a {width_now}x{height_now} image resized to shorter side {resize} is "
+                f"{size[0]}x{size[1]} pixels, over the {max_pixels:,}-pixel limit"
+            )
+        picture = _resized(picture, size).crop(centre_box(size, crop or 0))
+    array: Any = np.asarray(picture, dtype=np.uint8).reshape(height, width, channels)
+    return array[:, :, ::-1] if channel_order == "BGR" else array
+
+
+def shorter_side_size(size: tuple[int, int], resize: int) -> tuple[int, int]:
+    """(width, height) after torchvision's ``Resize(resize)``: the shorter side becomes ``resize``.
+
+    >>> shorter_side_size((50, 40), 36)
+    (45, 36)
+    """
+    width, height = size
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(resize * long / short)  # torchvision's arithmetic, to the pixel
+    return (resize, new_long) if width <= height else (new_long, resize)
+
+
+def centre_box(size: tuple[int, int], crop: int) -> tuple[int, int, int, int]:
+    """The (left, top, right, bottom) box of torchvision's ``CenterCrop(crop)`` in a (width, height) image.
+
+    >>> centre_box((45, 36), 32)
+    (6, 2, 38, 34)
+    """
+    width, height = size
+    top = int(round((height - crop) / 2.0))
+    left = int(round((width - crop) / 2.0))
+    return (left, top, left + crop, top + crop)
+
+
+def _convert(picture: Image.Image, mode: str) -> Image.Image:
+    if picture.mode == mode:
+        return picture
     try:
-        if picture.mode != mode:
-            picture = picture.convert(mode)
-        if picture.size != (width, height):
-            picture = picture.resize((width, height), Image.Resampling.BILINEAR)
+        return picture.convert(mode)
     except Exception as exc:  # a decoded image in an unusual mode Pillow cannot convert
         raise ImageError(
             f"cannot convert a {picture.mode} image to {mode}: {type(exc).__name__}: {exc}"
         ) from exc
-    array: Any = np.asarray(picture, dtype=np.uint8)
-    return array.reshape(height, width, channels)
+
+
+def _resized(picture: Image.Image, size: tuple[int, int]) -> Image.Image:
+    if picture.size == size:
+        return picture
+    try:
+        return picture.resize(size, Image.Resampling.BILINEAR)
+    except Exception as exc:  # Pillow can still fail on a lazily decoded or odd image
+        raise ImageError(f"cannot resize a {picture.mode} image: {type(exc).__name__}: {exc}") from exc

@@ -49,6 +49,7 @@ from rm_qdrant.ranking import plan, prepare_order, unranked
 from rm_qdrant.redact import redact
 from rm_qdrant.sources import ImageSource, SourceConfig, shown
 from rm_qdrant.store import Store, Where
+from rm_qdrant.uris import UriRule
 
 log = logging.getLogger(__name__)
 #: Seconds between a batch's write to new and its removal from old where the store
@@ -183,7 +184,7 @@ class Migrator:
         self.options = options
         self.encoder = index.encoder
         self.output = index.encoder.info.gallery_output()
-        self.dim = index.store.collection(index.pair.new_collection).dim
+        self.dim = index.store.collection(index.pair.new_collection, index.pair.vector).dim
 
     @property
     def pair(self) -> PairRecord:
@@ -283,7 +284,8 @@ class Migrator:
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
         done = {r.id for r in self.store.retrieve(pair.new_collection, ids)}
         todo = [i for i in ids if i not in done]
-        loaded = fetch.map(lambda i: self._load(source, payloads[i].get("uri")), todo)
+        rule = pair.uri_rule
+        loaded = fetch.map(lambda i: self._load(source, rule, i, payloads[i]), todo)
         tensors, failed = {}, []
         for point_id, (tensor, error) in zip(todo, loaded, strict=True):
             if tensor is not None:
@@ -293,7 +295,13 @@ class Migrator:
         already = [i for i in ids if i in done]
         return _Prepared(ids, payloads, already, tensors, failed, len(batch) - len(ids))
 
-    def _load(self, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
+    def _load(
+        self, source: ImageSource, rule: UriRule, point_id: PointId, payload: dict[str, Any]
+    ) -> tuple[np.ndarray | None, str]:
+        try:
+            uri = rule.uri(point_id, payload)
+        except SourceError as exc:
+            return None, str(exc)
         return load_tensor(self.encoder, source, uri)
 
     def _encode(self, prepared: _Prepared) -> _Encoded:
@@ -317,13 +325,15 @@ class Migrator:
         if written:
             payloads = [new_payload(prepared.payloads[i]) for i in written]
             store.mark(pair.old_collection, written, {MOVING: 1})  # see status.in_both
-            store.upsert(pair.new_collection, written, encoded.vectors, payloads, insert_only=True)
+            store.upsert(
+                pair.new_collection, written, encoded.vectors, payloads, insert_only=True, vector=pair.vector
+            )
             log.debug("acknowledged %s", written)
         acknowledged = time.monotonic()
         batch = written + prepared.already_in_new
         in_new = {
             r.id: (0 if r.vector is None else len(r.vector), r.payload)
-            for r in store.retrieve(pair.new_collection, batch, with_vectors=True)
+            for r in store.retrieve(pair.new_collection, batch, with_vectors=True, vector=pair.vector)
         }
         still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch)}
         outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)

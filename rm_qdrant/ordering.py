@@ -8,10 +8,11 @@ the first to move are the ones the old model serves worst (the paper's appendix)
   written by ``rmq index`` when the old encoder has a ``scores`` output);
   least confident first.
 - ``centroid``: cosine similarity of the old vector to its class centroid
-  (payload ``label``); least typical first.
+  (the payload label field, ``label`` by default); least typical first.
 - ``centroid-unsupervised``: the same against spherical k-means centroids of the
   old vectors, for galleries without labels.
-- ``payload:FIELD``: any numeric payload field, ascending.
+- ``payload:FIELD``: any sortable payload field (numbers, or strings such as ISO
+  dates), ascending; points without it go last.
 """
 
 from __future__ import annotations
@@ -67,6 +68,25 @@ def _numeric_field(payloads: Sequence[Mapping[str, Any]], field: str, hint: str)
     return np.asarray(values, dtype=np.float64)
 
 
+def _sortable_field(payloads: Sequence[Mapping[str, Any]], field: str) -> np.ndarray:
+    """Positions in ascending order of ``field`` (numbers or strings, one kind); missing last."""
+    values = [p.get(field) for p in payloads]
+    present = [v for v in values if v is not None]
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
+    if not present or not (numbers or all(isinstance(v, str) for v in present)):
+        kinds = sorted({type(v).__name__ for v in present}) or ["none"]
+        raise ConfigError(
+            f"payload {field!r} must be numbers or strings on the points that have it, found "
+            f"{', '.join(kinds)}; choose another field for --order payload:FIELD"
+        )
+    order = sorted(
+        range(len(values)), key=lambda i: (values[i] is None, values[i] if values[i] is not None else 0)
+    )
+    keys = np.empty(len(values))
+    keys[order] = np.arange(len(values))
+    return keys
+
+
 def _unit(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.maximum(norms, 1e-12)
@@ -105,6 +125,7 @@ def order_keys(
     *,
     seed: int = 0,
     clusters: int | None = None,
+    label_field: str = "label",
 ) -> np.ndarray:
     """One key per point for the order ``spec``; points migrate in ascending key order.
 
@@ -121,16 +142,16 @@ def order_keys(
             payloads, CONFIDENCE_FIELD, "index with an old encoder that has a 'scores' output"
         )
     if spec.startswith("payload:"):
-        return _numeric_field(payloads, spec.split(":", 1)[1], "choose a field every point has")
+        return _sortable_field(payloads, spec.split(":", 1)[1])
     if vectors is None or len(vectors) != len(ids):
         raise ConfigError(f"order {spec!r} needs the old vectors of every point")
     if spec == "centroid":
-        labels = [p.get("label") for p in payloads]
+        labels = [p.get(label_field) for p in payloads]
         if any(label is None for label in labels):
             missing = sum(label is None for label in labels)
             raise ConfigError(
-                f"{missing} points have no 'label' payload; "
-                "use 'centroid-unsupervised' for unlabelled galleries"
+                f"{missing} points have no {label_field!r} payload (the pair's label field, "
+                "rmq init --label-field); use 'centroid-unsupervised' for unlabelled galleries"
             )
         return _centroid_keys(vectors, np.unique(np.asarray(labels, dtype=str), return_inverse=True)[1])
     k = clusters or max(2, min(100, int(np.sqrt(len(ids) / 2))))

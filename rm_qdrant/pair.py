@@ -9,15 +9,16 @@ configuration. The same collection remembers which model filled a collection tha
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
-from rm_qdrant.planning import MIGRATED
-from rm_qdrant.store import Store, Where
+from rm_qdrant.planning import INTERNAL_FIELDS, MIGRATED
+from rm_qdrant.store import CollectionSpec, Store, Where
+from rm_qdrant.uris import UriRule
 
 META_COLLECTION = "rmq_meta"
 _NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
@@ -65,6 +66,10 @@ class PairRecord:
             killed then left ranks of two orders; the next run ranks again).
         alias: the alias that serves the gallery after a cutover or rollback.
         drop_old: the cutover under way drops the old collection.
+        vector: the vector name in both collections (``""``: one unnamed vector).
+        uri_field: the payload field that holds each point's image URI.
+        uri_template: or a template that builds it from payload fields (see :mod:`rm_qdrant.uris`).
+        label_field: the payload field with class labels, where the gallery has them.
     """
 
     name: str
@@ -81,6 +86,15 @@ class PairRecord:
     order_ready: bool = True
     alias: str | None = None
     drop_old: bool = False
+    vector: str = ""
+    uri_field: str = "uri"
+    uri_template: str | None = None
+    label_field: str = "label"
+
+    @property
+    def uri_rule(self) -> UriRule:
+        """How this pair finds a point's image in its payload."""
+        return UriRule(self.uri_field, self.uri_template)
 
     @property
     def serves_old(self) -> bool:
@@ -97,7 +111,8 @@ class PairRecord:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> PairRecord:
-        raw = dict(payload["record"])
+        known = {f.name for f in fields(cls)}
+        raw = {k: v for k, v in payload["record"].items() if k in known}
         raw["encoder"] = ModelRef(**raw["encoder"])
         if raw.get("old_encoder"):
             raw["old_encoder"] = ModelRef(**raw["old_encoder"])
@@ -174,6 +189,26 @@ def check_collection_model(store: Store, collection: str, encoder: OnnxEncoder) 
         )
 
 
+def list_pairs(store: Store) -> list[PairRecord]:
+    """Every pair recorded in this store, by name."""
+    if not store.has_collection(META_COLLECTION):
+        return []
+    page, _ = store.scroll(META_COLLECTION, limit=100_000, where=Where(must={"kind": "pair"}))
+    return sorted((PairRecord.from_payload(r.payload) for r in page), key=lambda p: p.name)
+
+
+def _check_free(store: Store, collection: str) -> None:
+    for other in list_pairs(store):
+        if collection == other.old_collection or (
+            collection == other.new_collection and other.state != "finalized"
+        ):
+            raise ConfigError(
+                f"collection {collection!r} already belongs to pair {other.name!r} ({other.state}); "
+                f"two pairs on one collection would each serve part of it. See 'rmq pairs', "
+                f"'rmq drop-pair {other.name}'"
+            )
+
+
 def create_pair(
     store: Store,
     name: str,
@@ -184,17 +219,27 @@ def create_pair(
     new_collection: str | None = None,
     mode: Mode | None = None,
     keep_old: bool = False,
+    old_vector: str | None = None,
+    uri: UriRule | None = None,
+    label_field: str = "label",
 ) -> PairRecord:
     """Create the new collection and the pair record (what ``rmq init`` does).
 
-    The mode defaults to ``rm`` when ``encoder`` has a ``rev`` output, else
-    ``naive``, which needs ``old_encoder``. Every check runs before anything is
-    written.
+    The new collection mirrors the old one: the same vector name and distance, and
+    the same payload indexes. The mode defaults to ``rm`` when ``encoder`` has a
+    ``rev`` output, else ``naive``, which needs ``old_encoder``. Every check runs
+    before anything is written.
+
+    Args:
+        old_vector: the old collection's vector (None: its only one).
+        uri: where each point's image is (default: payload field ``uri``).
+        label_field: the payload field with class labels, if the gallery has them.
 
     Raises:
         CollectionNotFound: the old collection does not exist.
         DimensionMismatch: a query vector would not fit the collection it searches.
-        ConfigError: the pair exists, the distances differ, or the mode lacks a model.
+        ConfigError: the pair exists, the old collection belongs to another pair, the
+            distances differ, or the mode lacks a model.
     """
     if _get(store, "pair", name) is not None:
         raise ConfigError(f"pair {name!r} already exists")
@@ -203,20 +248,20 @@ def create_pair(
         raise ConfigError(
             f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)"
         )
-    old_spec = store.collection(old_collection)
-    if chosen == "rm":
-        old_query_dim, by = encoder.info.outputs["rev"], f"{encoder.path} output 'rev'"
-    elif old_encoder is None:
+    old_spec = store.collection(old_collection, old_vector)
+    if chosen == "naive" and old_encoder is None:
         raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
-    else:
-        old_query_dim = old_encoder.info.outputs[old_encoder.info.gallery_output()]
-        by = str(old_encoder.path)
-    if old_query_dim != old_spec.dim:
-        raise DimensionMismatch(
-            f"collection {old_collection!r} holds {old_spec.dim}-d vectors "
-            f"but {by} makes {old_query_dim}-d queries"
+    if keep_old and old_encoder is None:
+        raise ConfigError(
+            "--keep-old needs --old-encoder: a rollback serves the old model again, and it must "
+            "encode the queries"
         )
-    if chosen == "naive" and old_encoder is not None:
+    if chosen == "rm":
+        _check_fits(old_spec, encoder.info.outputs["rev"], f"{encoder.path} output 'rev'")
+    if old_encoder is not None:
+        _check_fits(
+            old_spec, old_encoder.info.outputs[old_encoder.info.gallery_output()], str(old_encoder.path)
+        )
         check_collection_model(store, old_collection, old_encoder)
     for model in (encoder, old_encoder):
         if model is not None and model.info.distance != old_spec.distance:
@@ -226,7 +271,9 @@ def create_pair(
             )
     gallery = encoder.info.gallery_output()
     target = new_collection or f"{name}-new"
-    _prepare_new_collection(store, target, dim=encoder.info.outputs[gallery], distance=old_spec.distance)
+    _check_free(store, old_collection)
+    _check_free(store, target)
+    _prepare_new_collection(store, target, dim=encoder.info.outputs[gallery], old=old_spec)
     record = PairRecord(
         name=name,
         old_collection=old_collection,
@@ -236,19 +283,67 @@ def create_pair(
         encoder=ModelRef.of(encoder, gallery),
         old_encoder=ModelRef.of(old_encoder, old_encoder.info.gallery_output()) if old_encoder else None,
         keep_old=keep_old,
+        vector=old_spec.vector,
+        uri_field=(uri or UriRule()).field,
+        uri_template=(uri or UriRule()).template,
+        label_field=label_field,
     )
     save_pair(store, record)
     record_collection_model(store, target, record.encoder)
     return record
 
 
-def _prepare_new_collection(store: Store, name: str, *, dim: int, distance: str) -> None:
+def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
+    if dim != old.dim:
+        named = f" (vector {old.vector!r})" if old.vector else ""
+        raise DimensionMismatch(
+            f"collection {old.name!r}{named} holds {old.dim}-d vectors but {by} makes {dim}-d queries"
+        )
+
+
+def _prepare_new_collection(store: Store, name: str, *, dim: int, old: CollectionSpec) -> None:
     # An empty collection of the right shape is what a crashed 'init' leaves: reuse it.
     if not store.has_collection(name):
-        store.create_collection(name, dim=dim, distance=distance)
-        return
-    spec = store.collection(name)
-    if spec.dim != dim or spec.distance != distance or store.count(name) > 0:
+        store.create_collection(name, dim=dim, distance=old.distance, vector=old.vector)
+    else:
+        spec = store.collection(name)
+        if (spec.dim, spec.distance, spec.vector) != (dim, old.distance, old.vector) or store.count(name):
+            raise ConfigError(
+                f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} collection"
+            )
+    for field_name, kind in store.payload_indexes(old.name).items():
+        if field_name not in INTERNAL_FIELDS:
+            store.create_index(name, field_name, kind)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """What ``rmq drop-pair`` did."""
+
+    pair: PairRecord
+    deleted_new: bool  # the new collection was empty and rm-qdrant's own, so it went too
+
+
+def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
+    """Forget a pair. Never deletes the old collection; deletes the new one only when empty.
+
+    Raises:
+        CollectionNotFound: no such pair.
+        ConfigError: the pair is mid-backfill and points live only in its new collection
+            (without ``force``): dropping it would stop serving them through the pair.
+    """
+    pair = load_pair(store, name)
+    has_new = store.has_collection(pair.new_collection)
+    in_new = store.count(pair.new_collection) if has_new else 0
+    if pair.state in ("backfilling", "finalizing") and in_new and not pair.keep_old and not force:
         raise ConfigError(
-            f"collection {name!r} already exists and is not an empty {dim}-d {distance} collection"
+            f"pair {name!r} is {pair.state} and {in_new} points live in {pair.new_collection!r} only: "
+            "finish it (rmq migrate, rmq finalize) first, or --force to drop the record "
+            "(both collections stay)"
         )
+    store.delete(META_COLLECTION, [_key("pair", name)])
+    deleted = has_new and in_new == 0 and pair.state != "finalized"
+    if deleted:
+        store.delete_collection(pair.new_collection)
+        store.delete(META_COLLECTION, [_key("collection", pair.new_collection)])
+    return Dropped(pair, deleted)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.dual import DualIndex
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
 from rm_qdrant.merge import PointId
 from rm_qdrant.migrate import load_tensor
@@ -29,7 +29,7 @@ from rm_qdrant.ordering import order_keys
 from rm_qdrant.pair import PairRecord, active_where
 from rm_qdrant.ranking import read_all
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Store
+from rm_qdrant.store import Record, Store
 
 _BATCH = 256
 
@@ -46,9 +46,9 @@ class ProbeSample:
     encoder: str  # the encoder's fingerprint
     failed: int  # sampled points whose image could not be fetched or decoded
 
-    def labels(self) -> list[Any] | None:
-        """Each point's payload ``label``, or None unless every sampled point has one."""
-        labels = [p.get("label") for p in self.payloads]
+    def labels(self, field: str = "label") -> list[Any] | None:
+        """Each point's payload label (``field``), or None unless every sampled point has one."""
+        labels = [p.get(field) for p in self.payloads]
         return labels if labels and all(label is not None for label in labels) else None
 
 
@@ -68,12 +68,20 @@ def draw_sample(
         raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
-    records = store.retrieve(pair.old_collection, chosen, with_vectors=True)
+    records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
     gallery = encoder.info.gallery_output()
     outputs = [gallery, *(["rev"] if "rev" in encoder.info.outputs else [])]
 
+    rule = pair.uri_rule
+
+    def load(record: Record) -> np.ndarray | None:
+        try:
+            return load_tensor(encoder, src, rule.uri(record.id, record.payload))[0]
+        except SourceError:
+            return None
+
     with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
-        tensors = [x for x, _ in pool.map(lambda r: load_tensor(encoder, src, r.payload.get("uri")), records)]
+        tensors = list(pool.map(load, records))
     kept = [(r, x) for r, x in zip(records, tensors, strict=True) if x is not None and r.vector is not None]
     if len(kept) < 2:
         raise ConfigError(
@@ -97,16 +105,16 @@ def draw_sample(
 
 
 def forecast_sample(
-    sample: ProbeSample, *, order: str = "random", seed: int = 0, k: int = 10
+    sample: ProbeSample, *, order: str = "random", seed: int = 0, k: int = 10, label_field: str = "label"
 ) -> list[ModeForecast]:
     """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it)."""
-    keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed)
+    keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=label_field)
     return forecast(
         sample.old,
         sample.new,
         sample.rev,
         order=np.argsort(keys, kind="stable"),
-        labels=sample.labels(),
+        labels=sample.labels(label_field),
         k=k,
     )
 

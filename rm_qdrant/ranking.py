@@ -34,8 +34,11 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
     """
     for name, kind in ((RANK, "integer"), (BUCKET, "integer"), (ERROR, "keyword"), (MIGRATED, "integer")):
         store.create_index(pair.old_collection, name, kind)
-    ids, payloads, vectors = read_all(store, pair.old_collection, active_where(pair), needs_vectors(order))
-    positions = ranks(order_keys(order, ids, payloads, vectors, seed=seed))
+    ids, payloads, vectors = read_all(
+        store, pair.old_collection, active_where(pair), needs_vectors(order), vector=pair.vector
+    )
+    keys = order_keys(order, ids, payloads, vectors, seed=seed, label_field=pair.label_field)
+    positions = ranks(keys)
     writing = replace(pair, order=order, order_seed=seed, order_ready=False)
     save_pair(store, writing)  # a kill while the ranks are written leaves a record that says so
     store.set_payload(
@@ -49,7 +52,7 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
 
 
 def read_all(
-    store: Store, collection: str, where: Where, with_vectors: bool
+    store: Store, collection: str, where: Where, with_vectors: bool, *, vector: str = ""
 ) -> tuple[list[PointId], list[dict[str, Any]], np.ndarray | None]:
     ids: list[PointId] = []
     payloads: list[dict[str, Any]] = []
@@ -57,7 +60,7 @@ def read_all(
     offset: PointId | None = None
     while True:
         page, offset = store.scroll(
-            collection, limit=_PAGE, offset=offset, with_vectors=with_vectors, where=where
+            collection, limit=_PAGE, offset=offset, with_vectors=with_vectors, where=where, vector=vector
         )
         for record in page:
             ids.append(record.id)

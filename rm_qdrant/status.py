@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from rm_qdrant.errors import SourceError
 from rm_qdrant.merge import PointId
 from rm_qdrant.pair import PairRecord, active_where
 from rm_qdrant.planning import ERROR, MIGRATED, MOVING
@@ -64,23 +66,32 @@ class PairStatus:
 
     @property
     def fraction(self) -> float:
-        """Share of the gallery in the new collection (0 for an empty gallery)."""
+        """Share of the gallery served from the new collection (0 for an empty gallery, and
+        after a rollback, when the old collection serves every point)."""
         total = self.old_count + self.new_count
-        return self.new_count / total if total else 0.0
+        return self.new_count / total if total and self.state != "rolled_back" else 0.0
+
+
+def _uri(pair: PairRecord, point_id: PointId, payload: dict[str, Any]) -> object:
+    try:
+        return pair.uri_rule.uri(point_id, payload)
+    except SourceError as exc:
+        return f"({exc})"
 
 
 def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     """Both collections' sizes, the failures and the pair's models; needs no encoder."""
     has_old = store.has_collection(pair.old_collection) and pair.state != "finalizing"
-    active = active_where(pair)
+    active = active_where(pair) if pair.state == "backfilling" else Where()  # after a rollback: all
     old_count = store.count(pair.old_collection, active) - len(in_both(store, pair)) if has_old else 0
     failed_where = active & Where(not_empty=(ERROR,))
     failed = store.count(pair.old_collection, failed_where) if has_old else 0
     sample = []
     if failed:
         page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
-        sample = [(r.id, shown(r.payload.get("uri", "")), str(r.payload.get(ERROR))) for r in page]
-    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if has_old and pair.keep_old else 0
+        sample = [(r.id, shown(_uri(pair, r.id, r.payload)), str(r.payload.get(ERROR))) for r in page]
+    keeping = has_old and pair.keep_old and pair.state == "backfilling"
+    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if keeping else 0
     return PairStatus(
         name=pair.name,
         mode=pair.mode,

@@ -1,10 +1,12 @@
-"""Fetching a gallery point's source image from its URI: local files and HTTP(S).
+"""Fetching a gallery point's source image from its URI: local files, HTTP(S), S3 and GCS.
 
 The only package that reads images from where a gallery keeps them. Every failure
 becomes a :class:`~rm_qdrant.errors.SourceError` whose message says what went
 wrong, with credentials redacted, so a migration can record it against the point
 and go on. No fetch can hang: files are opened without blocking and read with a
 bound, and a fetch over the network has one deadline for the whole transfer.
+``s3://`` and ``gs://`` need the ``s3`` extra (boto3); see :mod:`rm_qdrant.sources.s3`
+for where their credentials and endpoints come from.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rm_qdrant.errors import SourceError
 from rm_qdrant.redact import redact
 from rm_qdrant.sources.files import read_file
 from rm_qdrant.sources.http import HttpFetcher
+from rm_qdrant.sources.s3 import S3Fetcher
 
 __all__ = ["ImageSource", "SourceConfig", "shown"]
 
@@ -34,18 +37,20 @@ class SourceConfig:
         root: Folder that relative paths are resolved against (None: as given).
         schemes: URI schemes allowed; a plain path counts as ``file``.
         timeout: Seconds one network fetch may take in all (connect, redirects, body).
-        retries: Extra attempts after a timeout, a refused connection or a 5xx/429.
+        retries: Extra attempts after a timeout, a refused connection, a 5xx/429 or
+            (S3, GCS) throttling.
         backoff: Seconds before the first retry; doubles each time.
         max_bytes: Largest image file accepted, local or remote.
         max_pixels: Largest image accepted once its header is read (width × height);
             bounds the memory a decode takes, which ``max_bytes`` does not.
         allow_private: Let HTTP(S) fetches reach loopback, private, link-local and
-            metadata addresses (refused by default).
+            metadata addresses (refused by default). ``s3://`` and ``gs://`` go to the
+            configured endpoint whatever the URI, so the guard does not apply to them.
         max_redirects: Redirects followed per fetch.
     """
 
     root: Path | None = None
-    schemes: tuple[str, ...] = ("file", "http", "https")
+    schemes: tuple[str, ...] = ("file", "http", "https", "s3", "gs")
     timeout: float = 10.0
     retries: int = 2
     backoff: float = 0.5
@@ -77,14 +82,15 @@ class ImageSource:
         self.config = config or SourceConfig()
         self._stop = stop
         self._http: HttpFetcher | None = None
+        self._objects: S3Fetcher | None = None
         self._lock = threading.Lock()
 
     def fetch(self, uri: object) -> bytes:
         """The bytes at ``uri``.
 
         Raises:
-            SourceError: the URI is malformed or its scheme not allowed, the file or
-                URL cannot be read, or the image is larger than ``max_bytes``.
+            SourceError: the URI is malformed or its scheme not allowed, the file, URL
+                or object cannot be read, or the image is larger than ``max_bytes``.
         """
         if not isinstance(uri, str) or not uri:
             raise SourceError(f"no image URI (got {shown(repr(uri))})")
@@ -102,6 +108,8 @@ class ImageSource:
             return read_file(target, max_bytes=self.config.max_bytes, shown=name)
         if scheme in ("http", "https"):
             return self._fetcher().get(uri, shown=name, stop=self._stop)
+        if scheme in ("s3", "gs"):
+            return self._object_fetcher().get(uri, shown=name, stop=self._stop)
         raise SourceError(f"{name}: rm-qdrant cannot fetch {scheme!r} URIs")
 
     def _path(self, uri: str, has_scheme: bool, name: str) -> Path:
@@ -130,9 +138,20 @@ class ImageSource:
                 )
             return self._http
 
+    def _object_fetcher(self) -> S3Fetcher:
+        with self._lock:
+            if self._objects is None:
+                c = self.config
+                self._objects = S3Fetcher(
+                    timeout=c.timeout, retries=c.retries, backoff=c.backoff, max_bytes=c.max_bytes
+                )
+            return self._objects
+
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
+        if self._objects is not None:
+            self._objects.close()
 
     def __enter__(self) -> ImageSource:
         return self

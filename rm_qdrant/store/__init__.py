@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
+from rm_qdrant.errors import StoreError
 from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, Where, normalize_id
 
 __all__ = [
@@ -23,8 +26,10 @@ def open_store(location: str | os.PathLike[str], *, api_key: str | None = None, 
 
     Args:
         location: ``http://host:6333`` or ``https://...`` for a Qdrant server,
-            ``":memory:"`` for a throwaway in-process store, anything else is the
-            folder of an embedded on-disk store.
+            ``":memory:"`` for a throwaway in-process store, or a folder: a folder that
+            ``QdrantClient(path=...)`` wrote (it holds ``meta.json``) opens through
+            qdrant-client's local mode, the same calls a server gets; any other folder
+            is an embedded (qdrant-edge) store.
         api_key: API key for a server; defaults to ``$QDRANT_API_KEY``.
         create: create an embedded store where the folder holds none (False: StoreError,
             so a mistyped folder is not taken for an empty store).
@@ -42,6 +47,25 @@ def open_store(location: str | os.PathLike[str], *, api_key: str | None = None, 
         from rm_qdrant.store.client import ClientStore
 
         return ClientStore(text)
+    folder = Path(text)
+    if is_local_mode_folder(folder):
+        from rm_qdrant.store.client import ClientStore
+
+        return ClientStore(path=text)
+    if (folder / "edge_config.json").is_file():
+        raise StoreError(
+            f"{folder} is a qdrant-edge shard, not a store: put it in a store as one collection, "
+            f"e.g. mkdir -p STORE/collections/NAME && ln -s {folder.resolve()} STORE/collections/NAME/shard"
+        )
     from rm_qdrant.store.edge import EdgeStore
 
     return EdgeStore(text, create=create)
+
+
+def is_local_mode_folder(folder: Path) -> bool:
+    """Whether ``folder`` was written by ``QdrantClient(path=...)`` (a ``meta.json`` with collections)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "collections" in meta

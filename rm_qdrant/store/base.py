@@ -49,8 +49,8 @@ class Where:
 #: ``{"label": "cat", "shard": [0, 1]}``.
 Filter = Where | Mapping[str, Any]
 
-#: Payload index kinds a store can create.
-INDEX_KINDS = ("integer", "float", "keyword", "bool")
+#: Payload index kinds a store can create (and mirror from a team's collection).
+INDEX_KINDS = ("integer", "float", "keyword", "bool", "datetime", "uuid", "text", "geo")
 
 
 def as_where(filter: Filter | None) -> Where | None:
@@ -70,16 +70,48 @@ def match_values(value: Any) -> tuple[list[Any] | None, Any]:
 
 @dataclass(frozen=True)
 class CollectionSpec:
-    """A collection's vector size and distance."""
+    """One dense vector of a collection: its size and distance.
+
+    Attributes:
+        name: the collection.
+        dim: the vector's size.
+        distance: its distance (``cosine``, ``dot``, ``euclid``, ``manhattan``).
+        vector: the vector's name; ``""`` is the unnamed vector of a single-vector collection.
+        vectors: every dense vector name the collection has.
+    """
 
     name: str
     dim: int
     distance: str
+    vector: str = ""
+    vectors: tuple[str, ...] = ("",)
+
+
+def pick_vector(name: str, specs: Mapping[str, tuple[int, str]], vector: str | None) -> CollectionSpec:
+    """The spec of ``vector`` among a collection's vectors (None: its only one).
+
+    Raises:
+        ConfigError: the collection has no such vector, or several and none was named.
+    """
+    names = tuple(sorted(specs))
+    if vector is None:
+        if len(names) != 1:
+            shown = ", ".join(repr(n) for n in names) or "none"
+            raise ConfigError(
+                f"collection {name!r} has the named vectors {shown}: say which one (--old-vector NAME)"
+            )
+        vector = names[0]
+    if vector not in specs:
+        have = ", ".join(repr(n) for n in names if n) or "one unnamed vector"
+        asked = f"a vector named {vector!r}" if vector else "an unnamed vector"
+        raise ConfigError(f"collection {name!r} has no {asked} (it has {have})")
+    dim, distance = specs[vector]
+    return CollectionSpec(name, dim, distance, vector, names)
 
 
 @dataclass(frozen=True)
 class Record:
-    """A stored point as read back: id, payload and (when asked for) its vector."""
+    """A stored point as read back: id, payload and (when asked for) one of its vectors."""
 
     id: PointId
     payload: dict[str, Any] = field(default_factory=dict)
@@ -96,18 +128,27 @@ class ScoredRecord:
 
 
 class Store(Protocol):
-    """What rm-qdrant needs from Qdrant. Every write returns once it is durable."""
+    """What rm-qdrant needs from Qdrant. Every write returns once it is durable.
+
+    Methods that read or write vectors take ``vector``: the name of the dense vector
+    they concern (``""``, the default, is the unnamed vector of a single-vector collection).
+    """
 
     #: True where two searches gain from being sent at once (a remote server).
     concurrent_search: bool
 
-    def create_collection(self, name: str, *, dim: int, distance: str) -> None: ...
+    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None: ...
 
-    def collection(self, name: str) -> CollectionSpec:
-        """The collection's spec; raises CollectionNotFound if it does not exist."""
+    def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
+        """The spec of one of the collection's vectors (None: its only vector).
+
+        Raises CollectionNotFound if the collection does not exist, ConfigError if the
+        vector does not (or is ambiguous)."""
         ...
 
-    def has_collection(self, name: str) -> bool: ...
+    def has_collection(self, name: str) -> bool:
+        """Whether a collection (not an alias) of that name exists."""
+        ...
 
     def list_collections(self) -> list[str]: ...
 
@@ -121,6 +162,7 @@ class Store(Protocol):
         payloads: Sequence[Mapping[str, Any]] | None = None,
         *,
         insert_only: bool = False,
+        vector: str = "",
     ) -> None:
         """Write points. ``insert_only`` leaves points that already exist untouched."""
         ...
@@ -142,10 +184,16 @@ class Store(Protocol):
         ...
 
     def create_index(self, name: str, field_name: str, kind: str) -> None:
-        """Index a payload field (``integer``, ``float``, ``keyword`` or ``bool``); idempotent."""
+        """Index a payload field (one of :data:`INDEX_KINDS`); idempotent."""
         ...
 
-    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]: ...
+    def payload_indexes(self, name: str) -> dict[str, str]:
+        """The collection's payload indexes, field -> kind (kinds rm-qdrant can create)."""
+        ...
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
+    ) -> list[Record]: ...
 
     def scroll(
         self,
@@ -156,6 +204,7 @@ class Store(Protocol):
         with_vectors: bool = False,
         where: Where | None = None,
         order_by: str | None = None,
+        vector: str = "",
     ) -> tuple[list[Record], PointId | None]:
         """A page of points. With ``order_by`` (an indexed numeric field) the page holds the
         ``limit`` points with the lowest values, and there is no next offset."""
@@ -180,8 +229,9 @@ class Store(Protocol):
         filter: Filter | None = None,
         exact: bool = False,
         hnsw_ef: int | None = None,
+        vector: str = "",
     ) -> list[list[ScoredRecord]]:
-        """One result list per row of ``queries`` (a 2-D float array).
+        """One result list per row of ``queries`` (a 2-D float array), searched on ``vector``.
 
         ``exact`` scans every point; otherwise the HNSW index is used where one is
         built, with ``hnsw_ef`` candidates (Qdrant's default when None).
@@ -213,10 +263,17 @@ def normalize_id(point_id: object) -> PointId:
     raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
 
 
-def record_from(point: Any, with_vectors: bool) -> Record:
-    """A backend's point (anything with ``id``, ``payload``, ``vector``) as a :class:`Record`."""
-    vector = np.asarray(point.vector, dtype=np.float32) if with_vectors else None
-    return Record(normalize_id(point.id), dict(point.payload or {}), vector)
+def record_from(point: Any, with_vectors: bool, vector: str = "") -> Record:
+    """A backend's point (anything with ``id``, ``payload``, ``vector``) as a :class:`Record`.
+
+    Named vectors come back as a mapping; the record keeps the one named ``vector``
+    (None when the point lacks it).
+    """
+    raw = point.vector if with_vectors else None
+    if isinstance(raw, Mapping):
+        raw = raw.get(vector)
+    array = None if raw is None else np.asarray(raw, dtype=np.float32)
+    return Record(normalize_id(point.id), dict(point.payload or {}), array)
 
 
 def scored_from(point: Any) -> ScoredRecord:
@@ -250,8 +307,8 @@ def check_vectors(spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None
     return array
 
 
-def check_spec(name: str, dim: int, distance: str) -> CollectionSpec:
+def check_spec(name: str, dim: int, distance: str, vector: str = "") -> CollectionSpec:
     """Validate the arguments of ``create_collection``."""
     if dim <= 0:
         raise ConfigError(f"vector size must be positive, got {dim}")
-    return CollectionSpec(check_collection_name(name), int(dim), check_distance(distance))
+    return CollectionSpec(check_collection_name(name), int(dim), check_distance(distance), vector, (vector,))

@@ -1,4 +1,5 @@
-"""Store over qdrant-client: a remote Qdrant server, or qdrant-client's in-memory mode.
+"""Store over qdrant-client: a remote Qdrant server, or qdrant-client's local mode
+(in memory, or a folder written by ``QdrantClient(path=...)``).
 
 Low-level errors (HTTP status codes, connection failures, qdrant-client's own
 ``ValueError`` in local mode) become :mod:`rm_qdrant.errors` exceptions here, at
@@ -22,6 +23,7 @@ from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.merge import PointId
 from rm_qdrant.redact import redact
 from rm_qdrant.store.base import (
+    INDEX_KINDS,
     CollectionSpec,
     Filter,
     Record,
@@ -33,6 +35,7 @@ from rm_qdrant.store.base import (
     is_missing_point,
     match_values,
     normalize_id,
+    pick_vector,
     record_from,
     scored_from,
 )
@@ -48,12 +51,8 @@ _DISTANCES = {
 _NAMES = {v: k for k, v in _DISTANCES.items()}
 
 
-_INDEX_KINDS = {
-    "integer": models.PayloadSchemaType.INTEGER,
-    "float": models.PayloadSchemaType.FLOAT,
-    "keyword": models.PayloadSchemaType.KEYWORD,
-    "bool": models.PayloadSchemaType.BOOL,
-}
+_INDEX_KINDS = {kind: getattr(models.PayloadSchemaType, kind.upper()) for kind in INDEX_KINDS}
+_KIND_NAMES = {v: k for k, v in _INDEX_KINDS.items()}
 
 
 def _condition(key: str, value: Any) -> models.FieldCondition:
@@ -81,32 +80,45 @@ class ClientStore:
     Args:
         location: ``":memory:"`` for qdrant-client's in-process mode, or a URL
             such as ``http://localhost:6333`` (``https://`` for TLS).
+        path: instead of ``location``: a folder of qdrant-client's local mode
+            (what ``QdrantClient(path=...)`` writes), opened through the same calls
+            a server gets.
         api_key: The server's API key, if it has one.
         timeout: Seconds to wait for the server on each request.
 
     Raises:
-        StoreError: the server is unreachable or rejected the API key.
+        StoreError: the server is unreachable or rejected the API key, or the folder is
+            in use by another process.
     """
 
-    def __init__(self, location: str, *, api_key: str | None = None, timeout: int = 30) -> None:
-        self.location = location
-        self._shown = redact(location)  # a URL may carry user:password or ?api_key=
-        self._remote = location != ":memory:"
+    def __init__(
+        self,
+        location: str | None = None,
+        *,
+        path: str | None = None,
+        api_key: str | None = None,
+        timeout: int = 30,
+    ) -> None:
+        self.location = location or str(path)
+        self._shown = redact(self.location)  # a URL may carry user:password or ?api_key=
+        self._remote = location is not None and location != ":memory:"
         self.concurrent_search = self._remote
-        self._specs: dict[str, CollectionSpec] = {}  # saves a round trip per search
+        self._specs: dict[str, dict[str, tuple[int, str]]] = {}  # saves a round trip per search
         # qdrant-client's local mode is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if self._remote else threading.RLock()
         )
         try:
-            if location == ":memory:":
+            if path is not None:
+                self._client = QdrantClient(path=str(path))
+            elif location == ":memory:":
                 self._client = QdrantClient(location=":memory:")
             else:
                 self._client = QdrantClient(
                     url=location, api_key=api_key, timeout=timeout, check_compatibility=False
                 )
-        except ValueError as exc:
-            raise StoreError(f"invalid Qdrant location {self._shown!r}: {redact(str(exc))}") from exc
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: the folder is open elsewhere
+            raise StoreError(f"cannot open Qdrant at {self._shown!r}: {redact(str(exc))}") from exc
         with self._errors("connect"):
             self._client.get_collections()
 
@@ -134,31 +146,28 @@ class ClientStore:
         # A collection, not an alias: Qdrant's collection_exists also answers True for an alias.
         return name in self.list_collections()
 
-    def collection(self, name: str) -> CollectionSpec:
-        if name in self._specs:
-            return self._specs[name]
-        with self._errors("collection lookup", name):
-            info = self._client.get_collection(name)
-        params = info.config.params.vectors
-        if not isinstance(params, models.VectorParams):
-            raise StoreError(f"collection {name!r} uses named vectors; rm-qdrant needs one unnamed vector")
-        spec = CollectionSpec(name, int(params.size), _NAMES[params.distance])
-        self._specs[name] = spec
-        return spec
+    def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
+        if name not in self._specs:
+            with self._errors("collection lookup", name):
+                info = self._client.get_collection(name)
+            params = info.config.params.vectors
+            named = params if isinstance(params, dict) else {"": params}
+            self._specs[name] = {
+                str(k): (int(v.size), _NAMES[v.distance]) for k, v in named.items() if v is not None
+            }
+        return pick_vector(name, self._specs[name], vector)
 
     def list_collections(self) -> list[str]:
         with self._errors("listing collections"):
             return sorted(c.name for c in self._client.get_collections().collections)
 
-    def create_collection(self, name: str, *, dim: int, distance: str) -> None:
-        spec = check_spec(name, dim, distance)
+    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None:
+        spec = check_spec(name, dim, distance, vector)
         if self.has_collection(name):
             raise StoreError(f"collection {name!r} already exists")
+        params = models.VectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
         with self._errors(f"creating collection {name!r}"):
-            self._client.create_collection(
-                name,
-                vectors_config=models.VectorParams(size=spec.dim, distance=_DISTANCES[spec.distance]),
-            )
+            self._client.create_collection(name, vectors_config={vector: params} if vector else params)
 
     def delete_collection(self, name: str) -> None:
         if not self.has_collection(name):
@@ -175,12 +184,13 @@ class ClientStore:
         payloads: Sequence[Mapping[str, Any]] | None = None,
         *,
         insert_only: bool = False,
+        vector: str = "",
     ) -> None:
-        matrix = check_vectors(self.collection(name), vectors, rows=len(ids))
+        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
         mode = models.UpdateMode.INSERT_ONLY if insert_only else None
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
-            models.PointStruct(id=normalize_id(i), vector=row, payload=dict(p))
+            models.PointStruct(id=normalize_id(i), vector={vector: row} if vector else row, payload=dict(p))
             for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
         ]
         if points:
@@ -241,12 +251,21 @@ class ClientStore:
             if field_name not in (info.payload_schema or {}):
                 self._client.create_payload_index(name, field_name, _INDEX_KINDS[kind], wait=True)
 
-    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
+    def payload_indexes(self, name: str) -> dict[str, str]:
+        with self._errors(f"reading the payload indexes of {name!r}", name):
+            schema = self._client.get_collection(name).payload_schema or {}
+        found = {field: _KIND_NAMES.get(info.data_type) for field, info in schema.items()}
+        return {field: kind for field, kind in found.items() if kind is not None}
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
+    ) -> list[Record]:
+        wanted: Any = ([vector] if vector else True) if with_vectors else False
         with self._errors(f"retrieve from {name!r}", name):
             points = self._client.retrieve(
-                name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=with_vectors
+                name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=wanted
             )
-        return [record_from(p, with_vectors) for p in points]
+        return [record_from(p, with_vectors, vector) for p in points]
 
     def scroll(
         self,
@@ -257,7 +276,9 @@ class ClientStore:
         with_vectors: bool = False,
         where: Where | None = None,
         order_by: str | None = None,
+        vector: str = "",
     ) -> tuple[list[Record], PointId | None]:
+        wanted: Any = ([vector] if vector else True) if with_vectors else False
         with self._errors(f"scroll over {name!r}", name):
             points, following = self._client.scroll(
                 name,
@@ -266,10 +287,10 @@ class ClientStore:
                 offset=offset,
                 order_by=order_by,
                 with_payload=True,
-                with_vectors=with_vectors,
+                with_vectors=wanted,
             )
         nxt = None if following is None else normalize_id(following)
-        return [record_from(p, with_vectors) for p in points], nxt
+        return [record_from(p, with_vectors, vector) for p in points], nxt
 
     def count(self, name: str, where: Where | None = None) -> int:
         with self._errors(f"count of {name!r}", name):
@@ -299,13 +320,16 @@ class ClientStore:
         filter: Filter | None = None,
         exact: bool = False,
         hnsw_ef: int | None = None,
+        vector: str = "",
     ) -> list[list[ScoredRecord]]:
-        matrix = check_vectors(self.collection(name), queries)
+        matrix = check_vectors(self.collection(name, vector), queries)
         # qdrant-client's local mode is always exact and warns about search params.
         params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
         where = _client_filter(filter)
         requests = [
-            models.QueryRequest(query=row, limit=limit, filter=where, params=params, with_payload=True)
+            models.QueryRequest(
+                query=row, using=vector or None, limit=limit, filter=where, params=params, with_payload=True
+            )
             for row in matrix.tolist()
         ]
         with self._errors(f"search in {name!r}", name):

@@ -4,12 +4,16 @@ qdrant-edge holds one shard per folder and has no collections, so a store is a
 folder with one shard per collection::
 
     ROOT/.rmq-lock                       held (flock) while a process has it open
-    ROOT/collections/NAME/spec.json      vector size and distance, written last
-    ROOT/collections/NAME/shard/         the qdrant-edge shard (WAL, segments)
+    ROOT/collections/NAME/shard/         the qdrant-edge shard (WAL, segments, edge_config.json)
+    ROOT/collections/NAME/spec.json      written last when rm-qdrant creates the collection
+    ROOT/collections/NAME/.creating      there only while rm-qdrant creates it
 
-A collection exists once its ``spec.json`` is there, so a crash while creating
-one leaves nothing that looks like a collection. Every update goes through the
-shard's write-ahead log before the call returns.
+A collection's vectors (names, sizes, distances) are read from the shard's own
+``edge_config.json``, so a shard made by a team's code with qdrant-edge, placed (or
+symlinked) at ``collections/NAME/shard``, is adopted as it is. A crash while
+rm-qdrant creates a collection leaves a ``.creating`` marker, and nothing that looks
+like a collection. Every update goes through the shard's write-ahead log before the
+call returns.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from typing import Any
 import numpy as np
 import qdrant_edge as qe
 
-from rm_qdrant.errors import CollectionNotFound, StoreError, StoreLocked
+from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError, StoreLocked
 from rm_qdrant.merge import PointId
 from rm_qdrant.store.base import (
+    INDEX_KINDS,
     CollectionSpec,
     Filter,
     Record,
@@ -42,6 +47,7 @@ from rm_qdrant.store.base import (
     is_missing_point,
     match_values,
     normalize_id,
+    pick_vector,
     record_from,
     scored_from,
 )
@@ -56,12 +62,9 @@ _DISTANCES = {
 }
 
 
-_INDEX_KINDS = {
-    "integer": qe.PayloadSchemaType.Integer,
-    "float": qe.PayloadSchemaType.Float,
-    "keyword": qe.PayloadSchemaType.Keyword,
-    "bool": qe.PayloadSchemaType.Bool,
-}
+_INDEX_KINDS = {kind: getattr(qe.PayloadSchemaType, kind.capitalize()) for kind in INDEX_KINDS}
+_KIND_NAMES = {str(v): k for k, v in _INDEX_KINDS.items()}
+_Specs = dict[str, tuple[int, str]]  # vector name -> (size, distance)
 
 
 def _condition(key: str, value: Any) -> qe.FieldCondition:
@@ -81,6 +84,23 @@ def _edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) ->
     must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()]
     must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
     return qe.Filter(must=must or None, must_not=must_not or None)
+
+
+def _read_specs(folder: Path, name: str) -> _Specs:
+    """A collection's dense vectors, from the shard's own config (or an older rm-qdrant spec)."""
+    try:
+        raw = json.loads((folder / "shard" / "edge_config.json").read_text())
+        vectors = raw["vectors"]
+        return {str(k): (int(v["size"]), str(v["distance"]).lower()) for k, v in vectors.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    try:
+        raw = json.loads((folder / "spec.json").read_text())
+        if "vectors" in raw:
+            return {k: (int(v[0]), str(v[1])) for k, v in raw["vectors"].items()}
+        return {"": (int(raw["dim"]), str(raw["distance"]))}
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ConfigError(f"cannot read the vector config of collection {name!r}: {exc}") from exc
 
 
 class EdgeStore:
@@ -133,64 +153,70 @@ class EdgeStore:
     def _dir(self, name: str) -> Path:
         return self._collections_dir / check_collection_name(name)
 
-    def has_collection(self, name: str) -> bool:
-        return (self._dir(name) / "spec.json").is_file()
+    @staticmethod
+    def _exists(folder: Path) -> bool:
+        if (folder / "spec.json").is_file():
+            return True  # made by rm-qdrant
+        return (folder / "shard" / "edge_config.json").is_file() and not (folder / ".creating").exists()
 
-    def collection(self, name: str) -> CollectionSpec:
-        return self._open(name)[0]
+    def has_collection(self, name: str) -> bool:
+        return self._exists(self._dir(name))
+
+    def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
+        return pick_vector(name, self._open(name)[0], vector)
 
     def list_collections(self) -> list[str]:
-        return sorted(p.parent.name for p in self._collections_dir.glob("*/spec.json"))
+        return sorted(p.name for p in self._collections_dir.iterdir() if self._exists(p))
 
-    def create_collection(self, name: str, *, dim: int, distance: str) -> None:
-        spec = check_spec(name, dim, distance)
+    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None:
+        spec = check_spec(name, dim, distance, vector)
         folder = self._dir(name)
         with self._mutex:
-            if (folder / "spec.json").is_file():
+            if self._exists(folder):
                 raise StoreError(f"collection {name!r} already exists")
             shutil.rmtree(folder, ignore_errors=True)  # leftovers of a crashed create
-            config = qe.EdgeConfig(
-                vectors=qe.EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
-            )
+            folder.mkdir(parents=True)
+            (folder / ".creating").touch()
+            params = qe.EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
+            config = qe.EdgeConfig(vectors={vector: params} if vector else params)
             try:
                 shard = qe.EdgeShard.create(str(folder / "shard"), config)
             except Exception as exc:  # qdrant-edge raises plain Exception
                 raise StoreError(f"cannot create collection {name!r}: {exc}") from exc
             tmp = folder / "spec.json.tmp"
-            tmp.write_text(json.dumps({"dim": spec.dim, "distance": spec.distance}))
+            tmp.write_text(json.dumps({"vectors": {vector: [spec.dim, spec.distance]}}))
             os.replace(tmp, folder / "spec.json")
-            self._shards[name] = (spec, shard)
+            (folder / ".creating").unlink()
+            self._shards[name] = ({vector: (spec.dim, spec.distance)}, shard)
 
     def delete_collection(self, name: str) -> None:
+        """Delete a collection. An adopted shard that is a symlink loses the link, not its data."""
         with self._mutex:
             opened = self._shards.pop(name, None)
             if opened is not None:
                 opened[1].close()
             folder = self._dir(name)
-            if not (folder / "spec.json").is_file():
+            if not self._exists(folder):
                 raise CollectionNotFound(f"collection {name!r} not found in {self.path}")
-            (folder / "spec.json").unlink()
+            (folder / ".creating").touch()  # from here on it no longer counts as a collection
+            (folder / "spec.json").unlink(missing_ok=True)
             shutil.rmtree(folder)
 
-    def _open(self, name: str) -> tuple[CollectionSpec, qe.EdgeShard]:
+    def _open(self, name: str) -> tuple[_Specs, qe.EdgeShard]:
         with self._mutex:
             opened = self._shards.get(name)
             if opened is not None:
                 return opened
             folder = self._dir(name)
-            try:
-                raw = json.loads((folder / "spec.json").read_text())
-            except FileNotFoundError:
-                raise CollectionNotFound(
-                    f"collection {name!r} not found in embedded store {self.path}"
-                ) from None
-            spec = CollectionSpec(name, int(raw["dim"]), raw["distance"])
+            if not self._exists(folder):
+                raise CollectionNotFound(f"collection {name!r} not found in embedded store {self.path}")
             try:
                 shard = qe.EdgeShard.load(str(folder / "shard"))
             except Exception as exc:
                 raise StoreError(f"cannot open collection {name!r}: {exc}") from exc
-            self._shards[name] = (spec, shard)
-            return spec, shard
+            specs = _read_specs(folder, name)
+            self._shards[name] = (specs, shard)
+            return specs, shard
 
     def _update(self, name: str, operation: qe.UpdateOperation) -> None:
         shard = self._open(name)[1]
@@ -207,12 +233,13 @@ class EdgeStore:
         payloads: Sequence[Mapping[str, Any]] | None = None,
         *,
         insert_only: bool = False,
+        vector: str = "",
     ) -> None:
-        spec = self.collection(name)
+        spec = self.collection(name, vector)
         matrix = check_vectors(spec, vectors, rows=len(ids))
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
-            qe.Point(normalize_id(i), row, dict(p))
+            qe.Point(normalize_id(i), {vector: row} if vector else row, dict(p))
             for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
         ]
         mode = qe.UpdateMode.InsertOnly if insert_only else None
@@ -249,10 +276,17 @@ class EdgeStore:
         if field_name not in shard.info().payload_schema:
             self._update(name, qe.UpdateOperation.create_field_index(field_name, _INDEX_KINDS[kind]))
 
-    def retrieve(self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False) -> list[Record]:
+    def payload_indexes(self, name: str) -> dict[str, str]:
+        schema = self._open(name)[1].info().payload_schema
+        found = {field: _KIND_NAMES.get(str(info.data_type)) for field, info in schema.items()}
+        return {field: kind for field, kind in found.items() if kind is not None}
+
+    def retrieve(
+        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
+    ) -> list[Record]:
         shard = self._open(name)[1]
         points = shard.retrieve([normalize_id(i) for i in ids], True, with_vectors)
-        return [record_from(p, with_vectors) for p in points]
+        return [record_from(p, with_vectors, vector) for p in points]
 
     def scroll(
         self,
@@ -263,6 +297,7 @@ class EdgeStore:
         with_vectors: bool = False,
         where: Where | None = None,
         order_by: str | None = None,
+        vector: str = "",
     ) -> tuple[list[Record], PointId | None]:
         shard = self._open(name)[1]
         start = None if offset is None else normalize_id(offset)
@@ -276,7 +311,7 @@ class EdgeStore:
         )
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
-        return [record_from(p, with_vectors) for p in points], following
+        return [record_from(p, with_vectors, vector) for p in points], following
 
     def count(self, name: str, where: Where | None = None) -> int:
         request = qe.CountRequest(filter=_edge_filter(where), exact=True)
@@ -308,15 +343,16 @@ class EdgeStore:
         filter: Filter | None = None,
         exact: bool = False,
         hnsw_ef: int | None = None,
+        vector: str = "",
     ) -> list[list[ScoredRecord]]:
-        spec, shard = self._open(name)
+        spec, shard = self.collection(name, vector), self._open(name)[1]
         matrix = check_vectors(spec, queries)
         params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact)
         where = _edge_filter(filter)
         requests = [
             qe.QueryRequest(
                 limit=limit,
-                query=qe.Query.Nearest(row),
+                query=qe.Query.Nearest(row, using=vector or None),
                 with_payload=True,
                 filter=where,
                 params=params,

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from click.testing import CliRunner
 
 from exporters.compose import attach_heads
 from exporters.linear import linear_encoder
 from exporters.serving import ExportError, export_old, export_serving
 from rm_qdrant import InputSpec, OnnxEncoder
+from rm_qdrant.cli import cli
+from rm_qdrant.stamp import stamp_model
 from train.backbone import load_backbone, save_backbone
 from train.backbones import build_backbone
 from train.config import BackboneConfig, HeadsConfig
@@ -99,7 +105,73 @@ def test_bad_exports_are_clear_errors(tmp_path):
         input_spec=spec,
         name="two",
     )
-    with pytest.raises(ExportError, match="several outputs"):
-        attach_heads(two, heads, tmp_path / "c.onnx")
+    # The stamped 'embedding' role says which output the heads read; --output-name overrides it.
+    _, worst = attach_heads(two, heads, tmp_path / "c.onnx")
+    assert worst <= 1e-4
     with pytest.raises(ExportError, match="is 3-d"):
         attach_heads(two, heads, tmp_path / "c.onnx", output_name="scores")
+    with pytest.raises(ExportError, match="has no output 'nope'"):
+        attach_heads(two, heads, tmp_path / "c.onnx", output_name="nope")
+
+
+def test_an_unstamped_backbone_is_refused(tmp_path):
+    theirs = linear_encoder(
+        tmp_path / "theirs.onnx",
+        [("embedding", "pixels", np.ones((192, 16)))],
+        input_spec=InputSpec(8, 8, 3),
+        name="t",
+    )
+    model = onnx.load(str(theirs))
+    del model.metadata_props[:]
+    onnx.save(model, str(theirs))
+    _, heads = checkpoints(tmp_path, "small-cnn")
+    with pytest.raises(
+        ExportError, match="has no rm_qdrant metadata: describe it first with 'rmq model stamp'"
+    ):
+        attach_heads(theirs, heads, tmp_path / "c.onnx")
+    runner = CliRunner()
+    base = ["export", "--new-onnx", str(theirs), "--heads", str(heads), "--out", str(tmp_path / "c.onnx")]
+    for extra, message in [
+        ([], "describe it first with 'rmq model stamp'"),
+        (["--input-size", "8"], "are gone"),
+    ]:
+        result = runner.invoke(cli, [*base, *extra])
+        assert result.exit_code == 1 and result.output.count("\n") == 1 and message in result.output
+    assert not (tmp_path / "c.onnx").exists()
+
+
+def test_heads_on_a_stamped_team_graph_keep_its_preprocessing(tmp_path):
+    """A team's float32 graph (ImageNet normalisation, resize + crop, output 'image_embeds'), stamped, then
+    composed: the composed graph serves exactly heads(φ) of what the stamped backbone serves."""
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, stride=2),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 7 * 7, 16),
+    ).eval()
+    team = tmp_path / "team.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            net, (torch.zeros(1, 3, 16, 16),), str(team), input_names=["pixel_values"],
+            output_names=["image_embeds"], dynamic_axes={"pixel_values": {0: "b"}, "image_embeds": {0: "b"}},
+            dynamo=False,
+        )  # fmt: skip
+    stamped = stamp_model(
+        team, tmp_path / "stamped.onnx", outputs={"embedding": "image_embeds"}, size=16, resize=20, crop=16,
+        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+    ).out  # fmt: skip
+    _, heads = checkpoints(tmp_path, "small-cnn")
+    path, worst = attach_heads(stamped, heads, tmp_path / "composed.onnx")
+    composed, backbone = OnnxEncoder(path), OnnxEncoder(stamped)
+    assert worst <= 1e-4 and composed.info.input == backbone.info.input
+    rng = np.random.default_rng(4)
+    images = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in [(30, 22), (17, 40), (16, 16)]]
+    head_model, _ = load_heads(heads)
+    with torch.no_grad():
+        phi = torch.from_numpy(backbone.encode(images)["embedding"])
+        expected = [F.normalize(t, dim=1).numpy() for t in head_model(phi)]
+    got = composed.encode(images)
+    np.testing.assert_allclose(got["new"], expected[0], atol=1e-4)
+    np.testing.assert_allclose(got["rev"], expected[1], atol=1e-4)

@@ -113,7 +113,30 @@ def test_a_mistyped_store_folder_is_an_error_and_creates_nothing(rmq, tmp_path, 
 
 def test_migrate_finalize_from_the_command_line(rmq, models, image_folder):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
-    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm, "--keep-old")
+    refused = rmq(
+        "init",
+        "--name",
+        "demo",
+        "--old-collection",
+        "gallery",
+        "--encoder",
+        models.rm,
+        "--keep-old",
+        ok=False,
+    )
+    assert "--keep-old needs --old-encoder" in refused.output
+    rmq(
+        "init",
+        "--name",
+        "demo",
+        "--old-collection",
+        "gallery",
+        "--encoder",
+        models.rm,
+        "--keep-old",
+        "--old-encoder",
+        models.old,
+    )
     plan = json.loads(rmq("migrate", "--name", "demo", "--until", "0.5", "--dry-run", "--json").output)
     assert plan["would_move_at_most"] == 12 and plan["order_ready"] is False
     assert (

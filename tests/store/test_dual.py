@@ -16,6 +16,7 @@ from rm_qdrant import (
     load_pair,
     scan_image_folder,
 )
+from rm_qdrant.pair import drop_pair
 from tests.conftest import NEW_DIM, OLD_DIM
 
 
@@ -111,7 +112,7 @@ def test_add_and_delete(store, models, pair, image_folder):
 
 
 def test_naive_mode_encodes_queries_with_both_models(store, models, pair):
-    store.delete_collection("p-new")
+    drop_pair(store, "p")  # one pair per old collection
     create_pair(
         store,
         "n",

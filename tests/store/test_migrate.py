@@ -29,7 +29,10 @@ def gallery(store, models, tmp_path):
 
 
 def open_pair(store, models, *, keep_old=False):
-    create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), keep_old=keep_old)
+    old = OnnxEncoder(models.old) if keep_old else None  # a rollback serves the old model
+    create_pair(
+        store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), keep_old=keep_old, old_encoder=old
+    )
     return DualIndex.open(store, "p", exact=True)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rm_qdrant import ImageError
+from rm_qdrant import ConfigError, ImageError
 from rm_qdrant.images import as_batch, pixels, to_pil
 
 
@@ -61,3 +61,34 @@ def test_as_batch():
     batch, single = as_batch(np.zeros((2, 4, 4, 3), dtype=np.uint8))
     assert len(batch) == 2 and not single
     assert as_batch(["a", "b"]) == (["a", "b"], False)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "resized", "box"),
+    [
+        (50, 40, (45, 36), (6, 2, 38, 34)),  # landscape: torchvision's int(36 * 50 / 40) = 45
+        (40, 64, (36, 57), (2, 12, 34, 44)),  # portrait: top = int(round(12.5)) = 12, as torchvision
+        (36, 36, (36, 36), (2, 2, 34, 34)),  # already the size: no resampling
+        (97, 61, (57, 36), (12, 2, 44, 34)),
+    ],
+)
+def test_shorter_side_resize_then_centre_crop(width, height, resized, box):
+    array = np.random.default_rng(width).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    expected = Image.fromarray(array)
+    if expected.size != resized:
+        expected = expected.resize(resized, Image.Resampling.BILINEAR)
+    expected = np.asarray(expected.crop(box))
+    got = pixels(png_bytes(array), height=32, width=32, channels=3, resize=36, crop=32)
+    assert got.shape == (32, 32, 3) and np.array_equal(got, expected)
+    bgr = pixels(array, height=32, width=32, channels=3, resize=36, crop=32, channel_order="BGR")
+    assert np.array_equal(bgr, expected[:, :, ::-1])
+
+
+def test_resize_and_crop_limits():
+    strip = np.zeros((1, 3000, 3), dtype=np.uint8)  # 3,000 pixels, but 108,000 x 36 once resized
+    with pytest.raises(ImageError, match="over the 1,000,000-pixel limit"):
+        pixels(strip, height=32, width=32, channels=3, resize=36, crop=32, max_pixels=1_000_000)
+    with pytest.raises(ImageError, match="empty"):
+        pixels(Image.new("RGB", (0, 5)), height=4, width=4, channels=3)
+    with pytest.raises(ConfigError, match="do not make a 32x32 image"):
+        pixels(strip, height=32, width=32, channels=3, resize=36)

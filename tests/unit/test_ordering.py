@@ -44,7 +44,8 @@ def test_centroid_order_puts_atypical_points_first():
             [{"old_confidence": 0.1}, {}],
             "1 of 2 points have no numeric payload 'old_confidence'",
         ),
-        ("payload:size", [{"size": "big"}, {"size": 2}], "no numeric payload 'size'"),
+        ("payload:size", [{"size": "big"}, {"size": 2}], "must be numbers or strings.*found int, str"),
+        ("payload:size", [{}, {}], "must be numbers or strings.*found none"),
         ("centroid", [{"label": "a"}, {}], "use 'centroid-unsupervised'"),
         ("alphabetical", [{}, {}], "unknown backfill order"),
         ("payload:", [{}, {}], "unknown backfill order"),
@@ -53,6 +54,24 @@ def test_centroid_order_puts_atypical_points_first():
 def test_orders_say_what_they_miss(spec, payloads, message):
     with pytest.raises(ConfigError, match=message):
         order_keys(spec, [1, 2], payloads, np.ones((2, 3)))
+
+
+def test_payload_orders_take_any_sortable_field_missing_last():
+    payloads = [{"sku": "b-2"}, {}, {"sku": "a-9"}, {"sku": "c-1"}]
+    assert np.argsort(order_keys("payload:sku", [1, 2, 3, 4], payloads)).tolist() == [2, 0, 3, 1]
+    dates = [{"t": "2024-05-01T10:00:00Z"}, {"t": "2023-12-31T23:59:59Z"}]
+    assert np.argsort(order_keys("payload:t", [1, 2], dates)).tolist() == [1, 0]
+    numbers = [{"n": 3}, {"n": -1.5}, {"n": 2}]
+    assert np.argsort(order_keys("payload:n", [1, 2, 3], numbers)).tolist() == [1, 2, 0]
+
+
+def test_centroid_reads_the_pairs_label_field():
+    vectors = np.random.default_rng(0).normal(size=(4, 3))
+    payloads = [{"category": c} for c in "aabb"]
+    keys = order_keys("centroid", [1, 2, 3, 4], payloads, vectors, label_field="category")
+    assert keys.shape == (4,)
+    with pytest.raises(ConfigError, match="no 'label' payload"):
+        order_keys("centroid", [1, 2, 3, 4], payloads, vectors)
 
 
 def test_shards_partition_the_buckets():

@@ -1,0 +1,191 @@
+"""``rmq model``: describe a team's own ONNX encoder so rm-qdrant can serve it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import click
+
+from rm_qdrant.cli_common import Group, emit, json_option, open_cli_store, source_options
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.uris import UriRule
+
+if TYPE_CHECKING:  # rm_qdrant.stamp imports onnx: loaded when a model command runs, not for every rmq call
+    from rm_qdrant.stamp import StampReport
+
+
+def _floats(value: str | None, option: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"bad {option} {value!r}: expected comma-separated numbers, e.g. 0.5,0.5,0.5"
+        ) from None
+
+
+@click.group(name="model", cls=Group)
+def model() -> None:
+    """Describe ONNX encoders: the rm_qdrant metadata entry any graph needs."""
+
+
+@model.command(name="stamp")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where the stamped graph goes.")
+@click.option(
+    "--output",
+    "outputs",
+    multiple=True,
+    required=True,
+    metavar="ROLE=GRAPH_OUTPUT",
+    help="A role (embedding, new, rev, scores) and the graph output that plays it (repeatable).",
+)
+@click.option("--input-size", required=True, type=int, help="Input height = width.")
+@click.option("--resize", type=int, help="Shorter side before the centre crop (torchvision Resize(N)).")
+@click.option("--crop", type=int, help="Centre crop side, equal to --input-size (torchvision CenterCrop(N)).")
+@click.option(
+    "--input-layout", type=click.Choice(["NCHW", "NHWC"]), help="[default: from the input's shape, else NCHW]"
+)
+@click.option("--input-dtype", type=click.Choice(["float32", "uint8"]), help="[default: the input's type]")
+@click.option("--mean", help="Per-channel mean for float32 input, e.g. 0.485,0.456,0.406 [default: none].")
+@click.option("--std", help="Per-channel std for float32 input, e.g. 0.229,0.224,0.225 [default: none].")
+@click.option(
+    "--channel-order",
+    type=click.Choice(["RGB", "BGR"]),
+    default="RGB",
+    show_default=True,
+    help="Channel order the graph expects; --mean and --std are in this order.",
+)
+@click.option(
+    "--distance", type=click.Choice(["cosine", "dot", "euclid"]), default="cosine", show_default=True
+)
+@click.option("--name", help="Model name [default: the file's stem].")
+@json_option
+def stamp_command(
+    source: str,
+    out: str,
+    outputs: tuple[str, ...],
+    input_size: int,
+    resize: int | None,
+    crop: int | None,
+    input_layout: str | None,
+    input_dtype: str | None,
+    mean: str | None,
+    std: str | None,
+    channel_order: str,
+    distance: str,
+    name: str | None,
+    as_json: bool,
+) -> None:
+    """Add the rm_qdrant metadata entry to SOURCE, an ONNX graph; nothing else in it changes.
+
+    Roles map to the graph's own outputs (nothing is renamed), e.g.
+    --output embedding=image_embeds. Output dimensions come from the graph's static
+    shapes, or from one run on a zero input.
+    """
+    from rm_qdrant.stamp import parse_output_roles, stamp_model
+
+    report = stamp_model(
+        source,
+        out,
+        outputs=parse_output_roles(outputs),
+        size=input_size,
+        layout=input_layout,
+        dtype=input_dtype,
+        resize=resize,
+        crop=crop,
+        mean=_floats(mean, "--mean"),
+        std=_floats(std, "--std"),
+        channel_order=channel_order,
+        distance=distance,
+        name=name,
+    )
+    emit(_as_dict(report), as_json, _as_text(report))
+
+
+def _as_dict(report: StampReport) -> dict[str, object]:
+    info = report.info
+    return {
+        "source": str(report.source),
+        "out": str(report.out),
+        "replaced": report.replaced,
+        "name": info.name,
+        "distance": info.distance,
+        "outputs": {
+            role: {"graph_output": info.output_names[role], "dim": dim, "from": report.dims_from[role]}
+            for role, dim in info.outputs.items()
+        },
+        "input": {"name": report.input_name, **dataclasses.asdict(info.input)},
+    }
+
+
+def _as_text(report: StampReport) -> str:
+    info = report.info
+    lines = [f"stamped {report.source} -> {report.out} ({info.name}, {info.distance})"]
+    if report.replaced:
+        lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
+    for role, dim in info.outputs.items():
+        lines.append(f"  {role:9} -> {info.output_names[role]}: {dim}-d ({report.dims_from[role]})")
+    lines.append(f"  input     {report.input_name}: {info.input.describe()}")
+    return "\n".join(lines)
+
+
+@model.command(name="check")
+@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(dir_okay=False))
+@click.option("--collection", required=True, help="A collection whose vectors this model should reproduce.")
+@click.option("--vector", help="Its vector name, if it has named vectors [default: its only vector].")
+@click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Points compared.")
+@click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
+@click.option("--uri-template", help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg'.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the sample.")
+@source_options
+@json_option
+@click.pass_context
+def check_command(
+    ctx: click.Context,
+    model_path: str,
+    collection: str,
+    vector: str | None,
+    sample: int,
+    uri_field: str,
+    uri_template: str | None,
+    seed: int,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
+    """Re-encode stored points' images with MODEL and compare with the vectors stored for them.
+
+    A stamped graph whose preprocessing matches production reproduces them (cosine
+    >= 0.999); a wrong resize, crop, normalisation or channel order shows here,
+    before anything moves. Exits 1 when they do not match.
+    """
+    from rm_qdrant.switch import SAME_OUTPUT
+    from rm_qdrant.verify import agreement
+
+    found = agreement(
+        open_cli_store(ctx),
+        collection,
+        OnnxEncoder(model_path),
+        vector=vector,
+        rule=UriRule(uri_field, uri_template),
+        sample=sample,
+        seed=seed,
+        source=source,
+    )
+    matches = found.min >= SAME_OUTPUT
+    data = {**dataclasses.asdict(found), "matches": matches, "threshold": SAME_OUTPUT}
+    text = (
+        f"{model_path} against {found.checked} stored vectors of {collection!r}: cosine min {found.min:.5f}, "
+        f"median {found.median:.5f}"
+        + (f"; {found.unreadable} images unreadable (first: {found.first_error})" if found.unreadable else "")
+    )
+    emit(data, as_json, text)
+    if not matches:
+        raise ConfigError(
+            f"the model does not reproduce the stored vectors (min {found.min:.4f} < {SAME_OUTPUT}): "
+            "check --resize/--crop, --mean/--std, --channel-order and --input-size of 'rmq model stamp'"
+        )

@@ -1,0 +1,90 @@
+"""``rmq pairs``, ``rmq drop-pair`` and ``rmq switch-encoder``: managing the pairs of a store."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_options
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.pair import drop_pair, list_pairs, load_pair
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.switch import switch_encoder
+
+
+@click.command(name="pairs")
+@json_option
+@click.pass_context
+def pairs_command(ctx: click.Context, as_json: bool) -> None:
+    """List the pairs of this store: collections, mode, state, models."""
+    found = list_pairs(open_cli_store(ctx))
+    lines = [f"{'pair':16} {'mode':6} {'state':12} collections (old -> new)          encoder"]
+    for p in found:
+        arrow = f"{p.old_collection} -> {p.new_collection}"
+        lines.append(f"{p.name:16} {p.mode:6} {p.state:12} {arrow:34} {p.encoder.name}")
+    emit([dataclasses.asdict(p) for p in found], as_json, "\n".join(lines) if found else "no pairs")
+
+
+@click.command(name="drop-pair")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Drop even while points live only in the new collection.")
+@json_option
+@click.pass_context
+def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
+    """Forget a pair. The old collection is never touched; the new one goes only if empty."""
+    done = drop_pair(open_cli_store(ctx), name, force=force)
+    p = done.pair
+    kept = (
+        f"; {p.new_collection!r} deleted (it was empty)"
+        if done.deleted_new
+        else f"; {p.new_collection!r} kept"
+    )
+    text = f"dropped pair {name!r} ({p.state}); {p.old_collection!r} untouched{kept}"
+    emit({"pair": name, "state": p.state, "deleted_new": done.deleted_new}, as_json, text)
+
+
+@click.command(name="switch-encoder")
+@name_option
+@click.option("--encoder", required=True, type=click.Path(), help="The graph to serve from now on (.onnx).")
+@click.option("--old-encoder", type=click.Path(), help="The old model, if the pair has none recorded.")
+@click.option(
+    "--sample",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Points of new re-encoded to check the vectors there stay valid.",
+)
+@source_options
+@json_option
+@click.pass_context
+def switch_encoder_command(
+    ctx: click.Context,
+    name: str,
+    encoder: str,
+    old_encoder: str | None,
+    sample: int,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
+    """Serve a running pair with another graph, if the vectors already in new stay valid."""
+    store = open_cli_store(ctx)
+    updated, measured = switch_encoder(
+        store,
+        load_pair(store, name),
+        OnnxEncoder(encoder),
+        old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+        sample=sample,
+        source=source,
+    )
+    check = (
+        f"; checked on {measured.checked} points of new: cosine min {measured.min:.5f}"
+        if measured
+        else "; new was empty"
+    )
+    text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
+    emit(
+        {"pair": dataclasses.asdict(updated), "check": measured and dataclasses.asdict(measured)},
+        as_json,
+        text,
+    )

@@ -1,0 +1,294 @@
+"""Describe any ONNX image encoder for rm-qdrant: add the ``rm_qdrant`` metadata entry, change nothing else.
+
+A team's own graph keeps its output names (``image_embeds``, ``pooler_output``, ...):
+the entry maps rm-qdrant's roles to them, and says how images are prepared
+(size, shorter-side resize and centre crop, layout, dtype, normalisation, channel
+order). The graph itself is written back byte for byte apart from ``metadata_props``.
+
+Example:
+    >>> stamp_model("vit.onnx", "vit-rmq.onnx", outputs={"embedding": "image_embeds"},
+    ...             size=224, resize=256, crop=224, mean=(0.485, 0.456, 0.406),
+    ...             std=(0.229, 0.224, 0.225))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto
+from onnx.external_data_helper import uses_external_data
+
+from rm_qdrant.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.errors import ConfigError, EncoderError
+from rm_qdrant.modelinfo import METADATA_KEY, ROLES, InputSpec, ModelInfo, check_input_shape, parse_metadata
+
+#: ONNX element types rm-qdrant can feed, by the metadata's ``input.dtype`` name.
+INPUT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.UINT8: "uint8"}
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+@dataclass(frozen=True)
+class StampReport:
+    """What :func:`stamp_model` wrote.
+
+    Attributes:
+        source: The graph read.
+        out: The graph written.
+        info: The description stamped into it (roles, graph output names, dims, input).
+        input_name: The graph's image input.
+        dims_from: Role → where its dimension came from: ``"static shape"`` or ``"measured on a zero input"``.
+        replaced: The source already had an ``rm_qdrant`` entry, now overwritten.
+    """
+
+    source: Path
+    out: Path
+    info: ModelInfo
+    input_name: str
+    dims_from: Mapping[str, str]
+    replaced: bool
+
+
+def parse_output_roles(items: Iterable[str]) -> dict[str, str]:
+    """Read ``ROLE=GRAPH_OUTPUT`` strings (``rmq model stamp --output``) into role → graph output.
+
+    >>> parse_output_roles(["embedding=image_embeds"])
+    {'embedding': 'image_embeds'}
+
+    Raises:
+        ConfigError: a malformed item, an unknown role, a role given twice, or no item.
+    """
+    roles: dict[str, str] = {}
+    for item in items:
+        role, sep, name = item.partition("=")
+        role, name = role.strip(), name.strip()
+        if not sep or not role or not name:
+            raise ConfigError(
+                f"bad --output {item!r}: expected ROLE=GRAPH_OUTPUT, e.g. embedding=image_embeds"
+            )
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r} in --output {item!r}; roles are {', '.join(ROLES)}")
+        if role in roles:
+            raise ConfigError(f"role {role!r} is given twice (--output {role}={roles[role]} and {item})")
+        roles[role] = name
+    if not roles:
+        raise ConfigError("give at least one --output ROLE=GRAPH_OUTPUT, e.g. embedding=image_embeds")
+    return roles
+
+
+def stamp_model(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    outputs: Mapping[str, str],
+    size: int,
+    layout: str | None = None,
+    dtype: str | None = None,
+    resize: int | None = None,
+    crop: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    channel_order: str = "RGB",
+    distance: str = "cosine",
+    name: str | None = None,
+) -> StampReport:
+    """Write ``source`` to ``out`` with an ``rm_qdrant`` metadata entry that describes it.
+
+    Args:
+        source: Any ONNX graph with one image input.
+        out: Where the stamped graph goes (may be ``source``).
+        outputs: Role (``embedding``, ``new``, ``rev``, ``scores``) → the graph's output name.
+        size: Input height = width.
+        layout: ``NCHW`` or ``NHWC``; by default read from the input's static shape (else NCHW).
+        dtype: ``float32`` or ``uint8``; by default the input's element type.
+        resize: The shorter side before the centre crop (torchvision ``Resize(resize)``).
+        crop: The centre crop's side (torchvision ``CenterCrop(crop)``); equals ``size``.
+        mean: Per-channel mean for ``float32`` input (in ``channel_order``); default none.
+        std: Per-channel std for ``float32`` input; default none.
+        channel_order: ``RGB`` or ``BGR``.
+        distance: The distance the vectors are meant for.
+        name: The model's name; default the file's stem.
+
+    Raises:
+        ConfigError: options that do not fit the graph or each other (one line each).
+        EncoderError: the graph cannot be read or run.
+    """
+    source, out = Path(source), Path(out)
+    model = _load(source)
+    image = _image_input(model, source)
+    shape = _static_shape(image) or [None] * 4
+    spec = InputSpec(
+        height=size,
+        width=size,
+        channels=_channels(shape, layout or _guess_layout(shape)),
+        layout=layout or _guess_layout(shape),
+        dtype=_dtype(image, dtype, source),
+        mean=tuple(mean or ()),
+        std=tuple(std or ()),
+        resize=resize,
+        crop=crop,
+        channel_order=channel_order,
+    )
+    if spec.dtype == "uint8" and (spec.mean or spec.std):
+        raise ConfigError("mean and std apply to float32 input; a uint8 graph normalises inside itself")
+    graph_outputs = {o.name: o for o in model.graph.output}
+    _check_roles(outputs, graph_outputs, source)
+    draft = ModelInfo(name or source.stem, distance, dict.fromkeys(outputs, 1), spec, output_names=outputs)
+    probe = _validate(draft, list(graph_outputs), source)  # as the encoder will read it: defaults filled in
+    spec = probe.input
+    try:
+        batch = check_input_shape(spec, shape, f"{source}: input {image.name!r}")
+    except EncoderError as exc:
+        raise ConfigError(str(exc)) from exc
+    dims, dims_from = _dims(model, image.name, spec, batch or 1, outputs, graph_outputs, source)
+    info = ModelInfo(probe.name, probe.distance, dims, spec, output_names=outputs)
+    replaced = _set_entry(model, info.to_metadata()[METADATA_KEY])
+    _write(model, out)
+    return StampReport(source, out, info, image.name, dims_from, replaced)
+
+
+def _load(source: Path) -> onnx.ModelProto:
+    if not source.is_file():
+        raise ConfigError(f"cannot read {source}: no such file")
+    try:
+        model = onnx.load(str(source), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise EncoderError(f"{source} is not a loadable ONNX graph: {type(exc).__name__}: {exc}") from exc
+    if any(uses_external_data(t) for t in model.graph.initializer):
+        raise ConfigError(
+            f"{source} keeps its weights in external data files, which rm-qdrant's encoder cannot load; "
+            "save it as one file first (onnx.save(model, path, save_as_external_data=False))"
+        )
+    return model
+
+
+def _image_input(model: onnx.ModelProto, source: Path) -> onnx.ValueInfoProto:
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in weights]
+    if len(inputs) != 1:
+        names = ", ".join(i.name for i in inputs) or "none"
+        raise ConfigError(f"{source} has {len(inputs)} inputs ({names}); rm-qdrant feeds one image input")
+    return inputs[0]
+
+
+def _static_shape(value: onnx.ValueInfoProto) -> list[int | None] | None:
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
+
+
+def _guess_layout(shape: Sequence[int | None]) -> str:
+    """NHWC when the static shape has its channels last, else NCHW (the usual PyTorch export)."""
+    if len(shape) == 4 and shape[3] in (1, 3) and shape[1] not in (1, 3):
+        return "NHWC"
+    return "NCHW"
+
+
+def _channels(shape: Sequence[int | None], layout: str) -> int:
+    """The static channel count when it is 1 or 3, else 3 (a contradiction is refused later)."""
+    if len(shape) != 4:
+        return 3
+    channels = shape[1 if layout == "NCHW" else 3]
+    return channels if channels in (1, 3) else 3  # type: ignore[return-value]
+
+
+def _dtype(image: onnx.ValueInfoProto, given: str | None, source: Path) -> str:
+    elem = image.type.tensor_type.elem_type
+    graph_dtype = INPUT_TYPES.get(elem)
+    if graph_dtype is None:
+        kind = TensorProto.DataType.Name(elem) if elem else "not a tensor"
+        raise ConfigError(f"{source}: input {image.name!r} is {kind}; rm-qdrant feeds float32 or uint8")
+    if given is not None and given != graph_dtype:
+        raise ConfigError(f"{source}: input {image.name!r} takes {graph_dtype}, not {given}")
+    return graph_dtype
+
+
+def _check_roles(
+    outputs: Mapping[str, str], graph_outputs: Mapping[str, onnx.ValueInfoProto], source: Path
+) -> None:
+    for role, name in outputs.items():
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        if name not in graph_outputs:
+            raise ConfigError(f"{source} has no output {name!r}; its outputs: {', '.join(graph_outputs)}")
+        elem = graph_outputs[name].type.tensor_type.elem_type
+        if elem and elem not in FLOAT_TYPES:
+            kind = TensorProto.DataType.Name(elem)
+            raise ConfigError(f"{source}: output {name!r} ({role}) is {kind}, not a float vector")
+
+
+def _validate(info: ModelInfo, graph_outputs: list[str], source: Path) -> ModelInfo:
+    """What the encoder would refuse, refused now: the entry goes through the encoder's own parser."""
+    try:
+        return parse_metadata(info.to_metadata(), graph_outputs, source=str(source))
+    except EncoderError as exc:
+        raise ConfigError(f"cannot stamp {exc}") from exc
+
+
+def _dims(
+    model: onnx.ModelProto,
+    input_name: str,
+    spec: InputSpec,
+    batch: int,
+    outputs: Mapping[str, str],
+    graph_outputs: Mapping[str, onnx.ValueInfoProto],
+    source: Path,
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Each role's dimension: the output's static shape, else one run of the graph on zeros."""
+    dims: dict[str, int] = {}
+    for role, name in outputs.items():
+        shape = _static_shape(graph_outputs[name])
+        if shape and len(shape) >= 2 and all(s is not None for s in shape[1:]):
+            dims[role] = math.prod(shape[1:])  # type: ignore[arg-type]
+    missing = [role for role in outputs if role not in dims]
+    if missing:
+        measured = _measure(model, input_name, spec, batch, [outputs[r] for r in missing], source)
+        dims.update(zip(missing, measured, strict=True))
+    return dims, {r: "measured on a zero input" if r in missing else "static shape" for r in outputs}
+
+
+def _measure(
+    model: onnx.ModelProto, input_name: str, spec: InputSpec, batch: int, names: list[str], source: Path
+) -> list[int]:
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EncoderError(f"{source} is not a loadable ONNX graph: {exc}") from exc
+    zeros = np.zeros(spec.tensor_shape(batch), dtype=spec.dtype)
+    values = run_in_chunks(session, input_name, names, zeros, chunk=batch, fixed=True, what=str(source))
+    return [int(v.shape[1]) for v in values]
+
+
+def _set_entry(model: onnx.ModelProto, text: str) -> bool:
+    """Put the entry in ``metadata_props`` (in place of an existing one); True if one was there."""
+    found = [i for i, prop in enumerate(model.metadata_props) if prop.key == METADATA_KEY]
+    for index in reversed(found[1:]):
+        del model.metadata_props[index]
+    if found:
+        model.metadata_props[found[0]].value = text
+    else:
+        model.metadata_props.add(key=METADATA_KEY, value=text)
+    return bool(found)
+
+
+def _write(model: onnx.ModelProto, out: Path) -> None:
+    """Write through a temporary file, after the encoder has accepted it: no half-stamped graph."""
+    partial = out.with_name(f".{out.name}.stamping")
+    try:
+        partial.write_bytes(model.SerializeToString())
+        try:
+            OnnxEncoder(partial)
+        except EncoderError as exc:
+            raise EncoderError(str(exc).replace(str(partial), str(out))) from exc
+        os.replace(partial, out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)

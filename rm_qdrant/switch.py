@@ -1,0 +1,92 @@
+"""Switching a running pair to another encoder (``rmq switch-encoder``).
+
+A naive pair can start serving as soon as the team has a plain new model, and move
+to a trained graph (ψ, and ρ held at the identity) once it exists, without starting
+over. The one rule: the vectors already in the new collection must stay valid, so
+the candidate's gallery output must reproduce them; otherwise two embedding spaces
+would mix in one collection, and the switch is refused with the measured reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.pair import ModelRef, PairRecord, check_collection_model, record_collection_model, save_pair
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.store import Store
+from rm_qdrant.verify import Agreement, agreement
+
+#: The lowest cosine between a stored new vector and the candidate's vector for the same
+#: image that still counts as "the same output" (float noise across runtimes stays above it).
+SAME_OUTPUT = 0.999
+
+
+def switch_encoder(
+    store: Store,
+    pair: PairRecord,
+    encoder: OnnxEncoder,
+    *,
+    old_encoder: OnnxEncoder | None = None,
+    sample: int = 64,
+    source: SourceConfig | None = None,
+) -> tuple[PairRecord, Agreement | None]:
+    """Make ``encoder`` the pair's encoder, if the vectors already in new stay valid.
+
+    The mode follows the graph: ``rm`` with ``new`` and ``rev`` outputs, else ``naive``
+    (with the pair's old model, or ``old_encoder``).
+
+    Returns:
+        The updated record, and the agreement measured on new (None when new is empty).
+
+    Raises:
+        MigrationError: the pair is not backfilling.
+        ConfigError: sizes or distance do not fit, or the candidate's output differs from
+            the vectors already in new.
+    """
+    if pair.state != "backfilling":
+        raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
+    gallery = encoder.info.gallery_output()
+    new_dim = store.collection(pair.new_collection, pair.vector).dim
+    old_dim = store.collection(pair.old_collection, pair.vector).dim
+    if encoder.info.outputs[gallery] != new_dim or encoder.info.distance != pair.distance:
+        raise ConfigError(
+            f"{encoder.path} makes {encoder.info.outputs[gallery]}-d {encoder.info.distance} vectors, "
+            f"collection {pair.new_collection!r} holds {new_dim}-d {pair.distance} ones"
+        )
+    mode = "rm" if "rm" in encoder.info.query_modes else "naive"
+    if mode == "rm" and encoder.info.outputs["rev"] != old_dim:
+        raise ConfigError(
+            f"{encoder.path} output 'rev' is {encoder.info.outputs['rev']}-d, old holds {old_dim}-d"
+        )
+    old_model = pair.old_encoder
+    if old_encoder is not None:
+        check_collection_model(store, pair.old_collection, old_encoder)
+        old_model = ModelRef.of(old_encoder, old_encoder.info.gallery_output())
+    if mode == "naive" and old_model is None:
+        raise ConfigError(f"{encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
+    measured = None
+    if store.count(pair.new_collection):
+        measured = agreement(
+            store,
+            pair.new_collection,
+            encoder,
+            output=gallery,
+            vector=pair.vector,
+            rule=pair.uri_rule,
+            sample=sample,
+            source=source,
+        )
+        if measured.min < SAME_OUTPUT:
+            raise ConfigError(
+                f"refused: {encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
+                f"(cosine min {measured.min:.4f}, median {measured.median:.4f}, "
+                f"{measured.checked} points); "
+                "they would mix two embedding spaces. Switch only to a graph whose gallery output is "
+                "unchanged (e.g. ψ trained with ρ = identity), or start a new pair"
+            )
+    updated = replace(pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model)
+    save_pair(store, updated)
+    record_collection_model(store, pair.new_collection, updated.encoder)
+    return updated, measured

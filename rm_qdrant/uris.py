@@ -1,0 +1,90 @@
+"""Where a gallery point's image is, read from its payload (pure: no I/O).
+
+A pair knows it in one of two ways, given to ``rmq init``:
+
+- ``--uri-field FIELD``: the payload field that holds the image's URI or path
+  (``uri`` by default, what ``rmq index`` writes);
+- ``--uri-template TEMPLATE``: a URI built from payload fields, e.g.
+  ``s3://bucket/{sku}.jpg`` or ``https://cdn.example.com/{category}/{sku}.jpg``;
+  ``{id}`` is the point's id when the payload has no ``id`` field. Format specs work
+  (``{n:06d}``); attribute and index access do not.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.merge import PointId
+
+_FORMATTER = string.Formatter()
+
+
+@dataclass(frozen=True)
+class UriRule:
+    """How to find a point's image URI in its payload: a field, or a template over fields."""
+
+    field: str = "uri"
+    template: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.template is not None:
+            fields = template_fields(self.template)
+            if not fields:
+                raise ConfigError(f"--uri-template {self.template!r} uses no payload field, e.g. {{sku}}")
+        elif not self.field:
+            raise ConfigError("--uri-field must name a payload field")
+
+    def uri(self, point_id: PointId, payload: Mapping[str, Any]) -> Any:
+        """The point's image URI (the raw field value; the source checks it).
+
+        Raises:
+            SourceError: a template field is missing or empty in this payload.
+        """
+        if self.template is None:
+            return payload.get(self.field)
+        parts = []
+        for literal, name, spec, _ in _FORMATTER.parse(self.template):
+            parts.append(literal)
+            if name is None:
+                continue
+            value = point_id if name == "id" and "id" not in payload else payload.get(name)
+            if value is None or value == "":
+                raise SourceError(f"payload has no {name!r} for the uri template {self.template!r}")
+            try:
+                parts.append(format(value, spec or ""))
+            except (ValueError, TypeError) as exc:
+                raise SourceError(f"payload {name!r} = {value!r} does not fit {{{name}:{spec}}}") from exc
+        return "".join(parts)
+
+    def describe(self) -> str:
+        return f"template {self.template}" if self.template else f"payload field {self.field!r}"
+
+
+def template_fields(template: str) -> list[str]:
+    """The payload fields a template reads, checked.
+
+    >>> template_fields("s3://bucket/{category}/{sku}.jpg")
+    ['category', 'sku']
+
+    Raises:
+        ConfigError: the template is malformed or uses attribute/index access or conversions.
+    """
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"bad --uri-template {template!r}: {exc}") from exc
+    fields = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name or any(c in name for c in ".[]") or conversion or "{" in (spec or ""):
+            raise ConfigError(
+                f"bad --uri-template {template!r}: fields are plain payload names like {{sku}} "
+                "(no attributes, indexes, conversions or nested fields)"
+            )
+        fields.append(name)
+    return fields

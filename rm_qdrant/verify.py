@@ -1,0 +1,113 @@
+"""Do a model and its preprocessing reproduce the vectors a collection already stores?
+
+``rmq model check`` asks it before anything moves (a stamped graph against the team's
+production vectors); ``rmq switch-encoder`` asks it before a running pair changes
+model (the vectors already in new must stay valid).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.errors import ConfigError, DimensionMismatch, SourceError
+from rm_qdrant.merge import PointId
+from rm_qdrant.migrate import load_tensor
+from rm_qdrant.ranking import read_all
+from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.store import Record, Store, Where
+from rm_qdrant.uris import UriRule
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Cosine between stored vectors and the model's vectors for the same images.
+
+    Attributes:
+        checked: points compared.
+        unreadable: sampled points whose image could not be fetched or decoded (first reason kept).
+        min, median: of the cosines.
+        worst: the lowest few, as (id, cosine).
+    """
+
+    checked: int
+    unreadable: int
+    min: float
+    median: float
+    worst: list[tuple[PointId, float]]
+    first_error: str = ""
+
+
+def agreement(
+    store: Store,
+    collection: str,
+    encoder: OnnxEncoder,
+    *,
+    output: str | None = None,
+    vector: str | None = None,
+    rule: UriRule | None = None,
+    sample: int = 200,
+    seed: int = 0,
+    source: SourceConfig | None = None,
+    where: Where | None = None,
+) -> Agreement:
+    """Re-encode the images of up to ``sample`` random points and compare with their stored vectors.
+
+    Raises:
+        DimensionMismatch: the model's output does not have the collection's size.
+        ConfigError: no point could be compared (none stored, or no image readable).
+    """
+    output = output or encoder.info.gallery_output()
+    spec = store.collection(collection, vector)
+    if encoder.info.outputs[output] != spec.dim:
+        raise DimensionMismatch(
+            f"{encoder.path} output {output!r} makes {encoder.info.outputs[output]}-d vectors, "
+            f"collection {collection!r} holds {spec.dim}-d ones"
+        )
+    ids, _, _ = read_all(store, collection, where or Where(), False)
+    if not ids:
+        raise ConfigError(f"collection {collection!r} holds no points to compare with")
+    rng = np.random.default_rng(seed)
+    chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(sample, len(ids)), replace=False))]
+    records = store.retrieve(collection, chosen, with_vectors=True, vector=spec.vector)
+    rule = rule or UriRule()
+    with ImageSource(source or SourceConfig()) as images, ThreadPoolExecutor(8) as pool:
+        loaded = list(pool.map(lambda r: _load(encoder, images, rule, r), records))
+    good = [
+        (r, x) for r, (x, _) in zip(records, loaded, strict=True) if x is not None and r.vector is not None
+    ]
+    errors = [e for x, e in loaded if x is None]
+    if not good:
+        raise ConfigError(
+            f"none of the {len(records)} sampled images could be read (first: {errors[0] if errors else '-'})"
+        )
+    fresh = encoder.run(np.concatenate([x for _, x in good]), [output])[output]
+    stored = np.stack([r.vector for r, _ in good])
+    cosines = _cosine(stored, fresh)
+    worst = sorted(zip([r.id for r, _ in good], cosines.tolist(), strict=True), key=lambda t: t[1])[:5]
+    return Agreement(
+        checked=len(good),
+        unreadable=len(records) - len(good),
+        min=float(cosines.min()),
+        median=float(np.median(cosines)),
+        worst=worst,
+        first_error=errors[0] if errors else "",
+    )
+
+
+def _load(
+    encoder: OnnxEncoder, images: ImageSource, rule: UriRule, record: Record
+) -> tuple[np.ndarray | None, str]:
+    try:
+        uri = rule.uri(record.id, record.payload)
+    except SourceError as exc:
+        return None, str(exc)
+    return load_tensor(encoder, images, uri)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.einsum("ij,ij->i", a, b) / np.maximum(norms, 1e-12)

@@ -1,0 +1,263 @@
+"""s3:// and gs:// images from a real S3-compatible server (moto, on 127.0.0.1).
+
+The credential chain is pinned by the environment in every test: fake keys, the
+endpoint in AWS_ENDPOINT_URL_S3 (RMQ_GS_ENDPOINT for gs://), no ~/.aws files, no
+instance metadata, so a developer's own AWS set-up never takes part.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
+from rm_qdrant.dual import DualIndex
+from rm_qdrant.errors import SourceError
+from rm_qdrant.migrate import MigrateOptions, run_migration
+from rm_qdrant.planning import ERROR
+from rm_qdrant.sources import ImageSource, SourceConfig, shown
+from rm_qdrant.sources.s3 import GS_ENDPOINT, gs_endpoint
+from tests.conftest import make_image_folder
+
+boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed")
+moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+
+FAST = SourceConfig(timeout=2.0, retries=2, backoff=0.01)
+_ISOLATE = (
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "RMQ_GS_ENDPOINT",
+)
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[str]:
+    """A moto S3 server on a free port of 127.0.0.1; yields its URL."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, moto: str) -> str:
+    """The environment of a machine whose only AWS set-up points at moto; yields the endpoint."""
+    for name in _ISOLATE:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return moto
+
+
+@pytest.fixture
+def bucket(aws: str) -> tuple[str, Callable[[str, bytes], None]]:
+    """A fresh bucket on moto; yields its name and a function that uploads ``key, data``."""
+    name = f"rmq-{uuid.uuid4().hex[:12]}"
+    client = boto3.session.Session().client("s3", endpoint_url=aws)
+    client.create_bucket(Bucket=name)
+
+    def put(key: str, data: bytes) -> None:
+        client.put_object(Bucket=name, Key=key, Body=data)
+
+    return name, put
+
+
+@pytest.fixture
+def jpeg(tmp_path: Path) -> bytes:
+    return (make_image_folder(tmp_path / "img", per_class=1, labels=("a",)) / "a" / "000.jpg").read_bytes()
+
+
+def fails(uri: str, match: str, config: SourceConfig = FAST, **kwargs: object) -> str:
+    with ImageSource(config, **kwargs) as source, pytest.raises(SourceError, match=match) as caught:  # type: ignore[arg-type]
+        source.fetch(uri)
+    message = str(caught.value)
+    assert message.startswith(shown(uri) + ": "), message
+    return message
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[bytes, bool], int]]:
+    """Starts TCP servers on 127.0.0.1 that read a request, send ``reply``, then hang up or hold."""
+    servers: list[socket.socket] = []
+    held: list[socket.socket] = []
+
+    def serve(server: socket.socket, reply: bytes, hang_up: bool) -> None:
+        try:
+            while True:
+                conn = server.accept()[0]
+                held.append(conn)
+                conn.recv(65536)
+                conn.sendall(reply)
+                if hang_up:
+                    conn.close()
+        except OSError:  # the listening socket was closed: the test is over
+            pass
+
+    def start(reply: bytes, hang_up: bool) -> int:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+        threading.Thread(target=serve, args=(server, reply, hang_up), daemon=True).start()
+        return server.getsockname()[1]
+
+    yield start
+    for sock in servers + held:
+        sock.close()
+
+
+def test_s3_fetch_returns_the_objects_bytes(bucket, jpeg):
+    name, put = bucket
+    put("cats/001 a.jpg", jpeg)
+    with ImageSource(FAST) as source:
+        assert source.fetch(f"s3://{name}/cats/001 a.jpg") == jpeg
+        assert source.fetch(f"S3://{name}/cats/001 a.jpg") == jpeg  # schemes are case-blind
+
+
+def test_gs_goes_to_its_own_endpoint_not_aws_endpoint_url(aws, bucket, jpeg, monkeypatch, closed_port):
+    name, put = bucket
+    put("g/1.jpg", jpeg)
+    assert gs_endpoint() == GS_ENDPOINT == "https://storage.googleapis.com"  # AWS_ENDPOINT_URL_S3 is set
+    monkeypatch.setenv("RMQ_GS_ENDPOINT", f"http://127.0.0.1:{closed_port}")
+    message = fails(f"gs://{name}/g/1.jpg", f"could not connect to http://127.0.0.1:{closed_port}")
+    assert "after 3 attempts" in message  # s3:// still reaches moto meanwhile:
+    with ImageSource(FAST) as source:
+        assert source.fetch(f"s3://{name}/g/1.jpg") == jpeg
+    monkeypatch.setenv("RMQ_GS_ENDPOINT", aws)
+    with ImageSource(FAST) as source:
+        assert source.fetch(f"gs://{name}/g/1.jpg") == jpeg
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("{bucket}/nope.jpg", r"NoSuchKey \(the object does not exist\)$"),
+        ("rmq-no-such-bucket/x.jpg", r"NoSuchBucket \(the bucket does not exist\)$"),
+        ("{bucket}/big.jpg", r"\d+ bytes is over the 100-byte limit$"),
+    ],
+)
+def test_s3_failures_say_why_and_are_not_retried(bucket, jpeg, where, why):
+    name, put = bucket
+    put("big.jpg", jpeg)
+    started = time.monotonic()
+    fails("s3://" + where.format(bucket=name), why, SourceConfig(max_bytes=100, retries=3, backoff=5.0))
+    assert time.monotonic() - started < 4.0  # no backoff was waited
+
+
+def test_no_credentials_say_where_they_were_looked_for(aws, bucket, monkeypatch):
+    name, _ = bucket
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    fails(f"s3://{name}/x.jpg", r"no AWS credentials found \(environment, ~/.aws, or an instance role\)")
+    monkeypatch.setenv("RMQ_GS_ENDPOINT", aws)
+    fails(f"gs://{name}/x.jpg", "needs a GCS HMAC key as AWS_ACCESS_KEY_ID.*not used")
+
+
+def test_server_down_is_retried_then_reported(aws, monkeypatch, closed_port):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{closed_port}")
+    fails(
+        "s3://photos/x.jpg",
+        rf"^s3://photos/x.jpg: connection failed: could not connect to http://127.0.0.1:{closed_port}"
+        r" \(.*refused\) \(after 3 attempts\)$",
+    )
+
+
+HEADERS = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: image/jpeg\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("reply", "hang_up", "why"),
+    [
+        (b"", False, r"timed out after 0.3 s \(after 2 attempts\)$"),  # never answers
+        (HEADERS + b"x" * 10, False, r"timed out after 0.3 s \(after 2 attempts\)$"),  # body stalls
+        (HEADERS + b"x" * 10, True, r"connection failed: .* broke off \(after 2 attempts\)$"),  # cut short
+    ],
+)
+def test_stalled_or_cut_transfers_are_retried_then_reported(
+    aws, monkeypatch, raw_server, reply, hang_up, why
+):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{raw_server(reply, hang_up)}")
+    started = time.monotonic()
+    fails("s3://photos/x.jpg", why, SourceConfig(timeout=0.3, retries=1, backoff=0.01))
+    assert time.monotonic() - started < 3.0
+
+
+def test_a_stopping_run_retries_nothing(aws, monkeypatch, closed_port):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{closed_port}")
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    fails(
+        "s3://photos/x.jpg",
+        r"not retried, the run is stopping|\(after 1 attempts\)$",  # set during the wait, or the attempt
+        SourceConfig(retries=3, backoff=30),
+        stop=stop,
+    )
+    assert time.monotonic() - started < 5.0
+    fails("s3://photos/x.jpg", "not fetched, the run is stopping", stop=stop)
+
+
+def test_the_allow_list_still_applies(aws):
+    web_only = SourceConfig(schemes=("file", "http", "https"))
+    fails("s3://photos/x.jpg", r"scheme 's3' is not allowed \(allowed: file, http, https\)", web_only)
+    fails("gs://photos/x.jpg", "scheme 'gs' is not allowed", web_only)
+    assert {"s3", "gs"} <= set(SourceConfig().schemes)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://", "s3:///key.jpg", "s3://bucket", "s3://bucket/", "s3:bucket/key", "gs://bad bucket/k.jpg"]
+    + ["s3://a:b/k.jpg", "s3://" + "x" * 300 + "/k.jpg", "gs://bü cket/k.jpg"],
+)
+def test_malformed_uris_are_source_errors(aws, uri):
+    fails(uri, "malformed URI")
+
+
+def test_secrets_in_uris_never_reach_messages(bucket, monkeypatch, closed_port):
+    name, _ = bucket
+    secret = "s3cr3t-VALUE"
+    assert secret not in fails(f"s3://{name}/x.jpg?X-Amz-Signature={secret}&token={secret}", "NoSuchKey")
+    assert secret not in fails(f"s3://AKIAXYZ:{secret}@{name}/x.jpg", "malformed URI")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{closed_port}")
+    message = fails(f"s3://{name}/x.jpg?api_key={secret}", "connection failed", SourceConfig(retries=0))
+    assert secret not in message  # botocore's own text would carry the key, URL-encoded
+
+
+def test_without_boto3_the_message_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    fails("s3://photos/x.jpg", r"need boto3: pip install 'rm-qdrant\[s3\]'")
+
+
+def test_migration_records_s3_failures_per_point_and_moves_the_rest(store, models, bucket, tmp_path):
+    name, put = bucket
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    for item in items:
+        put(f"g/{Path(item.uri).name}-{item.point_id}", Path(item.uri).read_bytes())
+    uris = {item.point_id: f"s3://{name}/g/{Path(item.uri).name}-{item.point_id}" for item in items}
+    broken = {items[0].point_id: "NoSuchKey", items[1].point_id: "NoSuchBucket"}
+    uris[items[0].point_id] = f"s3://{name}/g/deleted.jpg"
+    uris[items[1].point_id] = "s3://rmq-gone-bucket/g/x.jpg"
+    store.set_payload("old", [(i, {"uri": uri}) for i, uri in uris.items()])
+    create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm))
+    options = MigrateOptions(batch=5, fetch_workers=3, source=FAST, max_failure_share=1.0)
+    report = run_migration(DualIndex.open(store, "p", exact=True), options)
+    assert (report.moved, report.failed) == (len(items) - 2, 2)
+    reasons = {r.id: r.payload[ERROR] for r in store.retrieve("old", list(broken))}
+    assert all(reasons[i].startswith(uris[i] + ": " + code) for i, code in broken.items()), reasons
