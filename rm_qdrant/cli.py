@@ -19,7 +19,7 @@ from rm_qdrant.dual import DualIndex
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.indexing import index_images, scan_image_folder
-from rm_qdrant.pair import create_pair, load_pair
+from rm_qdrant.pair import PairRecord, create_pair, load_pair
 from rm_qdrant.sources import shown
 from rm_qdrant.status import pair_status
 from rm_qdrant.uris import UriRule
@@ -133,7 +133,7 @@ def init(
 @click.option(
     "--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx)."
 )
-@click.option("--batch", default=256, show_default=True, help="Images per batch.")
+@click.option("--batch", default=256, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
 @json_option
 @click.pass_context
 def index(
@@ -229,9 +229,9 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             + (" (all served, by the old model)" if rolled_back else ""),
             f"new           {state.new_collection}: {state.new_count} points"
             + (" (not served since the rollback)" if rolled_back else ""),
-            f"migrated      {state.fraction:.1%} (order: {state.order or 'not prepared'})",
+            f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
-            *(f"  {pid}  {uri}: {reason}" for pid, uri, reason in state.failure_sample),
+            *(f"  {pid}  {reason}" for pid, _, reason in state.failure_sample),
             f"encoder       {state.encoder}",
             f"old encoder   {state.old_encoder or '-'}",
             f"alias         {state.alias or '-'}",
@@ -239,6 +239,12 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         ]
     )
     emit(data, as_json, text)
+
+
+def _order(pair: PairRecord) -> str:
+    if pair.order is None:
+        return "not prepared"
+    return pair.order if pair.order_ready else f"{pair.order}, ranks half-written: the next run ranks again"
 
 
 def _estimate_line(e: dict[str, Any] | None) -> str:

@@ -47,8 +47,9 @@ def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--timeout",
             default=10.0,
             show_default=True,
-            type=click.FloatRange(min=0, min_open=True),
-            help="Seconds one image fetch may take in all (connect, redirects, body).",
+            type=click.FloatRange(min=0, min_open=True, max=3600),
+            help="Seconds one attempt at fetching an image may take in all (connect, redirects, "
+            "body); a timed-out attempt is retried twice.",
         ),
         click.option(
             "--max-pixels",

@@ -60,7 +60,7 @@ def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dic
     return {
         "pair": pair.name,
         "order": order,
-        "order_ready": order == pair.order,
+        "order_ready": order == pair.order and pair.order_ready,
         "old_points": old_active,
         "new_points": new,
         "would_move_at_most": budget,

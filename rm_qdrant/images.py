@@ -9,15 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
-from rm_qdrant.errors import ConfigError, ImageError
+from rm_qdrant.errors import ConfigError, ImageError, SourceError
+from rm_qdrant.sources.files import read_file
 
 #: Anything :func:`to_pil` accepts as one image.
 ImageLike = str | os.PathLike | bytes | Image.Image | np.ndarray
 
 #: The largest image decoded by default (width × height), about 7,300 × 5,500.
 MAX_PIXELS = 40_000_000
+#: The largest image file read from a local path (a query, ``rmq index``).
+MAX_FILE_BYTES = 20 * 1024 * 1024
+#: Image formats decoded (Pillow's names; JPEG covers the MPO files many cameras write).
+FORMATS = ("JPEG", "PNG", "WEBP", "AVIF", "GIF", "BMP", "DIB", "TIFF", "TGA", "PPM")
+_FORMAT_NAMES = "a JPEG, PNG, WebP, AVIF, GIF, BMP, TIFF, TGA or PPM image"
 
 
 def to_pil(image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
@@ -41,24 +47,27 @@ def to_pil(image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
         return _decode(bytes(image), "the image", max_pixels)
     if isinstance(image, (str, os.PathLike)):
         path = Path(image)
-        try:
-            with path.open("rb") as handle:
-                data = handle.read()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-            raise ImageError(f"cannot read image {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        try:  # bounded and never blocking: a query path may be /dev/zero or a FIFO
+            data = read_file(path, max_bytes=MAX_FILE_BYTES, shown=str(path))
+        except SourceError as exc:
+            raise ImageError(f"cannot read image {exc}") from exc
         return _decode(data, str(path), max_pixels)
     raise ImageError(f"cannot use {type(image).__name__} as an image")
 
 
 def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
     try:
-        picture = Image.open(io.BytesIO(data))
+        # Only formats whose header gives the size before any pixel is decoded: an ICO or
+        # ICNS file decodes its embedded picture while it is opened, past the pixel cap.
+        picture = Image.open(io.BytesIO(data), formats=FORMATS)
         width, height = picture.size
         if width * height > max_pixels:
             raise ImageError(f"{what} is {width}x{height} pixels, over the {max_pixels:,}-pixel limit")
         picture.load()  # decode now: a truncated file fails here, not later
     except ImageError:
         raise
+    except UnidentifiedImageError as exc:
+        raise ImageError(f"{what} is not a readable image: not {_FORMAT_NAMES} data") from exc
     except Exception as exc:  # Pillow parses untrusted bytes and raises all kinds (SyntaxError, ...)
         raise ImageError(f"{what} is not a readable image: {type(exc).__name__}: {exc}") from exc
     return picture

@@ -95,6 +95,7 @@ class BatchResult:
     failed: list[tuple[PointId, str]]
     gone: int
     unconfirmed: int
+    failed_again: int = 0  # of ``failed``: points whose last attempt had failed too
 
 
 @dataclass
@@ -270,7 +271,10 @@ class Migrator:
         if on_batch is not None:
             on_batch(result)
         attempted = result.moved + result.repaired + len(result.failed)
-        if over_failure_limit(len(result.failed), attempted, self.options.max_failure_share):
+        # Points failing again (--retry-failed) say nothing new about the source: only fresh
+        # failures count towards stopping, so a retry can get past the old ones.
+        fresh = len(result.failed) - result.failed_again
+        if over_failure_limit(fresh, attempted - result.failed_again, self.options.max_failure_share):
             reason = result.failed[0][1]
             raise MigrationError(
                 f"{len(result.failed)} of {attempted} points in a batch failed (first: {reason}); "
@@ -356,6 +360,7 @@ class Migrator:
             failed=failed,
             gone=prepared.gone + len(batch) - len(still_in_old),
             unconfirmed=len(outcome.unconfirmed),
+            failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
         )
 
 

@@ -11,13 +11,14 @@ for where their credentials and endpoints come from.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from rm_qdrant.errors import SourceError
+from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.redact import redact
 from rm_qdrant.sources.files import read_file
 from rm_qdrant.sources.http import HttpFetcher
@@ -58,6 +59,15 @@ class SourceConfig:
     max_pixels: int = 40_000_000
     allow_private: bool = False
     max_redirects: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "backoff"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0) or (name == "timeout" and value == 0):
+                raise ConfigError(f"--{name} must be a positive number of seconds, got {value}")
+        for name in ("retries", "max_bytes", "max_pixels", "max_redirects"):
+            if getattr(self, name) < (0 if name in ("retries", "max_redirects") else 1):
+                raise ConfigError(f"{name} out of range: {getattr(self, name)}")
 
 
 def shown(uri: object) -> str:

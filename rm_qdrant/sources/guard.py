@@ -22,6 +22,10 @@ class Refused(SourceError):
     """A fetch was refused because of where it would connect."""
 
 
+class Unresolvable(SourceError):
+    """A host name did not resolve (worth another attempt: DNS fails transiently)."""
+
+
 def check_address(address: str) -> None:
     """Refuse an address that is not globally routable (loopback, private, link-local, ...).
 
@@ -47,7 +51,7 @@ def resolve_public(host: str, port: int) -> str:
 
     Raises:
         Refused: the host is a metadata service, or resolves to a non-public address.
-        SourceError: the name does not resolve.
+        Unresolvable: the name does not resolve.
     """
     name = host.strip("[]").rstrip(".").lower()
     if name in METADATA_HOSTS:
@@ -55,7 +59,7 @@ def resolve_public(host: str, port: int) -> str:
     try:
         found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        raise SourceError(f"cannot resolve {name}: {exc}") from exc
+        raise Unresolvable(f"cannot resolve {name}: {exc}") from exc
     addresses = [str(info[4][0]) for info in found]
     for address in addresses:
         check_address(address)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,11 +21,30 @@ import httpx
 
 from rm_qdrant.errors import SourceError
 from rm_qdrant.redact import redact
-from rm_qdrant.sources.guard import Refused, resolve_public
+from rm_qdrant.sources.guard import Refused, Unresolvable, resolve_public
 
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def _decoder(encoding: str, shown: str) -> Any:
+    """A zlib decoder for the body's Content-Encoding (None: as sent); one layer only."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if name == "deflate":
+        return zlib.decompressobj()
+    raise SourceError(f"{shown}: unsupported Content-Encoding {encoding!r} (one layer of gzip or deflate)")
+
+
+def _inflate(decoder: Any, data: bytes, room: int, shown: str) -> bytes:
+    try:
+        return bytes(decoder.decompress(data, max(room, 1)))
+    except zlib.error as exc:
+        raise SourceError(f"{shown}: the body is not valid gzip/deflate data: {exc}") from exc
 
 
 class _Retryable(Exception):
@@ -116,7 +136,12 @@ class HttpFetcher:
             network_backend=_GuardedBackend(self._remaining, allow_private=allow_private),
         )
         # trust_env=False: a proxy from the environment would fetch on our behalf, past the guard.
-        self._client = httpx.Client(transport=transport, timeout=timeout, trust_env=False)
+        self._client = httpx.Client(
+            transport=transport,
+            timeout=timeout,
+            trust_env=False,
+            headers={"Accept-Encoding": "gzip, deflate"},  # what _decoder handles
+        )
 
     def _remaining(self) -> float:
         return getattr(self._local, "deadline", float("inf")) - time.monotonic()
@@ -146,6 +171,8 @@ class HttpFetcher:
         self._local.deadline = time.monotonic() + self.timeout
         try:
             request: httpx.Request | None = self._client.build_request("GET", uri)
+            if request is not None and not request.url.host:
+                raise SourceError(f"{shown}: no host in the URL")
             for _ in range(self.max_redirects + 1):
                 if request is None:
                     break
@@ -161,14 +188,19 @@ class HttpFetcher:
             raise SourceError(f"{shown}: more than {self.max_redirects} redirects")
         except Refused as exc:
             raise SourceError(f"{shown}: refused: {exc} (--allow-private-network to allow it)") from exc
+        except Unresolvable as exc:
+            raise _Retryable(str(exc)) from exc
         except httpx.TimeoutException as exc:
-            raise _Retryable(f"timed out after {self.timeout:g} s (the deadline of a whole fetch)") from exc
+            raise _Retryable(self._timed_out()) from exc
         except httpx.TransportError as exc:
             raise _Retryable(f"connection failed: {redact(str(exc))}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ValueError, UnicodeError) as exc:
             raise SourceError(f"{shown}: {type(exc).__name__}: {redact(str(exc))[:200]}") from exc
         finally:
             self._local.deadline = float("inf")
+
+    def _timed_out(self) -> str:
+        return f"timed out after {self.timeout:g} s (the deadline of one attempt)"
 
     def _body(self, response: httpx.Response, shown: str) -> bytes:
         if response.status_code in _RETRY_STATUS:
@@ -178,12 +210,20 @@ class HttpFetcher:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise SourceError(f"{shown}: {declared} bytes is over the {self.max_bytes}-byte limit")
-        chunks, size = [], 0
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise SourceError(f"{shown}: over the {self.max_bytes}-byte limit")
-            chunks.append(chunk)
+        decoder = _decoder(response.headers.get("content-encoding", ""), shown)
+        chunks, size, received = [], 0, 0
+        for raw in response.iter_raw():  # decoded here, with a bound, not by httpx
+            received += len(raw)
+            if self._remaining() <= 0:  # decompressing is CPU work no socket deadline sees
+                raise _Retryable(self._timed_out())
+            data = raw
+            while data:
+                piece = data if decoder is None else _inflate(decoder, data, self.max_bytes + 1 - size, shown)
+                size += len(piece)
+                if size > self.max_bytes or received > self.max_bytes:
+                    raise SourceError(f"{shown}: over the {self.max_bytes}-byte limit")
+                chunks.append(piece)
+                data = b"" if decoder is None else decoder.unconsumed_tail
         return b"".join(chunks)
 
     def close(self) -> None:

@@ -195,7 +195,7 @@ class S3Fetcher:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Retryable(f"timed out after {self.timeout:g} s (the deadline of a whole fetch)")
+                raise _Retryable(f"timed out after {self.timeout:g} s (the deadline of one attempt)")
             if left < self.timeout and not (isinstance(declared, int) and size >= declared):
                 self._narrow(body, left)  # a stall then ends at the deadline, not a read timeout later
             chunk = body.read(min(_CHUNK, self.max_bytes + 1 - size))

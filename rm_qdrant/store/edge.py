@@ -127,8 +127,17 @@ class EdgeStore:
         except OSError as exc:
             raise StoreError(f"cannot create embedded store at {self.path}: {exc}") from exc
         self._lock_file = self._acquire_lock()
-        self._shards: dict[str, tuple[CollectionSpec, qe.EdgeShard]] = {}
+        self._shards: dict[str, tuple[_Specs, qe.EdgeShard]] = {}
         self._mutex = threading.Lock()
+        self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        # A create or delete killed half-way leaves its marker: what remains is no collection
+        # (the lock makes this process the only one here), so its files go now.
+        for folder in self._collections_dir.iterdir():
+            if (folder / ".creating").exists():
+                log.info("removing the leftovers of an interrupted create or delete: %s", folder)
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _acquire_lock(self) -> Any:
         lock_path = self.path / ".rmq-lock"

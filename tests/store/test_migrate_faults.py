@@ -34,6 +34,7 @@ from rm_qdrant import (
 )
 from rm_qdrant.cli import cli
 from rm_qdrant.cutover import finalize
+from rm_qdrant.errors import MigrationError
 from rm_qdrant.migrate import MigrateOptions, run_migration
 from rm_qdrant.modelinfo import ModelInfo
 from rm_qdrant.ordering import order_keys, ranks
@@ -105,9 +106,8 @@ def test_hostile_sources_are_recorded_and_every_rerun_goes_on(tmp_path, models):
         assert __import__("re").search(bad[kind][1], reasons[point_id]), (kind, reasons[point_id])
     again = rmq(store_path, "migrate", "--name", "p").output
     assert "moved 0 points" in again and f"{len(bad)} points that failed before were not tried" in again
-    retried = rmq(store_path, "migrate", "--name", "p", "--retry-failed", ok=False)
-    assert retried.exit_code == 1 and "rerun with --retry-failed" in retried.stderr
-    assert len(retried.stderr.strip().splitlines()) == 1
+    retried = json.loads(rmq(store_path, "migrate", "--name", "p", "--retry-failed", "--json").output)
+    assert (retried["moved"], retried["failed"]) == (0, len(bad))  # failing again does not stop a retry
     status = json.loads(rmq(store_path, "status", "--name", "p", "--json").output)
     assert (status["failed"], status["old_count"], status["new_count"]) == (len(bad), len(bad), N - len(bad))
 
@@ -396,3 +396,61 @@ def test_credentials_in_uris_stay_out_of_every_output(tmp_path, models, closed_p
         f"http://user:{secret}@127.0.0.1:{closed_port}/?api_key={secret}", "status", "--name", "p", ok=False
     )
     assert server.exit_code == 1 and secret not in server.output and "cannot reach Qdrant" in server.output
+
+
+def test_retry_failed_gets_past_points_that_fail_again(store, models, gallery, tmp_path):
+    create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm))
+    broken = {i.point_id for i in gallery[:10]}
+    store.set_payload(
+        "old",
+        [
+            (i.point_id, {"prio": 0, "uri": "/gone.jpg"} if i.point_id in broken else {"prio": 1})
+            for i in gallery
+        ],
+    )
+    index = DualIndex.open(store, "p")
+    with pytest.raises(MigrationError, match="8 of 8 points in a batch failed"):  # the broken ones go first
+        run_migration(index, MigrateOptions(batch=8, order="payload:prio"))
+    assert store.count("p-new") == 0
+    report = run_migration(index, MigrateOptions(batch=8, retry_failed=True))  # the same 8 first again
+    assert (report.moved, report.failed) == (N - 10, 10) and store.count("p-new") == N - 10
+
+
+def test_dry_run_says_half_written_ranks_are_not_ready(tmp_path, models):
+    store_path = tmp_path / "q"
+    images = make_image_folder(tmp_path / "g", per_class=10)
+    rmq(store_path, "index", "--collection", "old", "--data", images, "--encoder", models.old)
+    rmq(store_path, "init", "--name", "p", "--old-collection", "old", "--encoder", models.rm)
+    with open_store(store_path) as store:
+        from dataclasses import replace
+
+        from rm_qdrant.pair import save_pair
+
+        save_pair(store, replace(load_pair(store, "p"), order="centroid", order_ready=False))
+    plan = json.loads(rmq(store_path, "migrate", "--name", "p", "--dry-run", "--json").output)
+    assert (plan["order"], plan["order_ready"]) == ("centroid", False)
+    assert "ranks half-written" in rmq(store_path, "status", "--name", "p").output
+
+
+def test_what_an_interrupted_delete_leaves_is_removed_at_the_next_open(tmp_path):
+    with open_store(tmp_path / "q") as store:
+        store.create_collection("big", dim=3, distance="cosine")
+        store.upsert("big", [1, 2], np.eye(3, dtype=np.float32)[:2])
+    folder = tmp_path / "q" / "collections" / "big"
+    (folder / ".creating").touch()  # what delete_collection marks first, then
+    (folder / "spec.json").unlink()  # a kill in the middle of the rmtree
+    with open_store(tmp_path / "q") as store:
+        assert not store.has_collection("big") and not folder.exists()
+
+
+def test_hostile_query_paths_give_one_line(tmp_path, models):
+    store_path = tmp_path / "q"
+    images = make_image_folder(tmp_path / "g", per_class=10)
+    rmq(store_path, "index", "--collection", "old", "--data", images, "--encoder", models.old)
+    rmq(store_path, "init", "--name", "p", "--old-collection", "old", "--encoder", models.rm)
+    fifo = tmp_path / "query.jpg"
+    os.mkfifo(fifo)
+    for query in ("/dev/zero", fifo):
+        result = rmq(store_path, "search", "--name", "p", query, ok=False)
+        assert result.exit_code == 1 and "not a regular file" in result.output
+        assert len(result.output.strip().splitlines()) == 1

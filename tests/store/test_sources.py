@@ -28,7 +28,7 @@ def test_http_fetch_and_retry(image_folder, http_images):
     ("path", "message"),
     [
         ("/ok/a/missing.png", "HTTP 404"),
-        ("/slow/a/000.jpg", r"timed out after 0.3 s \(the deadline of a whole fetch\) \(after 2 attempts\)"),
+        ("/slow/a/000.jpg", r"timed out after 0.3 s \(the deadline of one attempt\) \(after 2 attempts\)"),
         ("/big/a/000.jpg", "over the 1000000-byte limit"),
     ],
 )

@@ -99,7 +99,7 @@ def test_a_trickling_server_is_cut_off_at_the_fetch_deadline(raw_server, answer)
         ),
         (
             b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 9\r\n\r\nnot gzip!",
-            "DecodingError",
+            "not valid gzip/deflate data",
         ),
         (b"garbage that is not HTTP\r\n\r\n", "connection failed"),
     ],
@@ -182,3 +182,52 @@ def test_credentials_never_reach_an_error(raw_server, closed_port):
         with ImageSource(LOCAL) as source, pytest.raises(SourceError) as caught:
             source.fetch(uri)
         assert secret not in str(caught.value) and "***" in str(caught.value)
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, compresslevel=9)
+
+
+def test_a_gzip_bomb_is_cut_at_the_size_cap_and_stacked_encodings_are_refused(raw_server):
+    bomb = gzip_bytes(b"\0" * (64 * 1024 * 1024))  # 64 MiB of zeros in ~65 KB
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n".encode()
+    started = time.monotonic()
+    fails(
+        raw_server(reply(head + bomb)) + "/x.jpg",
+        "over the 1048576-byte limit",
+        SourceConfig(timeout=2, retries=0, allow_private=True, max_bytes=1024 * 1024),
+    )
+    assert time.monotonic() - started < 2.0
+    double = gzip_bytes(gzip_bytes(b"\0" * 1_000_000))
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip, gzip\r\nContent-Length: {len(double)}\r\n\r\n"
+    fails(raw_server(reply(head.encode() + double)) + "/x.jpg", "unsupported Content-Encoding 'gzip, gzip'")
+    small = gzip_bytes(b"a real body")
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(small)}\r\n\r\n".encode()
+    with ImageSource(LOCAL) as source:
+        assert source.fetch(raw_server(reply(head + small)) + "/x.jpg") == b"a real body"
+
+
+def test_names_that_do_not_resolve_are_retried_and_say_which_uri(monkeypatch):
+    import socket as sockets
+
+    calls = []
+
+    def no_dns(*args, **kwargs):
+        calls.append(args[0])
+        raise sockets.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr("rm_qdrant.sources.guard.socket.getaddrinfo", no_dns)
+    message = fails(
+        "http://images.example.com/a.jpg", "cannot resolve", SourceConfig(retries=1, backoff=0.01)
+    )
+    assert message.startswith("http://images.example.com/a.jpg: cannot resolve") and len(calls) == 2
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+def test_a_timeout_must_be_a_positive_finite_number(value):
+    from rm_qdrant.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--timeout must be a positive number"):
+        SourceConfig(timeout=value)

@@ -18,8 +18,17 @@ from PIL import Image
 from rm_qdrant.errors import ImageError
 from rm_qdrant.images import pixels
 
-FORMATS = {"PNG": {}, "JPEG": {"quality": 80}, "BMP": {}, "GIF": {}, "TIFF": {}, "WEBP": {}, "TGA": {}}
-MUTATIONS = 3_500
+FORMATS = {
+    "PNG": {},
+    "JPEG": {"quality": 80},
+    "BMP": {},
+    "GIF": {},
+    "TIFF": {},
+    "WEBP": {},
+    "TGA": {},
+    "AVIF": {},
+}
+MUTATIONS = 4_000
 
 
 def encoded(fmt: str, options: dict) -> bytes:
@@ -95,3 +104,15 @@ def test_the_pixel_limit_is_a_setting():
     with pytest.raises(ImageError, match="3000x3000 pixels, over the 1,000,000-pixel limit"):
         pixels(data, height=8, width=8, channels=3, max_pixels=1_000_000)
     assert pixels(data, height=8, width=8, channels=3).shape == (8, 8, 3)
+
+
+def ico_embedding(size: int) -> bytes:
+    """An ICO whose directory says 1x1 but which embeds a size x size PNG (Pillow decodes it on open)."""
+    inner = png_declaring(size, size, zlib.compress(b"\x00" * (3 * size + 1) * size, 9))
+    entry = struct.pack("<BBBBHHII", 1, 1, 0, 0, 1, 32, len(inner), 6 + 16)
+    return struct.pack("<HHH", 0, 1, 1) + entry + inner
+
+
+def test_formats_that_decode_while_opening_are_refused():
+    with pytest.raises(ImageError, match="not a JPEG, PNG"):
+        pixels(ico_embedding(3_000), height=8, width=8, channels=3)
