@@ -8,7 +8,7 @@ from dataclasses import replace
 from rm_qdrant.encoder import OnnxEncoder
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.pair import ModelRef, PairRecord, active_where, check_collection_model, save_pair
-from rm_qdrant.planning import ERROR
+from rm_qdrant.planning import ERROR, INTERNAL_FIELDS
 from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
         store.set_alias(_check_alias(store, name), pair.new_collection)
     if pair.drop_old and store.has_collection(pair.old_collection):
         store.delete_collection(pair.old_collection)
+    _clear_bookkeeping(store, pair)  # the team's collections, as its own code will read them
     updated = replace(pair, state="finalized")
     save_pair(store, updated)
     log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
@@ -110,9 +111,17 @@ def rollback(
     name = alias or pair.alias or pair.name
     if store.alias(name) != pair.old_collection:  # a rerun after a kill may find it moved already
         store.set_alias(_check_alias(store, name), pair.old_collection)
+    _clear_bookkeeping(store, pair)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)
     save_pair(store, updated)
     return updated
+
+
+def _clear_bookkeeping(store: Store, pair: PairRecord) -> None:
+    """Remove rm-qdrant's ``rmq_*`` payload fields from both collections (idempotent)."""
+    for collection in (pair.old_collection, pair.new_collection):
+        if store.has_collection(collection):
+            store.clear_fields(collection, INTERNAL_FIELDS)
 
 
 def _check_old_model(store: Store, pair: PairRecord, encoder: OnnxEncoder) -> ModelRef:

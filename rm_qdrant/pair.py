@@ -327,6 +327,9 @@ class Dropped:
 def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
     """Forget a pair. Never deletes the old collection; deletes the new one only when empty.
 
+    rm-qdrant's own payload fields (``rmq_*``: ranks, failure reasons, copy marks) are
+    removed from both collections, which are left as the team's own code expects them.
+
     Raises:
         CollectionNotFound: no such pair.
         ConfigError: the pair is mid-backfill and points live only in its new collection
@@ -342,6 +345,9 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
             "(both collections stay)"
         )
     store.delete(META_COLLECTION, [_key("pair", name)])
+    for collection in (pair.old_collection, pair.new_collection):  # rm-qdrant's rmq_* fields go
+        if store.has_collection(collection):
+            store.clear_fields(collection, INTERNAL_FIELDS)
     deleted = has_new and in_new == 0 and pair.state != "finalized"
     if deleted:
         store.delete_collection(pair.new_collection)

@@ -176,6 +176,10 @@ class Store(Protocol):
         """Merge the same payload into every listed point, in one operation; missing ids are skipped."""
         ...
 
+    def clear_fields(self, name: str, fields: Sequence[str]) -> None:
+        """Remove these payload fields from every point that has one (one operation)."""
+        ...
+
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         """Merge each payload into its point's payload; ids no longer there are skipped.
 

@@ -214,6 +214,15 @@ class ClientStore:
             with self._errors(f"payload update in {name!r}", name):
                 self._client.set_payload(name, dict(payload), points=selector, wait=True)
 
+    def clear_fields(self, name: str, fields: Sequence[str]) -> None:
+        if fields:
+            empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=f)) for f in fields]
+            having = models.Filter(must_not=[models.Filter(must=empty)])
+            with self._errors(f"payload update in {name!r}", name):
+                self._client.delete_payload(
+                    name, list(fields), points=models.FilterSelector(filter=having), wait=True
+                )
+
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         if self._remote and items:
             ops = [

@@ -268,6 +268,12 @@ class EdgeStore:
             by_id = _edge_filter(None, ids)
             self._update(name, qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload)))
 
+    def clear_fields(self, name: str, fields: Sequence[str]) -> None:
+        if fields:
+            none_of_them = qe.Filter(must=[qe.IsEmptyCondition(f) for f in fields])
+            having = qe.Filter(must_not=[none_of_them])  # only the points that carry one of them
+            self._update(name, qe.UpdateOperation.delete_payload_by_filter(having, list(fields)))
+
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         shard = self._open(name)[1]
         done = 0

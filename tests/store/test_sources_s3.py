@@ -11,7 +11,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,54 +29,6 @@ boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not install
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
 
 FAST = SourceConfig(timeout=2.0, retries=2, backoff=0.01)
-_ISOLATE = (
-    "AWS_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_ENDPOINT_URL",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ROLE_ARN",
-    "RMQ_GS_ENDPOINT",
-)
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[str]:
-    """A moto S3 server on a free port of 127.0.0.1; yields its URL."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, moto: str) -> str:
-    """The environment of a machine whose only AWS set-up points at moto; yields the endpoint."""
-    for name in _ISOLATE:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return moto
-
-
-@pytest.fixture
-def bucket(aws: str) -> tuple[str, Callable[[str, bytes], None]]:
-    """A fresh bucket on moto; yields its name and a function that uploads ``key, data``."""
-    name = f"rmq-{uuid.uuid4().hex[:12]}"
-    client = boto3.session.Session().client("s3", endpoint_url=aws)
-    client.create_bucket(Bucket=name)
-
-    def put(key: str, data: bytes) -> None:
-        client.put_object(Bucket=name, Key=key, Body=data)
-
-    return name, put
 
 
 @pytest.fixture
