@@ -77,11 +77,36 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
             raise ValueError(f"{path}: expected a mapping of settings")
         values.update(loaded)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - known)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}")
-    return cls(**values)
+    return cls(**{k: _typed(k, v, str(fields[k].type)) for k, v in values.items()})
+
+
+def _typed(name: str, value: Any, kind: str) -> Any:
+    """``value`` as the setting's declared type (int, float, bool, str), or a one-line ValueError.
+
+    YAML reads ``1e-3`` as a string and ``5`` as an int; both are fine floats.
+    """
+    base = kind.replace(" | None", "").strip()
+    if value is None and kind.endswith("| None"):
+        return None
+    try:
+        if base == "float" and not isinstance(value, bool):
+            return float(value)
+        if base == "int" and not isinstance(value, bool) and float(value) == int(float(value)):
+            return int(float(value))
+        if base == "bool" and isinstance(value, bool):
+            return value
+        if base == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        if base not in ("float", "int", "bool", "str"):
+            return value  # structured settings (a dict of backbone settings) pass as they are
+    raise ValueError(f"setting {name}: expected {base}, got {value!r}")
 
 
 @dataclass
