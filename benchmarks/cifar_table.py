@@ -40,8 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 
-from rm_qdrant.metrics import retrieval  # noqa: E402
-from rm_qdrant.offline import (  # noqa: E402
+from rm_qdrant.core.metrics import retrieval  # noqa: E402
+from rm_qdrant.core.offline import (  # noqa: E402
     BackfillEmbeddings,
     Row,
     as_json,
@@ -50,7 +50,7 @@ from rm_qdrant.offline import (  # noqa: E402
     plot,
     reference_rows,
 )
-from rm_qdrant.ordering import order_keys  # noqa: E402
+from rm_qdrant.core.ordering import order_keys  # noqa: E402
 from train.adapter_job import load_adapter, train_adapter_job  # noqa: E402
 from train.backbone import train_backbone  # noqa: E402
 from train.baselines import BaselineConfig, baseline_embeddings, train_baseline  # noqa: E402

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rm_qdrant.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 
 #: Conv stages (output channels, convs in the stage); each stage but the last halves the resolution.
 SMALL = ((32, 1), (64, 1), (128, 1))  # ~6 M multiply-adds per 32x32 image

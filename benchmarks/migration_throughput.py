@@ -31,8 +31,8 @@ from cifar import cifar_root  # noqa: E402
 from convnet import RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.migrate import MigrateOptions, run_migration  # noqa: E402
-from rm_qdrant.ranking import prepare_order  # noqa: E402
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
+from rm_qdrant.backfill.ranking import prepare_order  # noqa: E402
 
 
 def cifar_test_images() -> Path:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 from cifar_table import ADAPTERS, HEADS, PRESETS, adapter_file, heads_file, rm_methods  # noqa: E402
 
-from rm_qdrant.forecast import forecast  # noqa: E402
-from rm_qdrant.ordering import order_keys  # noqa: E402
+from rm_qdrant.core.forecast import forecast  # noqa: E402
+from rm_qdrant.core.ordering import order_keys  # noqa: E402
 from train.cache import embeddings  # noqa: E402
 
 RUNS = ROOT / ".cache" / "runs" / "extended-small-cnn-e20-n0-s0"

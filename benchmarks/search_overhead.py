@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from rm_qdrant import DualIndex, open_store
-from rm_qdrant.pair import ModelRef, PairRecord
+from rm_qdrant.backfill.pair import ModelRef, PairRecord
 
 OLD, NEW, ALL = "bench-old", "bench-new", "bench-all"
 

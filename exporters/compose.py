@@ -22,9 +22,9 @@ from onnx import compose, helper
 from torch import Tensor, nn
 
 from exporters.serving import TOLERANCE, ExportError, FoldedHeads, unit
-from rm_qdrant.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.core.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from rm_qdrant.errors import EncoderError
-from rm_qdrant.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
+from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
 from train.heads import load_heads
 
 PREFIX = "rmq_heads/"

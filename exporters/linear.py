@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rm_qdrant.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 
 OPSET = 17
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
-from rm_qdrant.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 from train.backbone import load_backbone
 from train.heads import load_heads
 

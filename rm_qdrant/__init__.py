@@ -6,8 +6,12 @@ searches both and the hits are merged by distance.
 
 from __future__ import annotations
 
-from rm_qdrant.dual import DualIndex
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
+from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.backfill.status import PairStatus, pair_status
+from rm_qdrant.core.merge import Hit, merge, score_to_distance
+from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 from rm_qdrant.errors import (
     CollectionNotFound,
     ConfigError,
@@ -18,11 +22,7 @@ from rm_qdrant.errors import (
     StoreError,
     StoreLocked,
 )
-from rm_qdrant.indexing import ImageItem, IndexReport, index_images, scan_image_folder
-from rm_qdrant.merge import Hit, merge, score_to_distance
-from rm_qdrant.modelinfo import InputSpec, ModelInfo
-from rm_qdrant.pair import PairRecord, create_pair, load_pair
-from rm_qdrant.status import PairStatus, pair_status
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store, open_store
 
 __version__ = "0.1.0"

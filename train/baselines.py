@@ -4,7 +4,7 @@ At backfill fraction t, a fraction t of the gallery has been re-embedded with th
 new model ("migrated"); the rest still holds whatever the method stored before
 migration. :class:`BackfillEmbeddings` says, for one labelled test set, which
 vector a query uses against each half and which vector a gallery item has before
-and after migration, so ``rm_qdrant.metrics.backfill_retrieval`` scores any
+and after migration, so ``rm_qdrant.core.metrics.backfill_retrieval`` scores any
 method at any t. The protocols:
 
 - **BCT** (Shen et al. 2020): the new backbone is trained with cross-entropy plus
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rm_qdrant.offline import BackfillEmbeddings
+from rm_qdrant.core.offline import BackfillEmbeddings
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
 from train.cache import CACHE, Embedded, embeddings, file_hash

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rm_qdrant.images import pixels
-from rm_qdrant.indexing import scan_image_folder
+from rm_qdrant.backfill.indexing import scan_image_folder
+from rm_qdrant.models.images import pixels
 
 log = logging.getLogger(__name__)
 CACHE = Path(".cache") / "decoded"

@@ -20,9 +20,9 @@ from PIL import Image
 
 from exporters.serving import export_old, export_serving
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
-from rm_qdrant.evaluate import served_retrieval
-from rm_qdrant.metrics import FRACTIONS, area
-from rm_qdrant.migrate import MigrateOptions, run_migration
+from rm_qdrant.backfill.evaluate import served_retrieval
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.core.metrics import FRACTIONS, area
 from train.backbone import train_backbone
 from train.config import BackboneConfig, HeadsConfig
 from train.heads import train_heads

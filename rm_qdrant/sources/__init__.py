@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import ConfigError, SourceError
-from rm_qdrant.redact import redact
 from rm_qdrant.sources.files import read_file
 from rm_qdrant.sources.http import HttpFetcher
 from rm_qdrant.sources.s3 import S3Fetcher

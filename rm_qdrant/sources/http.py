@@ -19,8 +19,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import SourceError
-from rm_qdrant.redact import redact
 from rm_qdrant.sources.guard import Refused, Unresolvable, resolve_public
 
 log = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import SourceError
-from rm_qdrant.redact import redact
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rm_qdrant.core.merge import PointId, check_distance
 from rm_qdrant.errors import ConfigError, DimensionMismatch
-from rm_qdrant.merge import PointId, check_distance
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import CollectionNotFound, StoreError
-from rm_qdrant.merge import PointId
-from rm_qdrant.redact import redact
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import qdrant_edge as qe
 
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError, StoreLocked
-from rm_qdrant.merge import PointId
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,

@@ -16,7 +16,7 @@ from exporters.linear import linear_encoder
 from exporters.serving import ExportError, export_old, export_serving
 from rm_qdrant import InputSpec, OnnxEncoder
 from rm_qdrant.cli import cli
-from rm_qdrant.stamp import stamp_model
+from rm_qdrant.models.stamp import stamp_model
 from train.backbone import load_backbone, save_backbone
 from train.backbones import build_backbone
 from train.config import BackboneConfig, HeadsConfig

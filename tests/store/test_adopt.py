@@ -17,15 +17,15 @@ from qdrant_client import models as qm
 
 from exporters.linear import linear_encoder
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, load_pair, open_store, scan_image_folder
+from rm_qdrant.backfill.cutover import rollback
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.backfill.pair import drop_pair, list_pairs
+from rm_qdrant.backfill.status import pair_status
+from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.cli import cli
-from rm_qdrant.cutover import rollback
+from rm_qdrant.core.planning import ERROR
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.migrate import MigrateOptions, run_migration
-from rm_qdrant.pair import drop_pair, list_pairs
-from rm_qdrant.planning import ERROR
-from rm_qdrant.status import pair_status
-from rm_qdrant.switch import switch_encoder
-from rm_qdrant.uris import UriRule
 from tests.conftest import OLD_DIM, SPEC, make_image_folder
 
 N = 30

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 from rm_qdrant import EncoderError, OnnxEncoder
-from rm_qdrant.modelinfo import METADATA_KEY
+from rm_qdrant.core.modelinfo import METADATA_KEY
 
 
 def expected(models, images, matrix):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.evaluate import evaluate_served
-from rm_qdrant.metrics import backfill_retrieval, migrated_at
-from rm_qdrant.migrate import MigrateOptions, run_migration
-from rm_qdrant.planning import RANK
+from rm_qdrant.backfill.evaluate import evaluate_served
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.core.metrics import backfill_retrieval, migrated_at
+from rm_qdrant.core.planning import RANK
 
 
 @pytest.mark.parametrize("k", [None, 5])

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.dual import DualIndex
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import SourceError
-from rm_qdrant.migrate import MigrateOptions, run_migration
-from rm_qdrant.planning import ERROR
 from rm_qdrant.sources import ImageSource, SourceConfig, shown
 from rm_qdrant.sources.s3 import GS_ENDPOINT, gs_endpoint
 from tests.conftest import make_image_folder

@@ -16,8 +16,8 @@ from PIL import Image
 
 from rm_qdrant import EncoderError, OnnxEncoder
 from rm_qdrant.cli import cli
-from rm_qdrant.modelinfo import METADATA_KEY
-from rm_qdrant.stamp import parse_output_roles, stamp_model
+from rm_qdrant.core.modelinfo import METADATA_KEY
+from rm_qdrant.models.stamp import parse_output_roles, stamp_model
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)

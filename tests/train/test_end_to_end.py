@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from rm_qdrant.cli import cli
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.models.encoder import OnnxEncoder
 from train.adapter_job import load_adapter
 from train.backbone import embed, load_backbone, save_backbone
 from train.backbones import build_backbone

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from rm_qdrant.errors import ImageError
-from rm_qdrant.images import pixels
+from rm_qdrant.models.images import pixels
 
 FORMATS = {
     "PNG": {},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rm_qdrant.forecast import agreement, forecast, merged_distances, recommend, top_k
-from rm_qdrant.metrics import migrated_at
+from rm_qdrant.core.forecast import agreement, forecast, merged_distances, recommend, top_k
+from rm_qdrant.core.metrics import migrated_at
 
 
 def models(seed: int = 0, n: int = 400):

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from rm_qdrant import ConfigError, ImageError
-from rm_qdrant.images import as_batch, pixels, to_pil
+from rm_qdrant.models.images import as_batch, pixels, to_pil
 
 
 def png_bytes(array):

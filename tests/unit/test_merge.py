@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import ConfigError, Hit, merge, score_to_distance
-from rm_qdrant.merge import merge_batches
+from rm_qdrant.core.merge import merge_batches
 
 
 def hit(pid, distance, source="old"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from rm_qdrant.metrics import (
+from rm_qdrant.core.metrics import (
     FRACTIONS,
     area,
     backfill_curve,

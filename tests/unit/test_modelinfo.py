@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rm_qdrant import EncoderError, InputSpec, ModelInfo
-from rm_qdrant.modelinfo import METADATA_KEY, check_input_shape, parse_metadata
+from rm_qdrant.core.modelinfo import METADATA_KEY, check_input_shape, parse_metadata
 
 
 def meta(**overrides):

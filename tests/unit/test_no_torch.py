@@ -13,7 +13,7 @@ class NoTorch:
             raise ImportError("torch is blocked for this test")
         return None
 sys.meta_path.insert(0, NoTorch())
-import rm_qdrant, rm_qdrant.cli, rm_qdrant.store.edge, rm_qdrant.store.client, rm_qdrant.encoder
+import rm_qdrant, rm_qdrant.cli, rm_qdrant.store.edge, rm_qdrant.store.client, rm_qdrant.models.encoder
 assert "torch" not in sys.modules
 print("ok")
 """

@@ -7,8 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from rm_qdrant.metrics import retrieval
-from rm_qdrant.offline import BackfillEmbeddings, Row, as_json, backfill_table, markdown, plot, reference_rows
+from rm_qdrant.core.metrics import retrieval
+from rm_qdrant.core.offline import (
+    BackfillEmbeddings,
+    Row,
+    as_json,
+    backfill_table,
+    markdown,
+    plot,
+    reference_rows,
+)
 
 
 @pytest.fixture

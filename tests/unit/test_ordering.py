@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import ConfigError
-from rm_qdrant.ordering import BUCKETS, bucket, order_keys, ranks, shard_buckets
+from rm_qdrant.core.ordering import BUCKETS, bucket, order_keys, ranks, shard_buckets
 
 
 def test_random_order_is_seeded_and_independent_of_listing_order():

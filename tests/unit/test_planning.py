@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from rm_qdrant import ConfigError
-from rm_qdrant.planning import (
+from rm_qdrant.core.planning import (
     ORIGIN,
     RANK,
     chunks,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rm_qdrant.redact import redact
+from rm_qdrant.core.redact import redact
 
 
 @pytest.mark.parametrize(

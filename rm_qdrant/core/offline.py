@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.metrics import FRACTIONS, Curve, Retrieval, backfill_curve, backfill_retrieval, gain
+from rm_qdrant.core.metrics import FRACTIONS, Curve, Retrieval, backfill_curve, backfill_retrieval, gain
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.pair import (
+    ModelRef,
+    PairRecord,
+    check_collection_model,
+    record_collection_model,
+    save_pair,
+)
+from rm_qdrant.backfill.verify import Agreement, agreement
 from rm_qdrant.errors import ConfigError, MigrationError
-from rm_qdrant.pair import ModelRef, PairRecord, check_collection_model, record_collection_model, save_pair
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
-from rm_qdrant.verify import Agreement, agreement
 
 #: The lowest cosine between a stored new vector and the candidate's vector for the same
 #: image that still counts as "the same output" (float noise across runtimes stays above it).

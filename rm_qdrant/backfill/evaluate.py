@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.dual import DualIndex
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.indexing import ImageItem
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.backfill.pair import active_where
+from rm_qdrant.core.merge import Hit
+from rm_qdrant.core.metrics import Retrieval
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.indexing import ImageItem
-from rm_qdrant.merge import Hit
-from rm_qdrant.metrics import Retrieval
-from rm_qdrant.migrate import MigrateOptions, run_migration
-from rm_qdrant.pair import active_where
 from rm_qdrant.store import Where
 
 

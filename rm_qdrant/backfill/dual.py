@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, load_pair
+from rm_qdrant.backfill.status import PairStatus, pair_status
+from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
+from rm_qdrant.core.planning import MIGRATED, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch
-from rm_qdrant.images import ImageLike, as_batch
-from rm_qdrant.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.pair import ModelRef, PairRecord, load_pair
-from rm_qdrant.planning import MIGRATED, user_payload
-from rm_qdrant.status import PairStatus, pair_status
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import as_where
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, check_collection_model, save_pair
+from rm_qdrant.core.planning import ERROR, INTERNAL_FIELDS
 from rm_qdrant.errors import ConfigError, MigrationError
-from rm_qdrant.pair import ModelRef, PairRecord, active_where, check_collection_model, save_pair
-from rm_qdrant.planning import ERROR, INTERNAL_FIELDS
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,11 @@ import dataclasses
 
 import click
 
-from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_options
-from rm_qdrant.encoder import OnnxEncoder
-from rm_qdrant.pair import drop_pair, list_pairs, load_pair
+from rm_qdrant.backfill.pair import drop_pair, list_pairs, load_pair
+from rm_qdrant.backfill.switch import switch_encoder
+from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, source_options
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.switch import switch_encoder
 
 
 @click.command(name="pairs")

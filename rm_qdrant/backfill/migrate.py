@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.dual import DualIndex
-from rm_qdrant.encoder import OnnxEncoder
-from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
-from rm_qdrant.merge import PointId
-from rm_qdrant.pair import PairRecord, active_where
-from rm_qdrant.planning import (
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import (
     ERROR,
     MIGRATED,
     MOVING,
@@ -45,11 +44,12 @@ from rm_qdrant.planning import (
     over_failure_limit,
     settle,
 )
-from rm_qdrant.ranking import plan, prepare_order, unranked
-from rm_qdrant.redact import redact
+from rm_qdrant.core.redact import redact
+from rm_qdrant.core.uris import UriRule
+from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import ImageSource, SourceConfig, shown
 from rm_qdrant.store import Store, Where
-from rm_qdrant.uris import UriRule
 
 log = logging.getLogger(__name__)
 #: Seconds between a batch's write to new and its removal from old where the store

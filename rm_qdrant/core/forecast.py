@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.metrics import FRACTIONS, area, backfill_retrieval, migrated_at, unit
+from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, migrated_at, unit
 
 #: How far (recall@k) a curve may fall below its start before it counts as a dip.
 DIP_TOLERANCE = 0.005

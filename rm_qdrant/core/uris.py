@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError, SourceError
-from rm_qdrant.merge import PointId
 
 _FORMATTER = string.Formatter()
 

@@ -25,9 +25,16 @@ import onnxruntime as ort
 from onnx import TensorProto
 from onnx.external_data_helper import uses_external_data
 
-from rm_qdrant.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.core.modelinfo import (
+    METADATA_KEY,
+    ROLES,
+    InputSpec,
+    ModelInfo,
+    check_input_shape,
+    parse_metadata,
+)
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.modelinfo import METADATA_KEY, ROLES, InputSpec, ModelInfo, check_input_shape, parse_metadata
+from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
 
 #: ONNX element types rm-qdrant can feed, by the metadata's ``input.dtype`` name.
 INPUT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.UINT8: "uint8"}

@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.core.planning import INTERNAL_FIELDS, MIGRATED
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
-from rm_qdrant.planning import INTERNAL_FIELDS, MIGRATED
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
-from rm_qdrant.uris import UriRule
 
 META_COLLECTION = "rmq_meta"
 _NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
@@ -68,7 +68,7 @@ class PairRecord:
         drop_old: the cutover under way drops the old collection.
         vector: the vector name in both collections (``""``: one unnamed vector).
         uri_field: the payload field that holds each point's image URI.
-        uri_template: or a template that builds it from payload fields (see :mod:`rm_qdrant.uris`).
+        uri_template: or a template that builds it from payload fields (see :mod:`rm_qdrant.core.uris`).
         label_field: the payload field with class labels, where the gallery has them.
     """
 

@@ -3,7 +3,7 @@
 The sample comes from the old collection (the points still served from old): their
 stored old vectors, their payloads, and their images fetched from the payload ``uri``
 and embedded with the pair's encoder (``new``, and ``rev`` when the graph has it).
-:func:`rm_qdrant.forecast.forecast` then simulates the backfill on it. The sample is
+:func:`rm_qdrant.core.forecast.forecast` then simulates the backfill on it. The sample is
 cached in a local file so ``rmq status`` can show the same estimate for the current
 state of a running migration.
 """
@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.dual import DualIndex
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.migrate import load_tensor
+from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.backfill.ranking import read_all
+from rm_qdrant.core.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.errors import ConfigError, SourceError
-from rm_qdrant.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
-from rm_qdrant.merge import PointId
-from rm_qdrant.migrate import load_tensor
-from rm_qdrant.ordering import order_keys
-from rm_qdrant.pair import PairRecord, active_where
-from rm_qdrant.ranking import read_all
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store
 

@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rm_qdrant.core.merge import check_distance
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.merge import check_distance
 
 METADATA_KEY = "rm_qdrant"
 ROLES = ("new", "rev", "embedding", "scores")
@@ -184,7 +184,7 @@ def parse_metadata(
     if text is None:
         raise EncoderError(
             f"{source} has no '{METADATA_KEY}' metadata entry; describe the graph with "
-            "'rmq model stamp' (see rm_qdrant.modelinfo)"
+            "'rmq model stamp' (see rm_qdrant.core.modelinfo)"
         )
     if len(text) > MAX_METADATA_CHARS:
         raise EncoderError(f"{source}: '{METADATA_KEY}' metadata is {len(text):,} characters, over 1 MiB")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.pair import ModelRef, check_collection_model, record_collection_model
 from rm_qdrant.errors import ConfigError, DimensionMismatch, ImageError
-from rm_qdrant.pair import ModelRef, check_collection_model, record_collection_model
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store
 
 log = logging.getLogger(__name__)

@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rm_qdrant.cli_common import Group, emit, json_option, open_cli_store, source_options
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.cli.common import Group, emit, json_option, open_cli_store, source_options
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.uris import UriRule
 
-if TYPE_CHECKING:  # rm_qdrant.stamp imports onnx: loaded when a model command runs, not for every rmq call
-    from rm_qdrant.stamp import StampReport
+if (
+    TYPE_CHECKING
+):  # rm_qdrant.models.stamp imports onnx: loaded when a model command runs, not for every rmq call
+    from rm_qdrant.models.stamp import StampReport
 
 
 def _floats(value: str | None, option: str) -> tuple[float, ...] | None:
@@ -87,7 +89,7 @@ def stamp_command(
     --output embedding=image_embeds. Output dimensions come from the graph's static
     shapes, or from one run on a zero input.
     """
-    from rm_qdrant.stamp import parse_output_roles, stamp_model
+    from rm_qdrant.models.stamp import parse_output_roles, stamp_model
 
     report = stamp_model(
         source,
@@ -163,8 +165,8 @@ def check_command(
     >= 0.999); a wrong resize, crop, normalisation or channel order shows here,
     before anything moves. Exits 1 when they do not match.
     """
-    from rm_qdrant.switch import SAME_OUTPUT
-    from rm_qdrant.verify import agreement
+    from rm_qdrant.backfill.switch import SAME_OUTPUT
+    from rm_qdrant.backfill.verify import agreement
 
     found = agreement(
         open_cli_store(ctx),

@@ -6,7 +6,17 @@ from typing import Any
 
 import click
 
-from rm_qdrant.cli_common import (
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.pair import PairRecord
+from rm_qdrant.backfill.probe import (
+    cache_path,
+    draw_sample,
+    estimate_now,
+    forecast_sample,
+    load_sample,
+    save_sample,
+)
+from rm_qdrant.cli.common import (
     emit,
     json_option,
     name_option,
@@ -14,11 +24,8 @@ from rm_qdrant.cli_common import (
     source_options,
     store_location,
 )
-from rm_qdrant.dual import DualIndex
-from rm_qdrant.forecast import ModeForecast, recommend
-from rm_qdrant.ordering import ORDERS, check_order
-from rm_qdrant.pair import PairRecord
-from rm_qdrant.probe import cache_path, draw_sample, estimate_now, forecast_sample, load_sample, save_sample
+from rm_qdrant.core.forecast import ModeForecast, recommend
+from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from rm_qdrant.core.modelinfo import check_input_shape, parse_metadata
 from rm_qdrant.errors import EncoderError
-from rm_qdrant.images import MAX_PIXELS, ImageLike, as_batch, pixels
-from rm_qdrant.modelinfo import check_input_shape, parse_metadata
+from rm_qdrant.models.images import MAX_PIXELS, ImageLike, as_batch, pixels
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class OnnxEncoder:
 
     Args:
         path: The ``.onnx`` file. Its ``rm_qdrant`` metadata entry describes it
-            (see :mod:`rm_qdrant.modelinfo`).
+            (see :mod:`rm_qdrant.core.modelinfo`).
         batch_size: Images per inference call. A graph whose batch axis is fixed at B
             gets exactly B per call instead (the last call padded with zeros).
         threads: Intra-op threads for ONNX Runtime (0: its default).

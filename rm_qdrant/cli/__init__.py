@@ -10,19 +10,19 @@ from typing import Any
 import click
 from PIL import Image
 
-from rm_qdrant.cli_common import Group, emit, json_option, name_option, open_cli_store, store_location
-from rm_qdrant.cli_migrate import eval_command, finalize_command, migrate, rollback_command
-from rm_qdrant.cli_model import model
-from rm_qdrant.cli_pairs import drop_pair_command, pairs_command, switch_encoder_command
-from rm_qdrant.cli_probe import probe_command, status_estimate
-from rm_qdrant.dual import DualIndex
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.indexing import index_images, scan_image_folder
+from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.backfill.status import pair_status
+from rm_qdrant.cli.common import Group, emit, json_option, name_option, open_cli_store, store_location
+from rm_qdrant.cli.migrate import eval_command, finalize_command, migrate, rollback_command
+from rm_qdrant.cli.model import model
+from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
+from rm_qdrant.cli.probe import probe_command, status_estimate
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, SourceError
-from rm_qdrant.indexing import index_images, scan_image_folder
-from rm_qdrant.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import shown
-from rm_qdrant.status import pair_status
-from rm_qdrant.uris import UriRule
 
 
 def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rm_qdrant.merge import PointId
-from rm_qdrant.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
-from rm_qdrant.pair import PairRecord, active_where, save_pair
-from rm_qdrant.planning import BUCKET, ERROR, MIGRATED, RANK, points_to_move
-from rm_qdrant.status import in_both
+from rm_qdrant.backfill.pair import PairRecord, active_where, save_pair
+from rm_qdrant.backfill.status import in_both
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.ordering import bucket, needs_vectors, order_keys, ranks, shard_buckets
+from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, RANK, points_to_move
 from rm_qdrant.store import Store, Where
 
 if TYPE_CHECKING:
-    from rm_qdrant.migrate import MigrateOptions
+    from rm_qdrant.backfill.migrate import MigrateOptions
 
 log = logging.getLogger(__name__)
 _PAGE = 2_000

@@ -11,8 +11,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.merge import PointId
 
 RANK = "rmq_rank"  # position in the backfill order (old points)
 BUCKET = "rmq_bucket"  # shard bucket, from the id (old points)

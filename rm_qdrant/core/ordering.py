@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.merge import PointId
 
 ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised", "payload:FIELD")
 CONFIDENCE_FIELD = "old_confidence"

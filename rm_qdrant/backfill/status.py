@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import ERROR, MIGRATED, MOVING
 from rm_qdrant.errors import SourceError
-from rm_qdrant.merge import PointId
-from rm_qdrant.pair import PairRecord, active_where
-from rm_qdrant.planning import ERROR, MIGRATED, MOVING
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Store, Where
 

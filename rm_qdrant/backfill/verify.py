@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.migrate import load_tensor
+from rm_qdrant.backfill.ranking import read_all
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch, SourceError
-from rm_qdrant.merge import PointId
-from rm_qdrant.migrate import load_tensor
-from rm_qdrant.ranking import read_all
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store, Where
-from rm_qdrant.uris import UriRule
 
 
 @dataclass(frozen=True)

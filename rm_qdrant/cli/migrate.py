@@ -12,19 +12,19 @@ from typing import Any
 
 import click
 
-from rm_qdrant.cli_common import emit, json_option, name_option, open_cli_store, source_options
-from rm_qdrant.cutover import finalize, rollback
-from rm_qdrant.dual import DualIndex
-from rm_qdrant.encoder import OnnxEncoder
+from rm_qdrant.backfill.cutover import finalize, rollback
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
+from rm_qdrant.backfill.indexing import scan_image_folder
+from rm_qdrant.backfill.migrate import BatchResult, MigrateOptions, MigrationReport, run_migration
+from rm_qdrant.backfill.pair import active_where, load_pair
+from rm_qdrant.backfill.status import in_both
+from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, source_options
+from rm_qdrant.core.ordering import ORDERS, check_order
+from rm_qdrant.core.planning import parse_shard, points_to_move
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.evaluate import ServedPoint, evaluate_served
-from rm_qdrant.indexing import scan_image_folder
-from rm_qdrant.migrate import BatchResult, MigrateOptions, MigrationReport, run_migration
-from rm_qdrant.ordering import ORDERS, check_order
-from rm_qdrant.pair import active_where, load_pair
-from rm_qdrant.planning import parse_shard, points_to_move
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.status import in_both
 from rm_qdrant.store import Store
 
 

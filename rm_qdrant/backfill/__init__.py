@@ -1,0 +1,1 @@
+"""The pair and its life: serving (DualIndex), migration, cutover, status, probe."""

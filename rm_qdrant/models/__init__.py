@@ -1,0 +1,1 @@
+"""Encoders: ONNX Runtime sessions, image decoding, and stamping a team's graph."""
