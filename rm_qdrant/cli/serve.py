@@ -1,0 +1,230 @@
+"""``rmq init``, ``index``, ``search`` and ``status``: creating a pair and serving it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.indexing import index_images, scan_image_folder
+from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.backfill.status import pair_status
+from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, store_location
+from rm_qdrant.cli.probe import status_estimate
+from rm_qdrant.core.uris import UriRule
+from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.sources import shown
+
+
+def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    parsed: dict[str, Any] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"bad --filter {item!r}: expected FIELD=VALUE")
+        parsed[key] = int(value) if value.lstrip("-").isdigit() else value
+    return parsed or None
+
+
+@click.command()
+@name_option
+@click.option("--old-collection", required=True, help="The collection the old model filled (as it is).")
+@click.option("--old-vector", help="Its vector name, if it has named vectors [default: its only vector].")
+@click.option("--encoder", required=True, type=click.Path(), help="New model graph (.onnx).")
+@click.option(
+    "--old-encoder", type=click.Path(), help="Old model graph: the naive mode's, and what a rollback serves."
+)
+@click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
+@click.option(
+    "--mode",
+    type=click.Choice(["rm", "naive"]),
+    help="Query mode [default: rm if the encoder has a 'rev' output].",
+)
+@click.option(
+    "--keep-old",
+    is_flag=True,
+    help="Keep migrated points in old (hidden) so 'rmq rollback' works (needs --old-encoder).",
+)
+@click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
+@click.option(
+    "--uri-template",
+    help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg' ({id}: the id).",
+)
+@click.option("--label-field", default="label", show_default=True, help="Payload field with class labels.")
+@json_option
+@click.pass_context
+def init(
+    ctx: click.Context,
+    name: str,
+    old_collection: str,
+    old_vector: str | None,
+    encoder: str,
+    old_encoder: str | None,
+    new_collection: str | None,
+    mode: str | None,
+    keep_old: bool,
+    uri_field: str,
+    uri_template: str | None,
+    label_field: str,
+    as_json: bool,
+) -> None:
+    """Create the new collection (mirroring the old one's schema) and the pair record."""
+    if (
+        uri_template is not None
+        and ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
+    ):
+        raise ConfigError("give --uri-field or --uri-template, not both")
+    record = create_pair(
+        open_cli_store(ctx),
+        name,
+        old_collection=old_collection,
+        encoder=OnnxEncoder(encoder),
+        old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+        new_collection=new_collection,
+        mode=mode,  # type: ignore[arg-type]
+        keep_old=keep_old,
+        old_vector=old_vector,
+        uri=UriRule(uri_field, uri_template),
+        label_field=label_field,
+    )
+    vector = f" (vector {record.vector!r})" if record.vector else ""
+    text = (
+        f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}{vector}; "
+        f"images from {record.uri_rule.describe()}"
+    )
+    emit(dataclasses.asdict(record), as_json, text)
+
+
+@click.command()
+@click.option("--name", help="Index into this pair's old collection.")
+@click.option("--collection", help="Index into this collection (created if missing).")
+@click.option("--data", required=True, type=click.Path(), help="Image folder: DATA/<label>/<image>.")
+@click.option(
+    "--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx)."
+)
+@click.option("--batch", default=256, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
+@json_option
+@click.pass_context
+def index(
+    ctx: click.Context,
+    name: str | None,
+    collection: str | None,
+    data: str,
+    encoder: str,
+    batch: int,
+    as_json: bool,
+) -> None:
+    """Load an image folder into a collection (reproduces an existing deployment)."""
+    if (name is None) == (collection is None):
+        raise ConfigError("give exactly one of --name and --collection")
+    store = open_cli_store(ctx, create=True)
+    target = collection or load_pair(store, name or "").old_collection
+    items = scan_image_folder(data)
+    model = OnnxEncoder(encoder)
+    with click.progressbar(length=len(items), label=f"indexing into {target}", hidden=as_json) as bar:
+        report = index_images(store, target, model, items, batch_size=batch, on_batch=bar.update)
+    summary = {"collection": target, "indexed": report.indexed, "failed": report.failed}
+    text = f"indexed {report.indexed} images into {target!r}"
+    if report.failed:
+        text += f"; skipped {len(report.failed)} unreadable, first: {report.failed[0][1]}"
+    emit(summary, as_json, text)
+
+
+@click.command()
+@name_option
+@click.argument("image", type=click.Path())
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(min=1), help="Number of hits.")
+@click.option("--filter", "filters", multiple=True, help="Payload filter FIELD=VALUE (repeatable).")
+@click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
+@click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
+@click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
+@click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
+@json_option
+@click.pass_context
+def search(
+    ctx: click.Context,
+    name: str,
+    image: str,
+    limit: int,
+    filters: tuple[str, ...],
+    exact: bool,
+    hnsw_ef: int | None,
+    encoder: str | None,
+    old_encoder: str | None,
+    as_json: bool,
+) -> None:
+    """Search the pair with one image; hits from both collections, merged by distance."""
+    opened = DualIndex.open(
+        open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
+    )
+    with opened as dual:
+        hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
+        pair = dual.pair
+    rows = [dataclasses.asdict(h) for h in hits]
+    lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
+    for rank, hit in enumerate(hits, 1):
+        try:
+            where = shown(pair.uri_rule.uri(hit.id, hit.payload))
+        except SourceError:
+            where = "-"
+        lines.append(
+            f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
+            f"{str(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {where}"
+        )
+    emit(rows, as_json, "\n".join(lines))
+
+
+@click.command()
+@name_option
+@json_option
+@click.pass_context
+def status(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Both collections' sizes, the fraction migrated, the query mode and the models."""
+    store = open_cli_store(ctx)
+    pair = load_pair(store, name)
+    state = pair_status(store, pair)
+    estimate = status_estimate(store, pair, store_location(ctx))
+    data = {**dataclasses.asdict(state), "fraction": state.fraction, "estimate": estimate}
+    rolled_back = state.state == "rolled_back"
+    text = "\n".join(
+        [
+            f"pair          {state.name} ({state.mode}, {state.state})",
+            f"old           {state.old_collection}: {state.old_count} points"
+            + (
+                f" (+{state.kept_count} migrated, kept for rollback)"
+                if state.keep_old and not rolled_back
+                else ""
+            )
+            + (" (all served, by the old model)" if rolled_back else ""),
+            f"new           {state.new_collection}: {state.new_count} points"
+            + (" (not served since the rollback)" if rolled_back else ""),
+            f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
+            f"failed        {state.failed}",
+            *(f"  {pid}  {reason}" for pid, _, reason in state.failure_sample),
+            f"encoder       {state.encoder}",
+            f"old encoder   {state.old_encoder or '-'}",
+            f"alias         {state.alias or '-'}",
+            f"estimate      {_estimate_line(estimate)}",
+        ]
+    )
+    emit(data, as_json, text)
+
+
+def _order(pair: PairRecord) -> str:
+    if pair.order is None:
+        return "not prepared"
+    return pair.order if pair.order_ready else f"{pair.order}, ranks half-written: the next run ranks again"
+
+
+def _estimate_line(e: dict[str, Any] | None) -> str:
+    if e is None:
+        return "- (run rmq probe for a label-free quality estimate)"
+    k = e["k"]
+    return (
+        f"{e['mode']}: recall@{k} {e[f'recall@{k}']:.3f} now, {e[f'recall@{k}_start']:.3f} at the start "
+        f"(label-free, {e['sample']}-point probe sample, {e['sample_migrated']:.0%} of it migrated)"
+        + ("  BELOW THE START: the merge is dipping" if e["below_start"] else "")
+    )

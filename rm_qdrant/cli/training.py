@@ -1,0 +1,156 @@
+"""``rmq train``, ``export`` and ``demo``: the commands that need PyTorch (imported when used)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from rm_qdrant.cli.common import emit, json_option
+from rm_qdrant.errors import ConfigError
+
+
+class TrainGroup(click.Group):
+    """``rmq train``: the training commands, imported (with torch) only when used."""
+
+    def _real(self) -> click.Group:
+        try:
+            from train.cli import train as real
+        except ModuleNotFoundError as exc:
+            raise _needs_torch(exc) from exc
+        return real
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return self._real().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return self._real().get_command(ctx, name)
+
+
+def _needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
+    if exc.name in ("torch", "yaml", "onnx"):
+        return click.ClickException(
+            f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
+        )
+    raise exc
+
+
+@click.command(name="export")
+@click.option("--new", "new", type=click.Path(exists=True), help="New backbone checkpoint (PyTorch).")
+@click.option("--new-onnx", type=click.Path(exists=True), help="Or: the team's own ONNX backbone.")
+@click.option(
+    "--output-name",
+    help="With --new-onnx: the output that holds the embedding [default: its 'embedding' role].",
+)
+# Gone: a backbone describes itself with 'rmq model stamp'. Kept hidden to say so instead of "no such option".
+@click.option("--input-size", hidden=True)
+@click.option("--input-layout", hidden=True)
+@click.option("--input-dtype", hidden=True)
+@click.option("--heads", type=click.Path(exists=True), help="Trained ρ/ψ heads checkpoint.")
+@click.option("--out", type=click.Path(), help="Where the two-output graph goes.")
+@click.option("--old", type=click.Path(exists=True), help="Old backbone checkpoint, for --out-old.")
+@click.option("--out-old", type=click.Path(), help="Where the old model's graph goes (RM_naive, rmq index).")
+@click.option("--no-scores", is_flag=True, help="Leave out the old classifier's 'scores' output.")
+@json_option
+def export_command(
+    new: str | None,
+    new_onnx: str | None,
+    output_name: str | None,
+    input_size: str | None,
+    input_layout: str | None,
+    input_dtype: str | None,
+    heads: str | None,
+    out: str | None,
+    old: str | None,
+    out_old: str | None,
+    no_scores: bool,
+    as_json: bool,
+) -> None:
+    """Export φ_new+ρ+ψ as one ONNX graph (outputs new, rev) and/or the old model, checked against PyTorch."""
+    try:
+        from exporters.compose import attach_heads
+        from exporters.serving import ExportError, export_old, export_serving
+    except ModuleNotFoundError as exc:
+        raise _needs_torch(exc) from exc
+    if (input_size, input_layout, input_dtype) != (None, None, None):
+        raise ConfigError(
+            "--input-size/--input-layout/--input-dtype are gone: describe the backbone with "
+            "'rmq model stamp' (size, resize/crop, layout, dtype, mean/std), then export the stamped graph"
+        )
+    done = {}
+    try:
+        if (new or new_onnx) and not (heads and out):
+            raise ConfigError("--new/--new-onnx need --heads and --out")
+        if new and new_onnx:
+            raise ConfigError("give --new or --new-onnx, not both")
+        if new:
+            done["model"] = export_serving(new, heads, out)  # type: ignore[arg-type]
+        elif new_onnx:
+            done["model"] = attach_heads(new_onnx, heads, out, output_name=output_name)  # type: ignore[arg-type]
+        if old or out_old:
+            if not (old and out_old):
+                raise ConfigError("--old and --out-old go together")
+            done["old"] = export_old(old, out_old, scores=not no_scores)
+        if not done:
+            raise ConfigError(
+                "nothing to export: give --new/--new-onnx with --heads and --out, or --old with --out-old"
+            )
+    except (ExportError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    report = {k: {"path": str(p), "max_abs_diff": d} for k, (p, d) in done.items()}
+    emit(
+        report,
+        as_json,
+        "\n".join(
+            f"wrote {r['path']} (ONNX Runtime vs PyTorch: {r['max_abs_diff']:.1e})" for r in report.values()
+        ),
+    )
+
+
+@click.command()
+@click.option(
+    "--out",
+    default="rmq-demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the demo's files go.",
+)
+@click.option(
+    "--data",
+    type=click.Path(exists=True, file_okay=False),
+    help="An ImageFolder with train/ and test/ [default: scikit-learn's digits].",
+)
+@click.option("--epochs", default=12, show_default=True, type=click.IntRange(min=1), help="Backbone epochs.")
+@json_option
+def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
+    """Train old and new models, serve both collections, and watch quality climb as the gallery migrates."""
+    import time
+    from pathlib import Path
+
+    try:
+        from train.demo import run_demo, summary
+    except ModuleNotFoundError as exc:
+        raise _needs_torch(exc) from exc
+    started = time.perf_counter()
+    if not as_json:
+        click.echo("training the old model (first half of the classes), the new one (all) and ψ/ρ (MCL)...")
+
+    def show(row: Any) -> None:
+        if not as_json:
+            if row.t == 0:
+                click.echo(f"\n{'t':>4}  {'RM_naive mAP':>12} {'top-1':>6}   {'RM mAP':>7} {'top-1':>6}")
+            click.echo(
+                f"{row.t:4.1f}  {100 * row.naive_map:12.1f} {100 * row.naive_top1:6.1f}   "
+                f"{100 * row.rm_map:7.1f} {100 * row.rm_top1:6.1f}"
+            )
+
+    rows = run_demo(Path(out), data=Path(data) if data else None, epochs=epochs, on_row=show)
+    areas = summary(rows)
+    report = {**areas, "seconds": time.perf_counter() - started, "out": str(Path(out).resolve())}
+    auc = f"RM_naive {100 * areas['auc_map_naive']:.1f}, RM {100 * areas['auc_map_rm']:.1f}"
+    plotted = ", the plot curves.png" if (Path(out) / "curves.png").is_file() else ""
+    text = (
+        f"\narea under mAP_t: {auc}\nmodels, ONNX graphs, the Qdrant store{plotted} are in {report['out']}"
+        f"; took {report['seconds']:.0f} s"
+    )
+    emit({**report, "rows": [vars(r) for r in rows]} if as_json else report, as_json, text)
