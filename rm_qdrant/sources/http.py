@@ -22,6 +22,7 @@ import httpx
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import SourceError
 from rm_qdrant.sources.guard import Refused, Unresolvable, resolve_public
+from rm_qdrant.sources.retry import Retryable, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,6 @@ def _inflate(decoder: Any, data: bytes, room: int, shown: str) -> bytes:
         return bytes(decoder.decompress(data, max(room, 1)))
     except zlib.error as exc:
         raise SourceError(f"{shown}: the body is not valid gzip/deflate data: {exc}") from exc
-
-
-class _Retryable(Exception):
-    """A failure worth another attempt (timeouts, refused connections, 5xx, 429)."""
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -152,20 +149,13 @@ class HttpFetcher:
         Raises:
             SourceError: with ``shown`` (the redacted URI) and the reason.
         """
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                return self._attempt(uri, shown)
-            except _Retryable as exc:
-                if attempt == self.retries or (stop is not None and stop.is_set()):
-                    raise SourceError(f"{shown}: {exc} (after {attempt + 1} attempts)") from exc
-                log.info("retrying %s in %.1fs: %s", shown, delay, exc)
-            if stop is not None and stop.wait(delay):
-                raise SourceError(f"{shown}: not retried, the run is stopping")
-            if stop is None:
-                time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+        return with_retries(
+            lambda: self._attempt(uri, shown),
+            shown=shown,
+            retries=self.retries,
+            backoff=self.backoff,
+            stop=stop,
+        )
 
     def _attempt(self, uri: str, shown: str) -> bytes:
         self._local.deadline = time.monotonic() + self.timeout
@@ -189,11 +179,11 @@ class HttpFetcher:
         except Refused as exc:
             raise SourceError(f"{shown}: refused: {exc} (--allow-private-network to allow it)") from exc
         except Unresolvable as exc:
-            raise _Retryable(str(exc)) from exc
+            raise Retryable(str(exc)) from exc
         except httpx.TimeoutException as exc:
-            raise _Retryable(self._timed_out()) from exc
+            raise Retryable(self._timed_out()) from exc
         except httpx.TransportError as exc:
-            raise _Retryable(f"connection failed: {redact(str(exc))}") from exc
+            raise Retryable(f"connection failed: {redact(str(exc))}") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ValueError, UnicodeError) as exc:
             raise SourceError(f"{shown}: {type(exc).__name__}: {redact(str(exc))[:200]}") from exc
         finally:
@@ -204,7 +194,7 @@ class HttpFetcher:
 
     def _body(self, response: httpx.Response, shown: str) -> bytes:
         if response.status_code in _RETRY_STATUS:
-            raise _Retryable(f"HTTP {response.status_code}")
+            raise Retryable(f"HTTP {response.status_code}")
         if response.status_code != 200:
             raise SourceError(f"{shown}: HTTP {response.status_code}")
         declared = response.headers.get("content-length", "")
@@ -215,7 +205,7 @@ class HttpFetcher:
         for raw in response.iter_raw():  # decoded here, with a bound, not by httpx
             received += len(raw)
             if self._remaining() <= 0:  # decompressing is CPU work no socket deadline sees
-                raise _Retryable(self._timed_out())
+                raise Retryable(self._timed_out())
             data = raw
             while data:
                 piece = data if decoder is None else _inflate(decoder, data, self.max_bytes + 1 - size, shown)

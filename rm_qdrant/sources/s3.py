@@ -44,6 +44,7 @@ from typing import Any
 
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import SourceError
+from rm_qdrant.sources.retry import Retryable, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,6 @@ _NO_CREDENTIALS = {
     "gs": "no credentials found: gs:// needs a GCS HMAC key as AWS_ACCESS_KEY_ID and "
     "AWS_SECRET_ACCESS_KEY (Google application-default credentials are not used)",
 }
-
-
-class _Retryable(Exception):
-    """A failure worth another attempt (timeouts, failed connections, throttling, 5xx)."""
 
 
 @dataclass(frozen=True)
@@ -151,20 +148,13 @@ class S3Fetcher:
         """
         ref = parse_object_uri(uri, shown=shown)
         client = self._client(ref.scheme, shown)
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                return self._attempt(client, ref, shown)
-            except _Retryable as exc:
-                if attempt == self.retries or (stop is not None and stop.is_set()):
-                    raise SourceError(f"{shown}: {exc} (after {attempt + 1} attempts)") from exc
-                log.info("retrying %s in %.1fs: %s", shown, delay, exc)
-            if stop is not None and stop.wait(delay):
-                raise SourceError(f"{shown}: not retried, the run is stopping")
-            if stop is None:
-                time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+        return with_retries(
+            lambda: self._attempt(client, ref, shown),
+            shown=shown,
+            retries=self.retries,
+            backoff=self.backoff,
+            stop=stop,
+        )
 
     def _attempt(self, client: Any, ref: ObjectRef, shown: str) -> bytes:
         from botocore import exceptions as bx
@@ -182,9 +172,9 @@ class S3Fetcher:
         except bx.NoCredentialsError as exc:
             raise SourceError(f"{shown}: {_NO_CREDENTIALS[ref.scheme]}") from exc
         except (bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:
-            raise _Retryable(f"timed out after {self.timeout:g} s") from exc
+            raise Retryable(f"timed out after {self.timeout:g} s") from exc
         except (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError) as exc:
-            raise _Retryable(f"connection failed: {_connection_reason(exc, client)}") from exc
+            raise Retryable(f"connection failed: {_connection_reason(exc, client)}") from exc
         except bx.BotoCoreError as exc:
             raise SourceError(f"{shown}: {type(exc).__name__}: {redact(str(exc))[:200]}") from exc
 
@@ -195,7 +185,7 @@ class S3Fetcher:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Retryable(f"timed out after {self.timeout:g} s (the deadline of one attempt)")
+                raise Retryable(f"timed out after {self.timeout:g} s (the deadline of one attempt)")
             if left < self.timeout and not (isinstance(declared, int) and size >= declared):
                 self._narrow(body, left)  # a stall then ends at the deadline, not a read timeout later
             chunk = body.read(min(_CHUNK, self.max_bytes + 1 - size))
@@ -260,7 +250,7 @@ def _client_error(exc: Any, shown: str) -> Exception:
     code = str(error.get("Code") or "error")
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
     if code in _RETRY_CODES or status >= 500 or status == 429:
-        return _Retryable(f"{code} (HTTP {status})")
+        return Retryable(f"{code} (HTTP {status})")
     reason = _REASONS.get(code) or redact(str(error.get("Message") or f"HTTP {status}"))[:200]
     return SourceError(f"{shown}: {redact(code)[:80]} ({reason})")
 
