@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.pair import active_where
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.store import Where
 
 
@@ -38,21 +39,29 @@ def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
     store, pair = index.store, index.pair
     counts = {}
     for label in labels:
-        where = Where(must={"label": label})
+        where = Where(must={pair.label_field: label})
         old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0
         counts[label] = old + store.count(pair.new_collection, where)
     return counts
 
 
 def average_precision(
-    hits: Sequence[Hit], label: str, relevant: int, *, skip_uri: str, k: int | None
+    hits: Sequence[Hit],
+    label: str,
+    relevant: int,
+    *,
+    skip_uri: str,
+    k: int | None,
+    label_field: str = "label",
+    uri_of: Callable[[Hit], Any] = lambda h: h.payload.get("uri"),
 ) -> tuple[float, bool]:
     """AP (or AP@k) of one served ranking, and whether its first hit is relevant.
 
-    ``relevant`` counts the gallery items with the query's label, the query itself excluded.
+    ``relevant`` counts the gallery items with the query's label, the query itself excluded
+    (the hit whose image, ``uri_of(hit)``, is ``skip_uri``).
     """
-    ranked = [h for h in hits if h.payload.get("uri") != skip_uri][:k]
-    flags = np.array([h.payload.get("label") == label for h in ranked], dtype=bool)
+    ranked = [h for h in hits if uri_of(h) != skip_uri][:k]
+    flags = np.array([h.payload.get(label_field) == label for h in ranked], dtype=bool)
     denominator = min(relevant, k) if k is not None else relevant
     if denominator == 0 or len(flags) == 0:
         return 0.0, bool(len(flags) and flags[0])
@@ -71,6 +80,14 @@ def served_retrieval(
     if any(q.label is None for q in queries):
         raise ConfigError("served evaluation needs labelled queries: QUERIES/<label>/<image>")
     counts = _label_counts(index, {q.label for q in queries if q.label is not None})
+    pair = index.pair
+
+    def uri_of(hit: Hit) -> Any:
+        try:
+            return pair.uri_rule.uri(hit.id, hit.payload)
+        except SourceError:
+            return None
+
     gallery = index.status().old_count + index.status().new_count
     limit = (k or gallery) + 1  # one more: the query itself may come back
     aps, tops = [], []
@@ -79,7 +96,9 @@ def served_retrieval(
         for query, hits in zip(chunk, index.search_batch([q.uri for q in chunk], limit=limit), strict=True):
             label = query.label or ""
             relevant = counts[label] - (1 if _in_gallery(index, query) else 0)
-            ap, top = average_precision(hits, label, relevant, skip_uri=query.uri, k=k)
+            ap, top = average_precision(
+                hits, label, relevant, skip_uri=query.uri, k=k, label_field=pair.label_field, uri_of=uri_of
+            )
             aps.append(ap)
             tops.append(top)
     hits_array = np.array(tops, dtype=bool)

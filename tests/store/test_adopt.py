@@ -299,3 +299,20 @@ def test_cli_init_pairs_drop_pair_and_bad_input(models, tmp_path):
             and len(result.output.strip().splitlines()) == 1
         )
     assert "dropped pair 'p'" in rmq("drop-pair", "p").output
+
+
+def test_served_evaluation_reads_the_pairs_label_field(team, models):
+    from rm_qdrant.backfill.evaluate import served_retrieval
+
+    folder, items, _ = team
+    with open_store(folder) as store:
+        create_pair(
+            store,
+            "p",
+            old_collection="products",
+            encoder=OnnxEncoder(models.rm),
+            uri=UriRule("image_url"),
+            label_field="category",
+        )
+        result = served_retrieval(DualIndex.open(store, "p", exact=True), items)
+    assert result.map > 0.3 and result.top1 > 0.5  # the colours of the three classes separate well
