@@ -65,7 +65,13 @@ def backbone(config: str | None, pairs: tuple[str, ...], **options: Any) -> None
 @click.option("--old", help="Old backbone checkpoint.")
 @click.option("--new", help="New backbone checkpoint.")
 @click.option("--data", help="Folder with train/ (ImageFolder layout).")
-@click.option("--loss", type=click.Choice(["rqt", "cl-s", "cl-m", "mcl"]))
+@click.option("--loss", type=click.Choice(["rqt", "cl-s", "cl-m", "mcl"]), help="[default: mcl]")
+@click.option(
+    "--learn-rho/--no-learn-rho",
+    default=None,
+    help="Train ρ, or keep it the identity [default: the paper's per loss: learned for cl-m and mcl, "
+    "the identity for rqt and cl-s].",
+)
 @click.option("--epochs", type=int)
 @click.option("--out", help="Checkpoint path.")
 def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:

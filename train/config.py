@@ -53,7 +53,9 @@ class HeadsConfig:
     rqt_metric: str = "cosine"  # cosine | l2
     temperature: float = 0.1  # s = exp(-d / temperature); the paper's s = exp(-d) is 1.0
     hard_mining: bool = True
-    learn_rho: bool = True  # False: rho is the identity (RM without the learnable new embedding)
+    # ρ learned or the identity; None: the paper's choice for the loss (learned for cl-m and
+    # mcl; the identity for rqt and cl-s, whose ψ maps the new model's own space back)
+    learn_rho: bool | None = None
     psi_blocks: int = 2  # Linear-BN-ReLU blocks, the last a Linear (1 to 5)
     rho_blocks: int = 2
     hidden: int = 512
@@ -107,6 +109,11 @@ def _typed(name: str, value: Any, kind: str) -> Any:
         if base not in ("float", "int", "bool", "str"):
             return value  # structured settings (a dict of backbone settings) pass as they are
     raise ValueError(f"setting {name}: expected {base}, got {value!r}")
+
+
+def rho_is_learned(cfg: HeadsConfig) -> bool:
+    """Whether ρ is trained: as set, else the paper's default for the loss."""
+    return cfg.learn_rho if cfg.learn_rho is not None else cfg.loss in ("cl-m", "mcl")
 
 
 @dataclass

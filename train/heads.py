@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
 from train.checkpoints import description, load_checkpoint, save_checkpoint
-from train.config import HeadsConfig
+from train.config import HeadsConfig, rho_is_learned
 from train.data import batches
 from train.losses import LOSSES, contrastive_loss, rqt_loss
 
@@ -90,7 +90,7 @@ def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
     model = Heads(
         phi_new.shape[1],
         phi_old.shape[1],
-        learn_rho=cfg.learn_rho,
+        learn_rho=rho_is_learned(cfg),
         rho_blocks=cfg.rho_blocks,
         psi_blocks=cfg.psi_blocks,
         hidden=cfg.hidden,

@@ -28,3 +28,18 @@ def test_bad_settings_are_one_line(args, message):
     result = CliRunner().invoke(cli, ["train", "heads", *args])
     assert result.exit_code == 1 and message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_rho_follows_the_paper_per_loss_unless_set():
+    from train.config import rho_is_learned
+
+    assert [rho_is_learned(HeadsConfig(loss=loss)) for loss in ("rqt", "cl-s", "cl-m", "mcl")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert rho_is_learned(HeadsConfig(loss="rqt", learn_rho=True))
+    assert not rho_is_learned(load_config(HeadsConfig, loss="mcl", learn_rho="false"))
+    text = CliRunner().invoke(cli, ["train", "heads", "--help"]).output
+    assert "learned for cl-m and mcl" in " ".join(text.split())
