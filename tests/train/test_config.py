@@ -40,6 +40,6 @@ def test_rho_follows_the_paper_per_loss_unless_set():
         True,
     ]
     assert rho_is_learned(HeadsConfig(loss="rqt", learn_rho=True))
-    assert not rho_is_learned(load_config(HeadsConfig, loss="mcl", learn_rho="false"))
+    assert not rho_is_learned(load_config(HeadsConfig, loss="mcl", learn_rho=False))
     text = CliRunner().invoke(cli, ["train", "heads", "--help"]).output
     assert "learned for cl-m and mcl" in " ".join(text.split())
