@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from exporters.serving import ServingGraph, export_old, export_serving
+from exporters.serving import ServingGraph, export_backbone, export_serving
 from train.backbone import load_backbone, save_backbone
 from train.backbones import build_backbone
 from train.config import BackboneConfig, HeadsConfig
@@ -61,7 +61,7 @@ def main() -> None:
             loss=0.0,
         )
         two, _ = export_serving(new, heads, folder / "two.onnx")
-        one, _ = export_old(new, folder / "one.onnx", scores=False)
+        one, _ = export_backbone(new, folder / "one.onnx", role="new", scores=False)
         options = ort.SessionOptions()
         sessions = {
             k: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])

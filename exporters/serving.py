@@ -194,21 +194,26 @@ def export_serving(
     return path, check_parity(module, path, sample, ["new", "rev"])
 
 
-def export_old(
-    old: str | Path,
+def export_backbone(
+    checkpoint: str | Path,
     out: str | Path,
     *,
+    role: str = "old",
     scores: bool = True,
     images: np.ndarray | None = None,
     name: str | None = None,
 ) -> tuple[Path, float]:
-    """Export the old backbone: ``embedding`` (and ``scores``, its classifier's softmax)."""
-    backbone, meta = load_backbone(old)
+    """Export a plain backbone: ``embedding`` (and ``scores``, its classifier's softmax).
+
+    The old model (what ``rmq index`` fills a collection with), or a plain new model for
+    the naive mode; ``role`` names it (``small-cnn-new``), so ``rmq status`` tells them apart.
+    """
+    backbone, meta = load_backbone(checkpoint)
     module = ServingGraph(backbone, meta["mean"], meta["std"], scores=scores).eval()
     outputs = ["embedding", "scores"] if scores else ["embedding"]
     dims = {"embedding": meta["embed_dim"], **({"scores": len(meta["classes"])} if scores else {})}
     size = meta["image_size"]
-    info = ModelInfo(name or f"{meta['arch']}-old", "cosine", dims, InputSpec(size, size, 3))
+    info = ModelInfo(name or f"{meta['arch']}-{role}", "cosine", dims, InputSpec(size, size, 3))
     sample = _sample_images(meta, images)
     path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), outputs, info)
     return path, check_parity(module, path, sample, outputs)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from exporters.serving import export_old, export_serving
+from exporters.serving import export_backbone, export_serving
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
 from rm_qdrant.backfill.evaluate import served_retrieval
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
@@ -81,8 +81,8 @@ def run_demo(
         )
     )
     model, _ = export_serving(runs / "new.pt", runs / "heads.pt", out / "model.onnx")
-    old, _ = export_old(runs / "old.pt", out / "old.onnx")
-    new_only, _ = export_old(runs / "new.pt", out / "new.onnx", scores=False)
+    old, _ = export_backbone(runs / "old.pt", out / "old.onnx")
+    new_only, _ = export_backbone(runs / "new.pt", out / "new.onnx", role="new", scores=False)
     items = scan_image_folder(root / "test")
     with open_store(out / "qdrant") as store:
         for mode in ("naive", "rm"):

@@ -66,10 +66,11 @@ def export_command(
     no_scores: bool,
     as_json: bool,
 ) -> None:
-    """Export φ_new+ρ+ψ as one ONNX graph (outputs new, rev) and/or the old model, checked against PyTorch."""
+    """Export φ_new+ρ+ψ as one graph (outputs new, rev), the plain new model (--new without
+    --heads, for the naive mode) and/or the old model; each is checked against PyTorch."""
     try:
         from exporters.compose import attach_heads
-        from exporters.serving import ExportError, export_old, export_serving
+        from exporters.serving import ExportError, export_backbone, export_serving
     except ModuleNotFoundError as exc:
         raise _needs_torch(exc) from exc
     if (input_size, input_layout, input_dtype) != (None, None, None):
@@ -79,21 +80,28 @@ def export_command(
         )
     done = {}
     try:
-        if (new or new_onnx) and not (heads and out):
-            raise ConfigError("--new/--new-onnx need --heads and --out")
+        if (new or new_onnx) and not out:
+            raise ConfigError("--new/--new-onnx need --out")
+        if new_onnx and not heads:
+            raise ConfigError(
+                "--new-onnx needs --heads (a stamped ONNX backbone is already servable as it is)"
+            )
         if new and new_onnx:
             raise ConfigError("give --new or --new-onnx, not both")
-        if new:
+        if new and not heads:  # the plain new model, for the naive mode
+            done["model"] = export_backbone(new, out, role="new", scores=False)  # type: ignore[arg-type]
+        elif new:
             done["model"] = export_serving(new, heads, out)  # type: ignore[arg-type]
         elif new_onnx:
             done["model"] = attach_heads(new_onnx, heads, out, output_name=output_name)  # type: ignore[arg-type]
         if old or out_old:
             if not (old and out_old):
                 raise ConfigError("--old and --out-old go together")
-            done["old"] = export_old(old, out_old, scores=not no_scores)
+            done["old"] = export_backbone(old, out_old, scores=not no_scores)
         if not done:
             raise ConfigError(
-                "nothing to export: give --new/--new-onnx with --heads and --out, or --old with --out-old"
+                "nothing to export: give --new (with --heads for the rm graph) and --out, "
+                "--new-onnx with --heads and --out, or --old with --out-old"
             )
     except (ExportError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from exporters.compose import attach_heads
 from exporters.linear import linear_encoder
-from exporters.serving import ExportError, export_old, export_serving
+from exporters.serving import ExportError, export_backbone, export_serving
 from rm_qdrant import InputSpec, OnnxEncoder
 from rm_qdrant.cli import cli
 from rm_qdrant.models.stamp import stamp_model
@@ -68,7 +68,7 @@ def test_encoder_gives_what_train_computes(tmp_path, tiny_folder):
 
 def test_old_model_export_with_scores(tmp_path):
     old, _ = checkpoints(tmp_path, "small-cnn")
-    path, worst = export_old(old, tmp_path / "old.onnx")
+    path, worst = export_backbone(old, tmp_path / "old.onnx")
     info = OnnxEncoder(path).info
     assert worst <= 1e-4 and info.outputs == {"embedding": 16, "scores": 5}
 
@@ -175,3 +175,15 @@ def test_heads_on_a_stamped_team_graph_keep_its_preprocessing(tmp_path):
     got = composed.encode(images)
     np.testing.assert_allclose(got["new"], expected[0], atol=1e-4)
     np.testing.assert_allclose(got["rev"], expected[1], atol=1e-4)
+
+
+def test_the_plain_new_model_exports_without_heads_named_as_new(tmp_path):
+    new, _ = checkpoints(tmp_path, "small-cnn")
+    result = CliRunner().invoke(cli, ["export", "--new", str(new), "--out", str(tmp_path / "new.onnx")])
+    assert result.exit_code == 0, result.output
+    encoder = OnnxEncoder(tmp_path / "new.onnx")
+    assert encoder.info.name == "small-cnn-new" and encoder.info.outputs == {"embedding": 16}
+    plain, _ = export_backbone(new, tmp_path / "old.onnx", scores=False)
+    assert OnnxEncoder(plain).info.name == "small-cnn-old"
+    result = CliRunner().invoke(cli, ["export", "--new-onnx", str(tmp_path / "new.onnx"), "--out", "x.onnx"])
+    assert result.exit_code == 1 and "--new-onnx needs --heads" in result.output
