@@ -138,6 +138,7 @@ def check_parity(module: nn.Module, path: Path, images: np.ndarray, outputs: lis
     Raises:
         ExportError: the difference exceeds 1e-4.
     """
+    log.info("checking %s against PyTorch at batch 1 and %d", path, len(images))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for batch in (images[:1], images):

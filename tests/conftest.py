@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -17,11 +18,24 @@ from PIL import Image
 
 from exporters.linear import linear_encoder
 from rm_qdrant import InputSpec, open_store
+from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant.store import Store
 
 SPEC = InputSpec(height=8, width=8, channels=3)
 PIXELS = SPEC.height * SPEC.width * SPEC.channels
 OLD_DIM, NEW_DIM = 6, 10
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _caches_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Decoded images, embeddings and probe samples go to a throwaway folder, not ~/.cache."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("rmq-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @dataclass(frozen=True)

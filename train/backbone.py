@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,17 @@ import torch.nn.functional as F
 from train.backbones import Backbone, build_backbone
 from train.checkpoints import description, load_checkpoint, save_checkpoint
 from train.config import BackboneConfig
-from train.data import MEAN, STD, ImageSet, augment, batches, class_split, load_image_folder, to_tensor
+from train.data import (
+    MEAN,
+    STD,
+    ImageSet,
+    augment,
+    batches,
+    class_split,
+    load_image_folder,
+    normalization,
+    to_tensor,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +60,20 @@ def local_labels(data: ImageSet, classes: list[str]) -> torch.Tensor:
 
 @torch.no_grad()
 def embed(
-    model: Backbone, images: Any, *, device: torch.device, batch: int = 512
+    model: Backbone,
+    images: Any,
+    *,
+    device: torch.device,
+    batch: int = 512,
+    mean: Sequence[float] = MEAN,
+    std: Sequence[float] = STD,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embeddings and logits of uint8 images (N, H, W, 3), in eval mode, on the CPU."""
+    """Embeddings and logits of uint8 images (N, H, W, 3), normalised with the model's
+    ``mean``/``std``, in eval mode, on the CPU."""
     model.eval()
     embs, logits = [], []
     for start in range(0, len(images), batch):
-        x = to_tensor(images[start : start + batch]).to(device)
+        x = to_tensor(images[start : start + batch], mean, std).to(device)
         e, z = model(x)
         embs.append(e.float().cpu())
         logits.append(z.float().cpu())
@@ -79,7 +97,7 @@ def _influence_head(
     unseen = [c for c in classes if c not in old_classes]
     if unseen:
         mask = np.isin(train.labels, [train.classes.index(c) for c in unseen])
-        emb, _ = embed(old, train.images[mask], device=device)
+        emb, _ = embed(old, train.images[mask], device=device, mean=meta["mean"], std=meta["std"])
         names = np.array([train.classes[y] for y in train.labels[mask]])
         means = torch.stack([emb[torch.from_numpy(names == c)].mean(0) for c in unseen]).to(device)
         means = means / means.norm(dim=1, keepdim=True) * weight.norm(dim=1).mean()
@@ -115,7 +133,8 @@ def train_backbone(cfg: BackboneConfig) -> Path:
         train = ImageSet(
             train.images[keep], train.labels[keep], train.classes, tuple(train.paths[i] for i in keep)
         )
-    x_all, y_all = to_tensor(train.images), local_labels(train, classes)
+    mean, std = normalization(cfg.normalize, train.images, cfg.mean, cfg.std)
+    x_all, y_all = to_tensor(train.images, mean, std), local_labels(train, classes)
     model = build_backbone(
         cfg.arch, num_classes=len(classes), embed_dim=cfg.embed_dim, stem=cfg.stem, image_size=cfg.image_size
     ).to(device)
@@ -134,7 +153,8 @@ def train_backbone(cfg: BackboneConfig) -> Path:
         model.train()
         started, total = time.perf_counter(), 0.0
         for idx in batches(len(train), cfg.batch, shuffle=True, generator=generator):
-            x = augment(x_all[idx], generator=generator).to(device, non_blocking=True)
+            x = augment(x_all[idx], pad=cfg.crop_padding, flip=cfg.flip, generator=generator)
+            x = x.to(device, non_blocking=True)
             y = y_all[idx].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 emb, logits = model(x)
@@ -149,7 +169,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
             scaler.update()
             schedule.step()
             total += loss.item() * len(idx)
-        top1 = accuracy(model, test, classes, device)
+        top1 = accuracy(model, test, classes, device, mean=mean, std=std)
         log.info(
             "epoch %d/%d loss %.4f test top-1 %.4f (%.0f s)",
             epoch,
@@ -158,7 +178,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
             top1,
             time.perf_counter() - started,
         )
-    return save_backbone(model, cfg, classes, epoch=cfg.epochs, metric={"top1": top1})
+    return save_backbone(model, cfg, classes, epoch=cfg.epochs, metric={"top1": top1}, norm=(mean, std))
 
 
 def _compat_loss(cfg: BackboneConfig, device: torch.device) -> Any:
@@ -183,14 +203,28 @@ def _influence_loss(
 
 
 @torch.no_grad()
-def accuracy(model: Backbone, data: ImageSet, classes: list[str], device: torch.device) -> float:
+def accuracy(
+    model: Backbone,
+    data: ImageSet,
+    classes: list[str],
+    device: torch.device,
+    *,
+    mean: Sequence[float] = MEAN,
+    std: Sequence[float] = STD,
+) -> float:
     """Top-1 accuracy on ``data`` (restricted to ``classes``)."""
-    _, logits = embed(model, data.images, device=device)
+    _, logits = embed(model, data.images, device=device, mean=mean, std=std)
     return float((logits.argmax(dim=1) == local_labels(data, classes)).float().mean())
 
 
 def save_backbone(
-    model: Backbone, cfg: BackboneConfig, classes: list[str], *, epoch: int, metric: dict[str, float]
+    model: Backbone,
+    cfg: BackboneConfig,
+    classes: list[str],
+    *,
+    epoch: int,
+    metric: dict[str, float],
+    norm: tuple[Sequence[float], Sequence[float]] = (MEAN, STD),
 ) -> Path:
     checkpoint = {
         "kind": "backbone",
@@ -198,8 +232,8 @@ def save_backbone(
         "stem": cfg.stem,
         "embed_dim": cfg.embed_dim,
         "image_size": cfg.image_size,
-        "mean": MEAN,
-        "std": STD,
+        "mean": tuple(norm[0]),
+        "std": tuple(norm[1]),
         "classes": classes,
         "epoch": epoch,
         "metric": metric,

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from rm_qdrant.core.offline import BackfillEmbeddings
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
-from train.cache import CACHE, Embedded, embeddings, file_hash
+from train.cache import Embedded, cache_folder, embeddings, file_hash
 from train.checkpoints import load_checkpoint, save_checkpoint
 from train.config import BackboneConfig, load_config
 from train.data import augment, batches, folder_key, load_image_folder, to_tensor
@@ -225,12 +225,14 @@ def train_side_info(cfg: BaselineConfig) -> tuple[Path, list[float]]:
 
 
 def side_embeddings(
-    checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None = CACHE
+    checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None | bool = True
 ) -> np.ndarray:
     """Bottleneck vectors of every image of ``folder`` (cached like :func:`train.cache.embeddings`)."""
     stored = load_checkpoint(checkpoint, "side-info")
     size = stored["image_size"]
-    target = cache / f"side-{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz" if cache else None
+    folder_cache = cache_folder() if cache is True else (cache or None)
+    key = f"side-{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz"
+    target = folder_cache / key if folder_cache else None
     if target is not None and target.is_file():
         with np.load(target) as saved:
             return saved["emb"]

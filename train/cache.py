@@ -1,8 +1,9 @@
 """Embeddings of frozen backbones, computed once per (checkpoint, image folder).
 
-The heads and the adapters train on these; cached under ``.cache/embeddings/``,
-keyed by the checkpoint file's hash and the folder's key, so a retrained
-checkpoint or changed folder is never served stale vectors.
+The heads and the adapters train on these; cached under ``embeddings/`` in the platform
+cache folder (``$XDG_CACHE_HOME/rm-qdrant``, ``--cache-dir``), keyed by the checkpoint
+file's hash and the folder's key, so a retrained checkpoint or changed folder is never
+served stale vectors.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rm_qdrant.paths import cache_root, human_size
 from train.backbone import embed, load_backbone, pick_device
 from train.data import folder_key, load_image_folder
 
 log = logging.getLogger(__name__)
-CACHE = Path(".cache") / "embeddings"
+
+
+def cache_folder() -> Path:
+    """Where embeddings are cached: ``embeddings/`` under :func:`rm_qdrant.paths.cache_root`."""
+    return cache_root() / "embeddings"
 
 
 @dataclass(frozen=True)
@@ -48,24 +54,34 @@ def file_hash(path: str | Path) -> str:
 
 
 def embeddings(
-    checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None = CACHE
+    checkpoint: str | Path,
+    folder: str | Path,
+    *,
+    device: str = "auto",
+    cache: Path | None | bool = True,
 ) -> Embedded:
-    """Embed every image of ``folder`` with the backbone in ``checkpoint`` (cached)."""
+    """Embed every image of ``folder`` with the backbone in ``checkpoint`` (cached; ``cache``:
+    True for the default folder, a folder, or False/None for no cache)."""
     model, meta = load_backbone(checkpoint, device=pick_device(device))
     size = meta["image_size"]
-    target = cache / f"{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz" if cache else None
+    folder_cache = cache_folder() if cache is True else (cache or None)
+    key = f"{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz"
+    target = folder_cache / key if folder_cache else None
     data = load_image_folder(folder, size=size)
     if target is not None and target.is_file():
         with np.load(target) as stored:
             return Embedded(
                 stored["emb"], stored["logits"], data.labels, data.classes, tuple(meta["classes"])
             )
-    emb, logits = embed(model, data.images, device=next(model.parameters()).device)
+    log.info("embedding %d images of %s with %s", len(data.labels), folder, checkpoint)
+    emb, logits = embed(
+        model, data.images, device=next(model.parameters()).device, mean=meta["mean"], std=meta["std"]
+    )
     result = Embedded(emb.numpy(), logits.numpy(), data.labels, data.classes, tuple(meta["classes"]))
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         np.savez(target, emb=result.emb, logits=result.logits)
-        log.info("cached %d embeddings of %s at %s", len(result.emb), checkpoint, target)
+        log.info("cached %d embeddings (%s) at %s", len(result.emb), human_size(target), target)
     return result
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+import os
 from typing import Any
 
 import click
 import yaml
 
+from rm_qdrant.paths import CACHE_ENV
 from train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
 
@@ -24,8 +27,54 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
     return values
 
 
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise click.ClickException(
+            f"bad {option} {text!r}: expected three numbers like 0.5,0.5,0.5"
+        ) from None
+
+
+def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
+    """Log the training's progress (epochs, caches, parity checks) unless asked to be quiet.
+
+    ``rmq`` sets up logging at WARNING; training's own loggers are raised to INFO here, so
+    a long step is never silent by default.
+    """
+    root = click.get_current_context().find_root().obj or {}
+    level = logging.WARNING if quiet or root.get("quiet") else logging.DEBUG if verbose else logging.INFO
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    for name in ("train", "exporters"):
+        logging.getLogger(name).setLevel(level)
+
+
+def progress_options(command: Any) -> Any:
+    """``-v``/``-q`` and ``--cache-dir`` on every training command."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, verbose: bool, quiet: bool, cache_dir: str | None, **kwargs: Any) -> Any:
+        if cache_dir:
+            os.environ[CACHE_ENV] = cache_dir
+        show_progress(verbose=verbose, quiet=quiet)
+        return command(*args, **kwargs)
+
+    for option in (
+        click.option("-v", "--verbose", is_flag=True, help="More detail (every step's figures)."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress: warnings and errors only."),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            help=f"Where decoded images and embeddings are cached [default: ${CACHE_ENV}, "
+            "else $XDG_CACHE_HOME/rm-qdrant, else ~/.cache/rm-qdrant].",
+        ),
+    ):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 def _run(fn: Any, cls: type, config: str | None, pairs: tuple[str, ...], **options: Any) -> Any:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         cfg = load_config(cls, config, **{**options, **_settings(pairs)})
         return cfg, fn(cfg)
@@ -43,23 +92,44 @@ def train() -> None:
 
 
 @train.command()
+@progress_options
 @config_option
 @set_option
 @click.option("--data", help="Folder with train/ and test/ (ImageFolder layout).")
 @click.option("--arch", type=click.Choice(["small-cnn", "resnet18", "resnet50", "vit-b32"]))
 @click.option("--role", type=click.Choice(["old", "new"]), help="Train on the old or the new classes.")
-@click.option("--setting", type=click.Choice(["extended", "open"]), help="Class split.")
-@click.option("--epochs", type=int)
+@click.option("--setting", type=click.Choice(["extended", "open"]), help="Class split [default: extended].")
+@click.option("--epochs", type=int, help="[default: 10]")
+@click.option("--image-size", type=click.IntRange(min=8, max=1024), help="Square input size [default: 32].")
+@click.option(
+    "--normalize",
+    type=click.Choice(["cifar10", "imagenet", "auto", "none"]),
+    help="Pixel normalisation: a dataset's channel statistics, or auto: measured on the training "
+    "images [default: cifar10].",
+)
+@click.option("--mean", help="Per-channel mean, e.g. 0.5,0.5,0.5 (overrides --normalize).")
+@click.option("--std", help="Per-channel std, e.g. 0.25,0.25,0.25 (overrides --normalize).")
+@click.option("--flip/--no-flip", default=None, help="Random horizontal flips while training [default: on].")
+@click.option(
+    "--crop-padding", type=click.IntRange(min=0), help="Random crops with this padding, 0: none [default: 4]."
+)
 @click.option("--out", help="Checkpoint path.")
 def backbone(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
-    """Train a backbone with cross-entropy (SGD, cosine schedule, label smoothing)."""
+    """Train a backbone with cross-entropy (SGD, cosine schedule, label smoothing).
+
+    The normalisation used is recorded in the checkpoint and exported into the ONNX graph.
+    """
     from train.backbone import train_backbone
 
+    for name in ("mean", "std"):
+        if options[name] is not None:
+            options[name] = _floats(options[name], f"--{name}")
     _, path = _run(train_backbone, BackboneConfig, config, pairs, **options)
     click.echo(f"wrote {path}")
 
 
 @train.command()
+@progress_options
 @config_option
 @set_option
 @click.option("--old", help="Old backbone checkpoint.")
@@ -83,6 +153,7 @@ def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 
 
 @train.command()
+@progress_options
 @config_option
 @set_option
 @click.option("--old", help="Old backbone checkpoint.")
@@ -99,6 +170,7 @@ def adapter(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 
 
 @train.command()
+@progress_options
 @click.option("--method", required=True, type=click.Choice(["bct", "fct", "bict", "ract"]))
 @config_option
 @set_option

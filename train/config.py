@@ -21,7 +21,14 @@ class BackboneConfig:
     arch: str = "small-cnn"  # small-cnn | resnet18 | resnet50 | vit-b32
     stem: str = "cifar"  # cifar (32x32) or imagenet
     embed_dim: int = 128
-    image_size: int = 32
+    image_size: int = 32  # images are resized to this square size
+    # pixel normalisation: cifar10 | imagenet (their channel statistics) | auto (computed from
+    # the training images) | none; mean/std, when set, override it
+    normalize: str = "cifar10"
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    flip: bool = True  # random horizontal flips while training
+    crop_padding: int = 4  # random crops of the image padded by this many pixels (0: none)
     setting: str = "extended"  # class split: extended (old = first half) or open (old = random 30 %)
     role: str = "new"  # old: the old classes of the split; new: the new ones
     seed: int = 0

@@ -1,8 +1,9 @@
 """Image folders decoded once into memory, class splits, and augmentation in torch.
 
-An ImageFolder (``DIR/<label>/<file>``) is decoded to a uint8 array the first time
-and cached under ``.cache/decoded/`` (keyed by the folder's path, file count and
-newest modification time), so an epoch never re-decodes JPEGs.
+An ImageFolder (``DIR/<label>/<file>``) is decoded to a uint8 array the first time and
+cached under ``decoded/`` in the platform cache folder (``$XDG_CACHE_HOME/rm-qdrant``,
+``--cache-dir``), keyed by the folder's path, file count and newest modification time,
+so an epoch never re-decodes JPEGs.
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ import torch
 
 from rm_qdrant.backfill.indexing import scan_image_folder
 from rm_qdrant.models.images import pixels
+from rm_qdrant.paths import cache_root, human_size
 
 log = logging.getLogger(__name__)
-CACHE = Path(".cache") / "decoded"
+
+
+def cache_folder() -> Path:
+    """Where decoded folders are cached: ``decoded/`` under :func:`rm_qdrant.paths.cache_root`."""
+    return cache_root() / "decoded"
+
+
 #: CIFAR-10's channel statistics; used for every dataset unless a config says otherwise.
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -55,21 +63,24 @@ def folder_key(folder: Path, size: int) -> str:
     return hashlib.sha256(f"{folder.resolve()}|{len(files)}|{newest}|{size}".encode()).hexdigest()[:16]
 
 
-def load_image_folder(folder: str | Path, *, size: int = 32, cache: Path | None = CACHE) -> ImageSet:
-    """Decode an ImageFolder to RGB ``size``×``size`` arrays (cached after the first call)."""
+def load_image_folder(folder: str | Path, *, size: int = 32, cache: Path | None | bool = True) -> ImageSet:
+    """Decode an ImageFolder to RGB ``size``×``size`` arrays (cached after the first call;
+    ``cache``: True for the default folder, a folder, or False/None for no cache)."""
     root = Path(folder)
     items = scan_image_folder(root)
     classes = tuple(sorted({i.label or "" for i in items}))
-    target = cache / f"{folder_key(root, size)}.npz" if cache is not None else None
+    folder_cache = cache_folder() if cache is True else (cache or None)
+    target = folder_cache / f"{folder_key(root, size)}.npz" if folder_cache else None
     if target is not None and target.is_file():
         with np.load(target) as data:
             return ImageSet(data["images"], data["labels"], classes, tuple(i.uri for i in items))
+    log.info("decoding %d images of %s", len(items), root)
     images = np.stack([pixels(i.uri, height=size, width=size, channels=3) for i in items])
     labels = np.array([classes.index(i.label or "") for i in items], dtype=np.int64)
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         np.savez(target, images=images, labels=labels)
-        log.info("decoded %d images from %s into %s", len(labels), root, target)
+        log.info("cached %d decoded images (%s) at %s", len(labels), human_size(target), target)
     return ImageSet(images, labels, classes, tuple(i.uri for i in items))
 
 
@@ -98,8 +109,44 @@ def to_tensor(images: np.ndarray, mean: Sequence[float] = MEAN, std: Sequence[fl
     return (x - m) / s
 
 
-def augment(batch: torch.Tensor, *, pad: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random crop with zero padding and random horizontal flip, per image, on a float batch."""
+#: Channel statistics by name (``--normalize``).
+NORMALIZATIONS = {
+    "cifar10": (MEAN, STD),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "none": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+}
+
+
+def normalization(
+    name: str, images: np.ndarray, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel: given, named, or ``auto``: measured on ``images`` (uint8 N×H×W×3).
+
+    Raises:
+        ValueError: an unknown name, or a mean/std without three values (std > 0).
+    """
+    if name == "auto":
+        pixels = images.reshape(-1, 3).astype(np.float64) / 255.0
+        found = (
+            tuple(pixels.mean(0).round(4).tolist()),
+            tuple(np.maximum(pixels.std(0), 1e-3).round(4).tolist()),
+        )
+    elif name in NORMALIZATIONS:
+        found = NORMALIZATIONS[name]
+    else:
+        raise ValueError(f"unknown normalize {name!r}; expected auto, {', '.join(NORMALIZATIONS)}")
+    chosen = (tuple(mean) if mean else found[0], tuple(std) if std else found[1])
+    if any(len(v) != 3 for v in chosen) or min(chosen[1]) <= 0:
+        raise ValueError(f"mean and std need three values each, std > 0; got {chosen}")
+    return chosen
+
+
+def augment(
+    batch: torch.Tensor, *, pad: int = 4, flip: bool = True, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Random crop with zero padding (``pad`` 0: none) and random horizontal flip, per image."""
+    if pad == 0 and not flip:
+        return batch
     n, _, h, w = batch.shape
     padded = torch.nn.functional.pad(batch, (pad, pad, pad, pad))
     dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
@@ -110,8 +157,9 @@ def augment(batch: torch.Tensor, *, pad: int = 4, generator: torch.Generator | N
     cropped = padded.gather(2, rows)
     cols = (dx[:, None] + torch.arange(w)[None, :])[:, None, None, :].expand(n, batch.shape[1], h, w)
     cropped = cropped.gather(3, cols)
-    flip = torch.rand(n, generator=generator) < 0.5
-    cropped[flip] = cropped[flip].flip(3)
+    flipped = torch.rand(n, generator=generator) < 0.5
+    if flip:
+        cropped[flipped] = cropped[flipped].flip(3)
     return cropped
 
 

@@ -97,6 +97,11 @@ class BatchResult:
     unconfirmed: int
     failed_again: int = 0  # of ``failed``: points whose last attempt had failed too
 
+    @property
+    def points(self) -> int:
+        """Planned points this batch accounted for, whatever became of them."""
+        return self.moved + self.repaired + len(self.failed) + self.gone + self.unconfirmed
+
 
 @dataclass
 class MigrationReport:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from rm_qdrant.core.forecast import DIP_TOLERANCE, ModeForecast, forecast, merge
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store
 
@@ -45,6 +46,7 @@ class ProbeSample:
     rev: np.ndarray | None  # the encoder's rev output (n, d_old), or None
     encoder: str  # the encoder's fingerprint
     failed: int  # sampled points whose image could not be fetched or decoded
+    gallery: int = 0  # points the sample was drawn from
 
     def labels(self, field: str = "label") -> list[Any] | None:
         """Each point's payload label (``field``), or None unless every sampled point has one."""
@@ -53,9 +55,18 @@ class ProbeSample:
 
 
 def draw_sample(
-    index: DualIndex, size: int, *, seed: int = 0, source: SourceConfig | None = None, workers: int = 8
+    index: DualIndex,
+    size: int,
+    *,
+    seed: int = 0,
+    source: SourceConfig | None = None,
+    workers: int = 8,
+    on_plan: Callable[[int], None] | None = None,
+    on_image: Callable[[], None] | None = None,
 ) -> ProbeSample:
     """Sample ``size`` points of the old collection and embed their images with the pair's encoder.
+
+    ``on_plan(n)`` is told how many images will be fetched, ``on_image()`` after each one.
 
     Raises:
         ConfigError: no encoder, nothing to sample, or fewer than two images could be read.
@@ -69,6 +80,8 @@ def draw_sample(
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
+    if on_plan is not None:
+        on_plan(len(records))
     gallery = encoder.info.gallery_output()
     outputs = [gallery, *(["rev"] if "rev" in encoder.info.outputs else [])]
 
@@ -79,6 +92,9 @@ def draw_sample(
             return load_tensor(encoder, src, rule.uri(record.id, record.payload))[0]
         except SourceError:
             return None
+        finally:
+            if on_image is not None:
+                on_image()
 
     with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
         tensors = list(pool.map(load, records))
@@ -101,6 +117,7 @@ def draw_sample(
         rev=np.concatenate(parts["rev"]) if "rev" in parts else None,
         encoder=encoder.fingerprint,
         failed=len(records) - len(kept),
+        gallery=len(ids),
     )
 
 
@@ -123,8 +140,8 @@ def forecast_sample(
 
 
 def cache_path(location: str, name: str) -> Path:
-    """Where the last probe of pair ``name`` on ``location`` is kept ($XDG_CACHE_HOME/rm-qdrant)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rm-qdrant"
+    """Where the last probe of pair ``name`` on ``location`` is kept (:func:`~rm_qdrant.paths.cache_root`)."""
+    root = cache_root()
     key = hashlib.sha256(f"{location}\n{name}".encode()).hexdigest()[:16]
     return root / f"probe-{key}.npz"
 

@@ -28,9 +28,10 @@ __all__ = ["cli", "main"]
     help="Embedded store folder, ':memory:', or a server URL (http(s)://host:6333).",
 )
 @click.option("--api-key", envvar="QDRANT_API_KEY", default=None, help="Qdrant server API key.")
-@click.option("-v", "--verbose", count=True, help="Log progress (-v) or every batch's ids (-vv).")
+@click.option("-v", "--verbose", count=True, help="Log what happens (-v), and every batch's ids (-vv).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or progress lines; errors only.")
 @click.pass_context
-def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> None:
+def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int, quiet: bool) -> None:
     """Online backfilling for Qdrant: serve the new embedding model while the gallery migrates."""
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
@@ -38,7 +39,7 @@ def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int) -> N
         logging.getLogger(chatty).setLevel(logging.WARNING)
     # rm-qdrant refuses oversized images itself (--max-pixels), with the point's id and reason.
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-    ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None}
+    ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None, "quiet": quiet, "verbose": verbose}
 
 
 cli.add_command(

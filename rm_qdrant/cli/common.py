@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,3 +103,45 @@ def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
 
 def emit(data: Any, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+def quiet(ctx: click.Context) -> bool:
+    """Whether ``rmq -q`` asked for no progress output."""
+    return bool(ctx.find_root().obj.get("quiet"))
+
+
+class Progress:
+    """A progress bar on stderr that starts once the total is known and shows a rate.
+
+    Thread-safe: workers may report from several threads. Hidden with ``rmq -q`` and
+    with ``--json`` (whose output is for scripts).
+    """
+
+    def __init__(self, label: str, *, hidden: bool, unit: str = "points") -> None:
+        self.label, self.hidden, self.unit = label, hidden, unit
+        self.done, self.started = 0, time.perf_counter()
+        self._stack = contextlib.ExitStack()
+        self._bar: Any = None
+        self._lock = threading.Lock()
+
+    def start(self, total: int) -> None:
+        bar = click.progressbar(
+            length=total, label=self.label, hidden=self.hidden, item_show_func=self._rate, file=sys.stderr
+        )
+        self._bar = self._stack.enter_context(bar)
+
+    def _rate(self, _: Any) -> str:
+        return f"{self.done / max(time.perf_counter() - self.started, 1e-9):,.0f} {self.unit}/s"
+
+    def advance(self, steps: int = 1, *, done: int | None = None) -> None:
+        """Move the bar ``steps``; ``done`` (default ``steps``) counts towards the rate."""
+        with self._lock:
+            self.done += steps if done is None else done
+            if self._bar is not None:
+                self._bar.update(steps)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()

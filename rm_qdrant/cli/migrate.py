@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,10 +15,18 @@ from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import scan_image_folder
-from rm_qdrant.backfill.migrate import BatchResult, MigrateOptions, MigrationReport, run_migration
+from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import active_where, load_pair
 from rm_qdrant.backfill.status import in_both
-from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, source_options
+from rm_qdrant.cli.common import (
+    Progress,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    quiet,
+    source_options,
+)
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard, points_to_move
 from rm_qdrant.errors import ConfigError
@@ -165,10 +172,17 @@ def migrate(
         options = dataclasses.replace(options, limit=0)
     with (
         stop_on_signals(echo=not as_json) as stop,
-        _Progress(f"migrating {name}", hidden=as_json or prepare) as bar,
+        Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar,
     ):
         report = run_migration(
-            index, options, workers=workers, stop=stop, on_batch=bar.batch, on_plan=bar.start
+            index,
+            options,
+            workers=workers,
+            stop=stop,
+            on_batch=lambda r: bar.advance(
+                r.moved + r.repaired + len(r.failed) + r.gone + r.unconfirmed, done=r.moved
+            ),
+            on_plan=bar.start,
         )
     if prepare:
         emit(
@@ -176,35 +190,6 @@ def migrate(
         )
     else:
         emit(dataclasses.asdict(report), as_json, _summary(report))
-
-
-class _Progress:
-    """A progress bar over the planned points, showing points/s (and click's ETA)."""
-
-    def __init__(self, label: str, *, hidden: bool) -> None:
-        self.label, self.hidden = label, hidden
-        self.moved, self.started = 0, time.perf_counter()
-        self._stack = contextlib.ExitStack()
-        self._bar: Any = None
-
-    def start(self, total: int) -> None:
-        bar = click.progressbar(length=total, label=self.label, hidden=self.hidden, item_show_func=self._rate)
-        self._bar = self._stack.enter_context(bar)
-
-    def _rate(self, _: Any) -> str:
-        return f"{self.moved / max(time.perf_counter() - self.started, 1e-9):,.0f} points/s"
-
-    def batch(self, result: BatchResult) -> None:
-        self.moved += result.moved
-        self._bar.update(
-            result.moved + result.repaired + len(result.failed) + result.gone + result.unconfirmed
-        )
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
 
 
 @click.command(name="finalize")

@@ -17,10 +17,12 @@ from rm_qdrant.backfill.probe import (
     save_sample,
 )
 from rm_qdrant.cli.common import (
+    Progress,
     emit,
     json_option,
     name_option,
     open_cli_store,
+    quiet,
     source_options,
     store_location,
 )
@@ -66,13 +68,15 @@ def probe_command(
     store = open_cli_store(ctx)
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
-    sample = draw_sample(index, size, seed=seed, source=source)
+    with Progress("re-embedding the sample", hidden=as_json or quiet(ctx), unit="images") as bar:
+        sample = draw_sample(index, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance)
     forecasts = forecast_sample(sample, order=spec, seed=seed, k=k, label_field=index.pair.label_field)
     advice = recommend(forecasts)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {
         "pair": name,
         "sample": len(sample.ids),
+        "gallery": sample.gallery,
         "unreadable": sample.failed,
         "order": spec,
         "k": k,
@@ -97,7 +101,14 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
         lines.append(f"{f.mode:14}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
     if forecasts[0].maps is not None:
-        lines += ["", "mAP over the sample (payload labels):", head.rsplit("area", 1)[0].rstrip()]
+        n = data["sample"]
+        lines += [
+            "",
+            f"mAP over the sample (payload labels; {n} of the gallery's {data['gallery']} points): each "
+            f"sampled point ranks only the other {n - 1},",
+            "so its level is a smaller gallery's, not comparable with served mAP: read its shape across t",
+            head.rsplit("area", 1)[0].rstrip(),
+        ]
         lines += [f"{f.mode:14}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
     lines += [
         "",

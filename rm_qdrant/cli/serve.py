@@ -11,7 +11,15 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import index_images, scan_image_folder
 from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
 from rm_qdrant.backfill.status import pair_status
-from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, store_location
+from rm_qdrant.cli.common import (
+    Progress,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    quiet,
+    store_location,
+)
 from rm_qdrant.cli.probe import status_estimate
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, SourceError
@@ -124,8 +132,9 @@ def index(
     target = collection or load_pair(store, name or "").old_collection
     items = scan_image_folder(data)
     model = OnnxEncoder(encoder)
-    with click.progressbar(length=len(items), label=f"indexing into {target}", hidden=as_json) as bar:
-        report = index_images(store, target, model, items, batch_size=batch, on_batch=bar.update)
+    with Progress(f"indexing into {target}", hidden=as_json or quiet(ctx), unit="images") as bar:
+        bar.start(len(items))
+        report = index_images(store, target, model, items, batch_size=batch, on_batch=bar.advance)
     summary = {"collection": target, "indexed": report.indexed, "failed": report.failed}
     text = f"indexed {report.indexed} images into {target!r}"
     if report.failed:

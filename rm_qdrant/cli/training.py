@@ -71,8 +71,10 @@ def export_command(
     try:
         from exporters.compose import attach_heads
         from exporters.serving import ExportError, export_backbone, export_serving
+        from train.cli import show_progress
     except ModuleNotFoundError as exc:
         raise _needs_torch(exc) from exc
+    show_progress()
     if (input_size, input_layout, input_dtype) != (None, None, None):
         raise ConfigError(
             "--input-size/--input-layout/--input-dtype are gone: describe the backbone with "
@@ -136,9 +138,11 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
     from pathlib import Path
 
     try:
+        from train.cli import show_progress
         from train.demo import run_demo, summary
     except ModuleNotFoundError as exc:
         raise _needs_torch(exc) from exc
+    show_progress()
     started = time.perf_counter()
     if not as_json:
         click.echo("training the old model (first half of the classes), the new one (all) and ψ/ρ (MCL)...")

@@ -238,4 +238,5 @@ def test_probe_bad_input(rmq, models, image_folder):
         image.unlink()
     result = rmq("probe", "--name", "demo", ok=False)
     assert result.exit_code == 1 and "sampled images could be read" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "Traceback" not in result.output  # after the progress label, one line
