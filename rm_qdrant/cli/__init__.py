@@ -9,7 +9,8 @@ import click
 from PIL import Image
 
 from rm_qdrant.cli.common import Group
-from rm_qdrant.cli.migrate import eval_command, finalize_command, migrate, rollback_command
+from rm_qdrant.cli.evaluate import eval_command
+from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
 from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
 from rm_qdrant.cli.probe import probe_command

@@ -13,8 +13,6 @@ import click
 
 from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
-from rm_qdrant.backfill.indexing import scan_image_folder
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import active_where, load_pair
 from rm_qdrant.backfill.status import in_both
@@ -29,7 +27,6 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard, points_to_move
-from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -226,57 +223,3 @@ def rollback_command(
         as_json,
         f"pair {name!r} rolled back: alias {record.alias!r} -> {record.old_collection}",
     )
-
-
-@click.command(name="eval")
-@name_option
-@click.option(
-    "--queries",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Labelled queries: DIR/<label>/<image>.",
-)
-@click.option(
-    "--at",
-    "fractions",
-    default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
-    show_default=True,
-    help="Backfill fractions to measure at (the pair is migrated up to each in turn).",
-)
-@click.option("--k", type=click.IntRange(min=1), help="mAP@k instead of mAP over the full ranking.")
-@click.option(
-    "--batch", default=1000, show_default=True, type=click.IntRange(min=1), help="Migration batch size."
-)
-@click.option(
-    "--exact/--hnsw", default=True, show_default=True, help="Exact search (the offline protocol) or HNSW."
-)
-@json_option
-@click.pass_context
-def eval_command(
-    ctx: click.Context,
-    name: str,
-    queries: str,
-    fractions: str,
-    k: int | None,
-    batch: int,
-    exact: bool,
-    as_json: bool,
-) -> None:
-    """Measure mAP_t and top-1_t through the live pair, migrating between the fractions."""
-    try:
-        points = sorted(float(t) for t in fractions.split(","))
-    except ValueError:
-        raise ConfigError(f"bad --at {fractions!r}: expected fractions like 0,0.5,1") from None
-    items = scan_image_folder(queries)
-    index = DualIndex.open(open_cli_store(ctx), name, exact=exact)
-
-    def show(point: ServedPoint) -> None:
-        if not as_json:
-            click.echo(
-                f"t={point.t:<4} in new {point.fraction:6.1%}   mAP {100 * point.map:5.1f}   "
-                f"top-1 {100 * point.top1:5.1f}"
-            )
-
-    results = evaluate_served(index, items, points, options=MigrateOptions(batch=batch), k=k, on_point=show)
-    if as_json:
-        emit([dataclasses.asdict(p) for p in results], True, "")

@@ -185,18 +185,50 @@ def test_migrate_bad_input(rmq, models, image_folder, args, message):
     assert result.exit_code != 0 and message in result.output
 
 
-def test_eval_measures_through_the_pair(rmq, models, image_folder):
+def test_eval_summary_gives_auc_and_gain_against_its_ends():
+    from rm_qdrant.backfill.evaluate import ServedPoint
+    from rm_qdrant.cli.evaluate import summary
+
+    points = [ServedPoint(t, t, m, c) for t, m, c in ((0.0, 0.4, 0.5), (0.5, 0.8, 0.7), (1.0, 0.8, 0.9))]
+    totals = summary(points)
+    assert totals["auc_map"] == pytest.approx(0.7) and totals["gain_map"] == pytest.approx(0.75)
+    assert totals["auc_cmc"] == pytest.approx(0.7) and totals["gain_cmc"] == pytest.approx(0.5)
+    assert summary(points[1:])["auc_map"] is None  # no t = 0: no area over [0, 1]
+
+
+def test_eval_measures_a_copy_and_leaves_the_pair_as_it_was(rmq, models, image_folder):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
-    points = json.loads(
-        rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "1,0", "--json").output
+    rmq("migrate", "--name", "demo", "--until", "0.25")
+    before = json.loads(rmq("status", "--name", "demo", "--json").stdout)
+    result = rmq(
+        "eval",
+        "--name",
+        "demo",
+        "--queries",
+        image_folder,
+        "--at",
+        "1,0,0.5",
+        "--order",
+        "centroid",
+        "--json",
     )
-    assert [p["t"] for p in points] == [0.0, 1.0] and [p["fraction"] for p in points] == [0.0, 1.0]
-    assert all(0.0 < p["map"] <= 1.0 for p in points)
-    assert (
-        "bad --at"
-        in rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "half", ok=False).output
-    )
+    out = json.loads(result.stdout)
+    assert [p["t"] for p in out["points"]] == [0.0, 0.5, 1.0]
+    assert out["points"][0]["fraction"] == 0.25 and out["points"][-1]["fraction"] == 1.0  # the copy moved
+    assert "already in new" in result.stderr and "t=0.5" in result.stderr  # progress on stderr
+    assert out["auc_map"] is not None and "gain_map" in out and out["in_place"] is False
+    after = json.loads(rmq("status", "--name", "demo", "--json").stdout)
+    assert (after["new_count"], after["order"]) == (before["new_count"], before["order"])  # not moved
+    text = rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "0,1").output
+    assert "AUC_mAP" in text and "Gain" in text and "was not moved" in text
+    rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "0,1", "--in-place")
+    assert json.loads(rmq("status", "--name", "demo", "--json").stdout)["fraction"] == 1.0
+    for bad in ("half", "0,2"):
+        assert (
+            "bad --at"
+            in rmq("eval", "--name", "demo", "--queries", image_folder, "--at", bad, ok=False).output
+        )
 
 
 def test_probe_forecasts_without_writing_and_status_shows_the_estimate(

@@ -1,0 +1,142 @@
+"""``rmq eval``: the paper's curves measured through the pair as it serves, on a copy by default."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import click
+
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
+from rm_qdrant.backfill.indexing import scan_image_folder
+from rm_qdrant.backfill.migrate import MigrateOptions
+from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.sandbox import sandbox
+from rm_qdrant.cli.common import (
+    Progress,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    quiet,
+    source_options,
+)
+from rm_qdrant.core.metrics import area
+from rm_qdrant.core.ordering import ORDERS, check_order
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.sources import SourceConfig
+
+
+def summary(points: list[ServedPoint]) -> dict[str, Any]:
+    """AUC_mAP and AUC_CMC over the measured fractions, and Gain against the t = 0 and t = 1 points."""
+    ts = [p.t for p in points]
+    result: dict[str, Any] = {"auc_map": None, "auc_cmc": None, "gain_map": None, "gain_cmc": None}
+    if len(points) < 2 or ts[0] != 0.0 or ts[-1] != 1.0:
+        return result  # an area over [0, 1] needs both ends
+    for key, values in (("map", [p.map for p in points]), ("cmc", [p.top1 for p in points])):
+        auc = area(values, ts)
+        result[f"auc_{key}"] = auc
+        start, end = values[0], values[-1]
+        result[f"gain_{key}"] = (auc - start) / (end - start) if end != start else None
+    return result
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+@click.command(name="eval")
+@name_option
+@click.option(
+    "--queries",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Labelled queries: DIR/<label>/<image>.",
+)
+@click.option(
+    "--at",
+    "fractions",
+    default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+    show_default=True,
+    help="Backfill fractions to measure at.",
+)
+@click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
+@click.option("--k", type=click.IntRange(min=1), help="mAP@k instead of mAP over the full ranking.")
+@click.option(
+    "--batch", default=1000, show_default=True, type=click.IntRange(min=1), help="Migration batch size."
+)
+@click.option(
+    "--exact/--hnsw", default=True, show_default=True, help="Exact search (the offline protocol) or HNSW."
+)
+@click.option(
+    "--in-place",
+    is_flag=True,
+    help="Migrate the live pair itself between the fractions (it stays migrated); by default a "
+    "temporary copy is migrated and the pair is left as it is.",
+)
+@source_options
+@json_option
+@click.pass_context
+def eval_command(
+    ctx: click.Context,
+    name: str,
+    queries: str,
+    fractions: str,
+    order: str | None,
+    k: int | None,
+    batch: int,
+    exact: bool,
+    in_place: bool,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
+    """Measure mAP_t and top-1_t as the pair serves them at each backfill fraction, then AUC and Gain.
+
+    The pair is copied into a temporary embedded store and the copy is migrated from
+    fraction to fraction, so the live pair is never moved (--in-place moves it instead).
+    Gain is measured against the served t = 0 and t = 1 points.
+    """
+    try:
+        points = sorted(float(t) for t in fractions.split(","))
+    except ValueError:
+        raise ConfigError(f"bad --at {fractions!r}: expected fractions like 0,0.5,1") from None
+    if not points or not all(0.0 <= t <= 1.0 for t in points):
+        raise ConfigError(f"bad --at {fractions!r}: fractions lie in [0, 1]")
+    items = scan_image_folder(queries)
+    store = open_cli_store(ctx)
+    pair = load_pair(store, name)
+    if pair.state != "backfilling":
+        raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to measure")
+    options = MigrateOptions(batch=batch, order=check_order(order) if order else None, source=source)
+    silent = quiet(ctx)
+
+    def show(point: ServedPoint) -> None:
+        if not silent:
+            click.echo(
+                f"t={point.t:<4} in new {point.fraction:6.1%}   mAP {100 * point.map:5.1f}   "
+                f"top-1 {100 * point.top1:5.1f}",
+                err=as_json,  # with --json, stdout is for the JSON
+            )
+
+    def measure(index: DualIndex) -> list[ServedPoint]:
+        if index.progress() > points[0] and not silent:
+            click.echo(f"note: {index.progress():.1%} of the gallery is already in new", err=True)
+        return evaluate_served(index, items, points, options=options, k=k, on_point=show)
+
+    with contextlib.ExitStack() as stack:
+        target = store
+        if not in_place:
+            with Progress("copying the pair", hidden=silent, unit="points") as bar:
+                bar.start(store.count(pair.old_collection) + store.count(pair.new_collection))
+                target, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
+        results = measure(DualIndex.open(target, name, exact=exact))
+    totals = summary(results)
+    text = (
+        f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}   "
+        f"Gain {_percent(totals['gain_map'])} % (mAP) {_percent(totals['gain_cmc'])} % (top-1), "
+        "against the t = 0 and t = 1 points"
+        + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved")
+    )
+    emit({"points": [dataclasses.asdict(p) for p in results], **totals, "in_place": in_place}, as_json, text)
