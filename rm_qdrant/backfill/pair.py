@@ -19,6 +19,7 @@ from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
+from rm_qdrant.store.base import resolve
 
 META_COLLECTION = "rmq_meta"
 _NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
@@ -248,7 +249,10 @@ def create_pair(
         raise ConfigError(
             f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)"
         )
+    old_collection = resolve(store, old_collection)  # an alias (a finalized upgrade's name): its collection
     old_spec = store.collection(old_collection, old_vector)
+    if old_spec.others() or old_spec.multivector:
+        raise ConfigError(_cannot_carry(old_spec))
     if chosen == "naive" and old_encoder is None:
         raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
     if keep_old and old_encoder is None:
@@ -291,6 +295,19 @@ def create_pair(
     save_pair(store, record)
     record_collection_model(store, target, record.encoder)
     return record
+
+
+def _cannot_carry(spec: CollectionSpec) -> str:
+    if spec.multivector:
+        return (
+            f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
+            "merges single-vector searches"
+        )
+    return (
+        f"collection {spec.name!r} also has the vector(s) {', '.join(spec.others())}: a pair migrates one "
+        f"vector ({spec.vector!r}), so its new collection would lack the others and a migrated point would "
+        "lose them; such collections are not supported yet"
+    )
 
 
 def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
@@ -338,9 +355,11 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
     pair = load_pair(store, name)
     has_new = store.has_collection(pair.new_collection)
     in_new = store.count(pair.new_collection) if has_new else 0
-    if pair.state in ("backfilling", "finalizing") and in_new and not pair.keep_old and not force:
+    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if pair.keep_old and in_new else 0
+    only_in_new = in_new - kept  # keep-old: migrated points are still in old; a user's writes are not
+    if pair.state in ("backfilling", "finalizing") and only_in_new > 0 and not force:
         raise ConfigError(
-            f"pair {name!r} is {pair.state} and {in_new} points live in {pair.new_collection!r} only: "
+            f"pair {name!r} is {pair.state} and {only_in_new} points live in {pair.new_collection!r} only: "
             "finish it (rmq migrate, rmq finalize) first, or --force to drop the record "
             "(both collections stay)"
         )

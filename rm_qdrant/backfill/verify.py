@@ -20,6 +20,7 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, SourceError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store, Where
+from rm_qdrant.store.base import resolve
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,12 @@ def agreement(
         ConfigError: no point could be compared (none stored, or no image readable).
     """
     output = output or encoder.info.gallery_output()
+    collection = resolve(store, collection)
     spec = store.collection(collection, vector)
+    if spec.multivector:
+        raise ConfigError(
+            f"vector {spec.vector!r} of {collection!r} is a multivector: not one vector per image"
+        )
     if encoder.info.outputs[output] != spec.dim:
         raise DimensionMismatch(
             f"{encoder.path} output {output!r} makes {encoder.info.outputs[output]}-d vectors, "

@@ -101,6 +101,11 @@ def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
     return obj["store"]
 
 
+def plain(value: object) -> str:
+    """Text from a payload made safe for a terminal: control characters shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
 def emit(data: Any, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
 

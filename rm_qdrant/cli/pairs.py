@@ -40,7 +40,7 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
         if done.deleted_new
         else f"; {p.new_collection!r} kept"
     )
-    text = f"dropped pair {name!r} ({p.state}); {p.old_collection!r} untouched{kept}"
+    text = f"dropped pair {name!r} ({p.state}); {p.old_collection!r} kept, its rmq_* fields removed{kept}"
     emit({"pair": name, "state": p.state, "deleted_new": done.deleted_new}, as_json, text)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from rm_qdrant.cli.common import (
     json_option,
     name_option,
     open_cli_store,
+    plain,
     quiet,
     store_location,
 )
@@ -27,13 +29,18 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import shown
 
 
-def _parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """``FIELD=VALUE`` pairs. A value written as an integer (``3``, ``-7``, not ``007``) matches
+    integers; anything else, or a value in double quotes (``sku="3"``), matches strings."""
     parsed: dict[str, Any] = {}
     for item in pairs:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"bad --filter {item!r}: expected FIELD=VALUE")
-        parsed[key] = int(value) if value.lstrip("-").isdigit() else value
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            parsed[key] = value[1:-1]
+        else:
+            parsed[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
     return parsed or None
 
 
@@ -146,7 +153,12 @@ def index(
 @name_option
 @click.argument("image", type=click.Path())
 @click.option("--limit", default=10, show_default=True, type=click.IntRange(min=1), help="Number of hits.")
-@click.option("--filter", "filters", multiple=True, help="Payload filter FIELD=VALUE (repeatable).")
+@click.option(
+    "--filter",
+    "filters",
+    multiple=True,
+    help='Payload filter FIELD=VALUE (repeatable); 3 matches integers, "3" (quoted) or 003 strings.',
+)
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
@@ -170,7 +182,7 @@ def search(
         open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
     )
     with opened as dual:
-        hits = dual.search(image, limit=limit, filter=_parse_filter(filters))
+        hits = dual.search(image, limit=limit, filter=parse_filter(filters))
         pair = dual.pair
     rows = [dataclasses.asdict(h) for h in hits]
     lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
@@ -181,7 +193,7 @@ def search(
             where = "-"
         lines.append(
             f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
-            f"{str(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {where}"
+            f"{plain(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {plain(where)}"
         )
     emit(rows, as_json, "\n".join(lines))
 
@@ -212,7 +224,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             + (" (not served since the rollback)" if rolled_back else ""),
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
-            *(f"  {pid}  {reason}" for pid, _, reason in state.failure_sample),
+            *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
             f"encoder       {state.encoder}",
             f"old encoder   {state.old_encoder or '-'}",
             f"alias         {state.alias or '-'}",

@@ -147,6 +147,12 @@ def order_keys(
         raise ConfigError(f"order {spec!r} needs the old vectors of every point")
     if spec == "centroid":
         labels = [p.get(label_field) for p in payloads]
+        odd = sorted({type(v).__name__ for v in labels if isinstance(v, (list, dict, tuple))})
+        if odd:
+            raise ConfigError(
+                f"payload {label_field!r} holds {', '.join(odd)} values: the centroid order needs one label "
+                "per point (a string or number); use 'centroid-unsupervised'"
+            )
         if any(label is None for label in labels):
             missing = sum(label is None for label in labels)
             raise ConfigError(

@@ -54,6 +54,11 @@ class UriRule:
             value = point_id if name == "id" and "id" not in payload else payload.get(name)
             if value is None or value == "":
                 raise SourceError(f"payload has no {name!r} for the uri template {self.template!r}")
+            if isinstance(value, (list, dict, tuple, bool)):
+                kind = type(value).__name__
+                raise SourceError(
+                    f"payload {name!r} is a {kind}, not a value for the uri template {self.template!r}"
+                )
             try:
                 parts.append(format(value, spec or ""))
             except (ValueError, TypeError) as exc:

@@ -34,7 +34,7 @@ from rm_qdrant.core.modelinfo import (
     parse_metadata,
 )
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.models.encoder import OnnxEncoder
 
 #: ONNX element types rm-qdrant can feed, by the metadata's ``input.dtype`` name.
 INPUT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.UINT8: "uint8"}
@@ -167,6 +167,8 @@ def _load(source: Path) -> onnx.ModelProto:
         model = onnx.load(str(source), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError and friends
         raise EncoderError(f"{source} is not a loadable ONNX graph: {type(exc).__name__}: {exc}") from exc
+    if not model.graph.node:
+        raise EncoderError(f"{source} is not an ONNX graph (it holds no operations)")
     if any(uses_external_data(t) for t in model.graph.initializer):
         raise ConfigError(
             f"{source} keeps its weights in external data files, which rm-qdrant's encoder cannot load; "
@@ -248,29 +250,44 @@ def _dims(
     graph_outputs: Mapping[str, onnx.ValueInfoProto],
     source: Path,
 ) -> tuple[dict[str, int], dict[str, str]]:
-    """Each role's dimension: the output's static shape, else one run of the graph on zeros."""
-    dims: dict[str, int] = {}
-    for role, name in outputs.items():
-        shape = _static_shape(graph_outputs[name])
-        if shape and len(shape) >= 2 and all(s is not None for s in shape[1:]):
-            dims[role] = math.prod(shape[1:])  # type: ignore[arg-type]
-    missing = [role for role in outputs if role not in dims]
-    if missing:
-        measured = _measure(model, input_name, spec, batch, [outputs[r] for r in missing], source)
-        dims.update(zip(missing, measured, strict=True))
-    return dims, {r: "measured on a zero input" if r in missing else "static shape" for r in outputs}
+    """Each role's dimension, from one run of the graph on zeros at the declared input size.
+
+    The run also proves the graph takes that size (a graph with dynamic height and width
+    says nothing about it), and that each output is one vector per image.
+    """
+    names = list(outputs.values())
+    shapes = _measure(model, input_name, spec, batch, names, source)
+    dims, dims_from = {}, {}
+    for (role, name), shape in zip(outputs.items(), shapes, strict=True):
+        if sum(s > 1 for s in shape) > 1:
+            raise ConfigError(
+                f"{source}: output {name!r} ({role}) gives {tuple(shape)} values per image, not one vector: "
+                "pool it inside the graph first"
+            )
+        dims[role] = math.prod(shape)
+        static = _static_shape(graph_outputs[name])
+        known = static is not None and len(static) >= 2 and all(s is not None for s in static[1:])
+        dims_from[role] = "static shape, checked by a run" if known else "measured on a zero input"
+    return dims, dims_from
 
 
 def _measure(
     model: onnx.ModelProto, input_name: str, spec: InputSpec, batch: int, names: list[str], source: Path
-) -> list[int]:
+) -> list[list[int]]:
+    """Each output's per-image shape on a zero batch of the declared size."""
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EncoderError(f"{source} is not a loadable ONNX graph: {exc}") from exc
     zeros = np.zeros(spec.tensor_shape(batch), dtype=spec.dtype)
-    values = run_in_chunks(session, input_name, names, zeros, chunk=batch, fixed=True, what=str(source))
-    return [int(v.shape[1]) for v in values]
+    try:
+        values = session.run(names, {input_name: zeros})
+    except Exception as exc:
+        raise ConfigError(
+            f"{source} does not run on a {spec.height}x{spec.width} {spec.layout} {spec.dtype} input "
+            f"(--input-size, --input-layout): {str(exc).splitlines()[0][:200]}"
+        ) from exc
+    return [list(np.asarray(v).shape[1:]) for v in values]
 
 
 def _set_entry(model: onnx.ModelProto, text: str) -> bool:

@@ -48,6 +48,11 @@ def open_store(location: str | os.PathLike[str], *, api_key: str | None = None, 
 
         return ClientStore(text)
     folder = Path(text)
+    if is_local_mode_folder(folder) and (folder / "collections").is_dir():
+        raise StoreError(
+            f"{folder} holds both an embedded store (collections/) and a qdrant-client folder (meta.json): "
+            "keep them in separate folders"
+        )
     if is_local_mode_folder(folder):
         from rm_qdrant.store.client import ClientStore
 

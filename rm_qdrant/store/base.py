@@ -85,28 +85,42 @@ class CollectionSpec:
     distance: str
     vector: str = ""
     vectors: tuple[str, ...] = ("",)
+    sparse: tuple[str, ...] = ()
+    multivector: bool = False
+
+    def others(self) -> list[str]:
+        """The collection's vectors besides this one (dense and sparse), which a pair would not carry."""
+        return [f"{n!r}" for n in self.vectors if n != self.vector] + [f"{n!r} (sparse)" for n in self.sparse]
 
 
-def pick_vector(name: str, specs: Mapping[str, tuple[int, str]], vector: str | None) -> CollectionSpec:
+#: What a store knows of one dense vector: (size, distance, multivector?).
+VectorFacts = tuple[int, str, bool]
+
+
+def pick_vector(
+    name: str, specs: Mapping[str, VectorFacts], vector: str | None, sparse: Sequence[str] = ()
+) -> CollectionSpec:
     """The spec of ``vector`` among a collection's vectors (None: its only one).
 
     Raises:
         ConfigError: the collection has no such vector, or several and none was named.
     """
     names = tuple(sorted(specs))
+    if not names:
+        raise ConfigError(f"collection {name!r} has no dense vector (only sparse ones): nothing to search by")
     if vector is None:
         if len(names) != 1:
-            shown = ", ".join(repr(n) for n in names) or "none"
+            shown = ", ".join(repr(n) for n in names)
             raise ConfigError(
                 f"collection {name!r} has the named vectors {shown}: say which one (--old-vector NAME)"
             )
         vector = names[0]
     if vector not in specs:
         have = ", ".join(repr(n) for n in names if n) or "one unnamed vector"
-        asked = f"a vector named {vector!r}" if vector else "an unnamed vector"
+        asked = f"vector named {vector!r}" if vector else "unnamed vector"
         raise ConfigError(f"collection {name!r} has no {asked} (it has {have})")
-    dim, distance = specs[vector]
-    return CollectionSpec(name, dim, distance, vector, names)
+    dim, distance, multi = specs[vector]
+    return CollectionSpec(name, dim, distance, vector, names, tuple(sorted(sparse)), multi)
 
 
 @dataclass(frozen=True)
@@ -243,6 +257,13 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def resolve(store: Store, name: str) -> str:
+    """The collection ``name`` stands for: itself, or the collection an alias of that name points at."""
+    if store.has_collection(name):
+        return name
+    return store.alias(name) or name
 
 
 def normalize_id(point_id: object) -> PointId:

@@ -28,6 +28,7 @@ from rm_qdrant.store.base import (
     Filter,
     Record,
     ScoredRecord,
+    VectorFacts,
     Where,
     as_where,
     check_spec,
@@ -103,7 +104,7 @@ class ClientStore:
         self._shown = redact(self.location)  # a URL may carry user:password or ?api_key=
         self._remote = location is not None and location != ":memory:"
         self.concurrent_search = self._remote
-        self._specs: dict[str, dict[str, tuple[int, str]]] = {}  # saves a round trip per search
+        self._specs: dict[str, tuple[dict[str, VectorFacts], tuple[str, ...]]] = {}  # a round trip saved
         # qdrant-client's local mode is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if self._remote else threading.RLock()
@@ -150,12 +151,16 @@ class ClientStore:
         if name not in self._specs:
             with self._errors("collection lookup", name):
                 info = self._client.get_collection(name)
-            params = info.config.params.vectors
+            params = info.config.params.vectors or {}
             named = params if isinstance(params, dict) else {"": params}
-            self._specs[name] = {
-                str(k): (int(v.size), _NAMES[v.distance]) for k, v in named.items() if v is not None
+            dense = {
+                str(k): (int(v.size), _NAMES[v.distance], v.multivector_config is not None)
+                for k, v in named.items()
+                if v is not None
             }
-        return pick_vector(name, self._specs[name], vector)
+            self._specs[name] = (dense, tuple(str(k) for k in (info.config.params.sparse_vectors or {})))
+        dense, sparse = self._specs[name]
+        return pick_vector(name, dense, vector, sparse)
 
     def list_collections(self) -> list[str]:
         with self._errors("listing collections"):

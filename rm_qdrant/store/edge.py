@@ -39,6 +39,7 @@ from rm_qdrant.store.base import (
     Filter,
     Record,
     ScoredRecord,
+    VectorFacts,
     Where,
     as_where,
     check_collection_name,
@@ -64,7 +65,7 @@ _DISTANCES = {
 
 _INDEX_KINDS = {kind: getattr(qe.PayloadSchemaType, kind.capitalize()) for kind in INDEX_KINDS}
 _KIND_NAMES = {str(v): k for k, v in _INDEX_KINDS.items()}
-_Specs = dict[str, tuple[int, str]]  # vector name -> (size, distance)
+_Specs = tuple[dict[str, VectorFacts], tuple[str, ...]]  # dense vectors by name, sparse names
 
 
 def _condition(key: str, value: Any) -> qe.FieldCondition:
@@ -87,18 +88,21 @@ def _edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) ->
 
 
 def _read_specs(folder: Path, name: str) -> _Specs:
-    """A collection's dense vectors, from the shard's own config (or an older rm-qdrant spec)."""
+    """A collection's vectors, from the shard's own config (or an older rm-qdrant spec)."""
     try:
         raw = json.loads((folder / "shard" / "edge_config.json").read_text())
-        vectors = raw["vectors"]
-        return {str(k): (int(v["size"]), str(v["distance"]).lower()) for k, v in vectors.items()}
+        dense = {
+            str(k): (int(v["size"]), str(v["distance"]).lower(), bool(v.get("multivector_config")))
+            for k, v in raw["vectors"].items()
+        }
+        return dense, tuple(str(k) for k in (raw.get("sparse_vectors") or {}))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     try:
         raw = json.loads((folder / "spec.json").read_text())
         if "vectors" in raw:
-            return {k: (int(v[0]), str(v[1])) for k, v in raw["vectors"].items()}
-        return {"": (int(raw["dim"]), str(raw["distance"]))}
+            return {k: (int(v[0]), str(v[1]), False) for k, v in raw["vectors"].items()}, ()
+        return {"": (int(raw["dim"]), str(raw["distance"]), False)}, ()
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ConfigError(f"cannot read the vector config of collection {name!r}: {exc}") from exc
 
@@ -172,7 +176,8 @@ class EdgeStore:
         return self._exists(self._dir(name))
 
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
-        return pick_vector(name, self._open(name)[0], vector)
+        dense, sparse = self._open(name)[0]
+        return pick_vector(name, dense, vector, sparse)
 
     def list_collections(self) -> list[str]:
         return sorted(p.name for p in self._collections_dir.iterdir() if self._exists(p))
@@ -196,7 +201,7 @@ class EdgeStore:
             tmp.write_text(json.dumps({"vectors": {vector: [spec.dim, spec.distance]}}))
             os.replace(tmp, folder / "spec.json")
             (folder / ".creating").unlink()
-            self._shards[name] = ({vector: (spec.dim, spec.distance)}, shard)
+            self._shards[name] = (({vector: (spec.dim, spec.distance, False)}, ()), shard)
 
     def delete_collection(self, name: str) -> None:
         """Delete a collection. An adopted shard that is a symlink loses the link, not its data."""

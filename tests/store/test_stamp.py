@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from rm_qdrant import EncoderError, OnnxEncoder
+from rm_qdrant import ConfigError, EncoderError, OnnxEncoder
 from rm_qdrant.cli import cli
 from rm_qdrant.core.modelinfo import METADATA_KEY
 from rm_qdrant.models.stamp import parse_output_roles, stamp_model
@@ -108,7 +108,7 @@ def test_stamped_team_graph_gives_the_teams_own_vectors(team_graph, photos, tmp_
     out = tmp_path / "stamped.onnx"
     result = stamp(team_graph, "--out", out, *TEAM_FLAGS, *NORM_FLAGS)
     assert result.exit_code == 0, result.output
-    assert "embedding -> image_embeds: 24-d (static shape)" in result.output
+    assert "embedding -> image_embeds: 24-d (static shape, checked by a run)" in result.output
     assert "resize 36 + centre crop 32" in result.output
     encoder = OnnxEncoder(out)
     got = encoder.encode(photos)["embedding"]
@@ -156,7 +156,7 @@ def test_json_report_and_python_api(team_graph, tmp_path):
     result = stamp(team_graph, "--out", tmp_path / "a.onnx", *TEAM_FLAGS, *NORM_FLAGS, "--json")
     report = json.loads(result.output)
     assert report["outputs"] == {
-        "embedding": {"graph_output": "image_embeds", "dim": 24, "from": "static shape"}
+        "embedding": {"graph_output": "image_embeds", "dim": 24, "from": "static shape, checked by a run"}
     }
     assert report["input"]["name"] == "pixel_values" and report["input"]["crop"] == 32
     assert report["replaced"] is False
@@ -298,3 +298,41 @@ def test_a_stamped_graph_without_its_output_is_an_encoder_error(team_graph, tmp_
     onnx.save(model, str(tmp_path / "m.onnx"))
     with pytest.raises(EncoderError, match="'embedding' as output 'gone'"):
         OnnxEncoder(tmp_path / "m.onnx")
+
+
+def test_stamp_runs_the_graph_at_the_declared_size_and_wants_one_vector_per_image(tmp_path):
+    """A graph with dynamic height and width that only works at 8x8, and one that gives a matrix per image."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph(path, out_shape_reshape):
+        nodes = [
+            helper.make_node("Flatten", ["x"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "W"], ["y"]),
+            helper.make_node("Reshape", ["y", "shape"], ["out"]),
+        ]
+        inits = [
+            numpy_helper.from_array(np.ones((3 * 8 * 8, 12), np.float32), "W"),
+            numpy_helper.from_array(np.array(out_shape_reshape, np.int64), "shape"),
+        ]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])
+        out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+        model = helper.make_model(
+            helper.make_graph(nodes, "g", [x], [out], inits), opset_imports=[helper.make_opsetid("", 17)]
+        )
+        model.ir_version = 8
+        onnx.save(model, str(path))
+        return path
+
+    only_8 = graph(tmp_path / "only8.onnx", [-1, 12])
+    with pytest.raises(ConfigError, match="does not run on a 224x224 NCHW float32 input"):
+        stamp_model(only_8, tmp_path / "a.onnx", outputs={"embedding": "out"}, size=224)
+    assert stamp_model(only_8, tmp_path / "b.onnx", outputs={"embedding": "out"}, size=8).info.outputs == {
+        "embedding": 12
+    }
+    matrix = graph(tmp_path / "matrix.onnx", [-1, 3, 4])
+    with pytest.raises(ConfigError, match=r"gives \(3, 4\) values per image, not one vector"):
+        stamp_model(matrix, tmp_path / "c.onnx", outputs={"embedding": "out"}, size=8)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(EncoderError, match="not an ONNX graph"):
+        stamp_model(empty, tmp_path / "d.onnx", outputs={"embedding": "out"}, size=8)
