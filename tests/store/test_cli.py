@@ -256,6 +256,8 @@ def test_probe_forecasts_without_writing_and_status_shows_the_estimate(
     assert "label-free, 20-point probe sample" in rmq("status", "--name", "demo").output
     text = rmq("probe", "--name", "demo", "--sample", "8", "--k", "3").output
     assert "recall@3 against the new model's own neighbours" in text and "recommendation:" in text
+    assert "mAP over the sample (payload labels; 8 of the gallery's 12 points)" in text
+    assert "ranks only the other 7" in text and "not comparable with served mAP" in text
 
 
 def test_probe_bad_input(rmq, models, image_folder):

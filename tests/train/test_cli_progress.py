@@ -58,6 +58,9 @@ def test_training_shows_progress_keeps_caches_out_of_the_cwd_and_takes_its_setti
     )
     assert verbose.returncode == 0, verbose.stderr
     assert "embedding" in verbose.stderr and (tmp_path / "elsewhere" / "embeddings").is_dir()
+    exported = rmq(work, cache, "export", "--new", "new.pt", "--out", "new.onnx")
+    assert exported.returncode == 0 and "against PyTorch at batch 1 and 7" in exported.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["h.pt", "new.onnx", "new.pt", "old.pt"]
     text = rmq(work, cache, "train", "backbone", "--help").stdout
     for option in ("--image-size", "--normalize", "--flip / --no-flip", "--crop-padding", "-q, --quiet"):
         assert option in text
