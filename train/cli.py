@@ -12,6 +12,7 @@ from typing import Any
 import click
 import yaml
 
+from rm_qdrant.cli.common import parse_floats
 from rm_qdrant.paths import CACHE_ENV
 from train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
@@ -25,15 +26,6 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
             raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--set")
         values[key.replace("-", "_")] = yaml.safe_load(value)
     return values
-
-
-def _floats(text: str, option: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",")]
-    except ValueError:
-        raise click.ClickException(
-            f"bad {option} {text!r}: expected three numbers like 0.5,0.5,0.5"
-        ) from None
 
 
 def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
@@ -123,7 +115,7 @@ def backbone(config: str | None, pairs: tuple[str, ...], **options: Any) -> None
 
     for name in ("mean", "std"):
         if options[name] is not None:
-            options[name] = _floats(options[name], f"--{name}")
+            options[name] = list(parse_floats(options[name], f"--{name}") or ())
     _, path = _run(train_backbone, BackboneConfig, config, pairs, **options)
     click.echo(f"wrote {path}")
 

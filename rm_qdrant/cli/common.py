@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from rm_qdrant.errors import RmqError
+from rm_qdrant.errors import ConfigError, RmqError
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, open_store
 
@@ -99,6 +99,18 @@ def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
         obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"], create=create)
         ctx.find_root().call_on_close(obj["store"].close)
     return obj["store"]
+
+
+def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
+    """``"0.5,0.5,0.5"`` → ``(0.5, 0.5, 0.5)``, for options such as --mean and --std."""
+    if value is None:
+        return None
+    try:
+        return tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"bad {option} {value!r}: expected comma-separated numbers, e.g. 0.5,0.5,0.5"
+        ) from None
 
 
 def plain(value: object) -> str:

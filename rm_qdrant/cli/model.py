@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rm_qdrant.cli.common import Group, emit, json_option, open_cli_store, source_options
+from rm_qdrant.cli.common import Group, emit, json_option, open_cli_store, parse_floats, source_options
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -17,17 +17,6 @@ if (
     TYPE_CHECKING
 ):  # rm_qdrant.models.stamp imports onnx: loaded when a model command runs, not for every rmq call
     from rm_qdrant.models.stamp import StampReport
-
-
-def _floats(value: str | None, option: str) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(float(part) for part in value.split(","))
-    except ValueError:
-        raise ConfigError(
-            f"bad {option} {value!r}: expected comma-separated numbers, e.g. 0.5,0.5,0.5"
-        ) from None
 
 
 @click.group(name="model", cls=Group)
@@ -100,8 +89,8 @@ def stamp_command(
         dtype=input_dtype,
         resize=resize,
         crop=crop,
-        mean=_floats(mean, "--mean"),
-        std=_floats(std, "--std"),
+        mean=parse_floats(mean, "--mean"),
+        std=parse_floats(std, "--std"),
         channel_order=channel_order,
         distance=distance,
         name=name,
