@@ -21,7 +21,7 @@ from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.pair import active_where
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
-from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Where
 
 
@@ -83,12 +83,10 @@ def served_retrieval(
     pair = index.pair
 
     def uri_of(hit: Hit) -> Any:
-        try:
-            return pair.uri_rule.uri(hit.id, hit.payload)
-        except SourceError:
-            return None
+        return pair.uri_rule.find(hit.id, hit.payload)
 
-    gallery = index.status().old_count + index.status().new_count
+    served = index.status()
+    gallery = served.old_count + served.new_count
     limit = (k or gallery) + 1  # one more: the query itself may come back
     aps, tops = [], []
     for start in range(0, len(queries), batch):

@@ -157,6 +157,17 @@ def load_tensor(encoder: OnnxEncoder, source: ImageSource, uri: Any) -> tuple[np
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
 
 
+def load_point(
+    encoder: OnnxEncoder, source: ImageSource, rule: UriRule, point_id: PointId, payload: dict[str, Any]
+) -> tuple[np.ndarray | None, str]:
+    """:func:`load_tensor` for a stored point: its image found through the pair's ``rule``."""
+    try:
+        uri = rule.uri(point_id, payload)
+    except SourceError as exc:
+        return None, str(exc)
+    return load_tensor(encoder, source, uri)
+
+
 def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:
     """Rows an encoder returned that cannot be stored: NaN or infinity, or zero under cosine."""
     bad = ~np.isfinite(vectors).all(axis=1)
@@ -294,7 +305,7 @@ class Migrator:
         done = {r.id for r in self.store.retrieve(pair.new_collection, ids)}
         todo = [i for i in ids if i not in done]
         rule = pair.uri_rule
-        loaded = fetch.map(lambda i: self._load(source, rule, i, payloads[i]), todo)
+        loaded = fetch.map(lambda i: load_point(self.encoder, source, rule, i, payloads[i]), todo)
         tensors, failed = {}, []
         for point_id, (tensor, error) in zip(todo, loaded, strict=True):
             if tensor is not None:
@@ -303,15 +314,6 @@ class Migrator:
                 failed.append((point_id, error))
         already = [i for i in ids if i in done]
         return _Prepared(ids, payloads, already, tensors, failed, len(batch) - len(ids))
-
-    def _load(
-        self, source: ImageSource, rule: UriRule, point_id: PointId, payload: dict[str, Any]
-    ) -> tuple[np.ndarray | None, str]:
-        try:
-            uri = rule.uri(point_id, payload)
-        except SourceError as exc:
-            return None, str(exc)
-        return load_tensor(self.encoder, source, uri)
 
     def _encode(self, prepared: _Prepared) -> _Encoded:
         if not prepared.tensors:

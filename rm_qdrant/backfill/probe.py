@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.migrate import load_tensor
+from rm_qdrant.backfill.migrate import load_point
 from rm_qdrant.backfill.pair import PairRecord, active_where
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
-from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store
@@ -88,13 +88,10 @@ def draw_sample(
     rule = pair.uri_rule
 
     def load(record: Record) -> np.ndarray | None:
-        try:
-            return load_tensor(encoder, src, rule.uri(record.id, record.payload))[0]
-        except SourceError:
-            return None
-        finally:
-            if on_image is not None:
-                on_image()
+        tensor, _ = load_point(encoder, src, rule, record.id, record.payload)
+        if on_image is not None:
+            on_image()
+        return tensor
 
     with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
         tensors = list(pool.map(load, records))

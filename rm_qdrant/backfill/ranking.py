@@ -8,7 +8,7 @@ remain; the order's name is kept in the pair record.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,6 +72,26 @@ def read_all(
     return ids, payloads, (np.stack(rows) if with_vectors and rows else None)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """Where a run starts: points only in old, points in new, how many it may move, and
+    the points an interrupted step left in both collections (finished first, moving nothing new)."""
+
+    old_only: int
+    new: int
+    moves: int
+    repairs: list[PointId]
+
+
+def budget(store: Store, pair: PairRecord, options: MigrateOptions) -> Budget:
+    """What ``--until``/``--limit`` allow this run, counting a point in both collections once."""
+    repairs = in_both(store, pair)
+    old_only = store.count(pair.old_collection, active_where(pair)) - len(repairs)
+    new = store.count(pair.new_collection)
+    moves = points_to_move(old_active=old_only, new=new, until=options.until, limit=options.limit)
+    return Budget(old_only, new, moves, repairs)
+
+
 def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointId]:
     """The ids this run will attempt, in backfill order (the order must be prepared).
 
@@ -80,29 +100,22 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     """
     if options.limit == 0:
         return []
-    active = active_where(pair)
-    repairs = in_both(store, pair)
-    old_only = store.count(pair.old_collection, active) - len(repairs)
-    budget = points_to_move(
-        old_active=old_only,
-        new=store.count(pair.new_collection),
-        until=options.until,
-        limit=options.limit,
-    )
-    where = active
+    start = budget(store, pair, options)
+    repairs, old_only, moves = start.repairs, start.old_only, start.moves
+    where = active_where(pair)
     if options.shard is not None:
         owned = set(shard_buckets(*options.shard))
         repairs = [i for i in repairs if bucket(i) in owned]
         where = where & Where(must={BUCKET: sorted(owned)})
-        if budget < old_only:  # --until/--limit: each worker takes its share, rounded up
-            budget = -(-budget // options.shard[1])
+        if moves < old_only:  # --until/--limit: each worker takes its share, rounded up
+            moves = -(-moves // options.shard[1])
     if not options.retry_failed:
         where = where & Where(empty=(ERROR,))
-    if budget == 0:
+    if moves == 0:
         return repairs
-    page, _ = store.scroll(pair.old_collection, limit=budget + len(repairs), where=where, order_by=RANK)
+    page, _ = store.scroll(pair.old_collection, limit=moves + len(repairs), where=where, order_by=RANK)
     skip = set(repairs)
-    return repairs + [r.id for r in page if r.id not in skip][:budget]
+    return repairs + [r.id for r in page if r.id not in skip][:moves]
 
 
 def unranked(store: Store, pair: PairRecord) -> int:

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.backfill.migrate import load_tensor
+from rm_qdrant.backfill.migrate import load_point
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError, DimensionMismatch, SourceError
+from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Record, Store, Where
+from rm_qdrant.store import Store, Where
 from rm_qdrant.store.base import resolve
 
 
@@ -81,7 +81,7 @@ def agreement(
     records = store.retrieve(collection, chosen, with_vectors=True, vector=spec.vector)
     rule = rule or UriRule()
     with ImageSource(source or SourceConfig()) as images, ThreadPoolExecutor(8) as pool:
-        loaded = list(pool.map(lambda r: _load(encoder, images, rule, r), records))
+        loaded = list(pool.map(lambda r: load_point(encoder, images, rule, r.id, r.payload), records))
     good = [
         (r, x) for r, (x, _) in zip(records, loaded, strict=True) if x is not None and r.vector is not None
     ]
@@ -102,16 +102,6 @@ def agreement(
         worst=worst,
         first_error=errors[0] if errors else "",
     )
-
-
-def _load(
-    encoder: OnnxEncoder, images: ImageSource, rule: UriRule, record: Record
-) -> tuple[np.ndarray | None, str]:
-    try:
-        uri = rule.uri(record.id, record.payload)
-    except SourceError as exc:
-        return None, str(exc)
-    return load_tensor(encoder, images, uri)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

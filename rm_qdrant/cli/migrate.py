@@ -14,8 +14,8 @@ import click
 from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
-from rm_qdrant.backfill.pair import active_where, load_pair
-from rm_qdrant.backfill.status import in_both
+from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.ranking import budget
 from rm_qdrant.cli.common import (
     Progress,
     emit,
@@ -26,7 +26,7 @@ from rm_qdrant.cli.common import (
     source_options,
 )
 from rm_qdrant.core.ordering import ORDERS, check_order
-from rm_qdrant.core.planning import parse_shard, points_to_move
+from rm_qdrant.core.planning import parse_shard
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -57,18 +57,16 @@ def stop_on_signals(echo: bool) -> Iterator[threading.Event]:
 def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dict[str, Any]:
     """What a run would do, without writing anything."""
     pair = index.pair
-    old_active = store.count(pair.old_collection, active_where(pair)) - len(in_both(store, pair))
-    new = store.count(pair.new_collection)
-    budget = points_to_move(old_active=old_active, new=new, until=options.until, limit=options.limit)
+    start = budget(store, pair, options)
     order = options.order or pair.order or "random"
     return {
         "pair": pair.name,
         "order": order,
         "order_ready": order == pair.order and pair.order_ready,
-        "old_points": old_active,
-        "new_points": new,
-        "would_move_at_most": budget,
-        "batches": -(-budget // options.batch),
+        "old_points": start.old_only,
+        "new_points": start.new,
+        "would_move_at_most": start.moves,
+        "batches": -(-start.moves // options.batch),
         "batch": options.batch,
         "shard": options.shard,
         "retry_failed": options.retry_failed,

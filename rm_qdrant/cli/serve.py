@@ -24,7 +24,7 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import status_estimate
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import shown
 
@@ -187,10 +187,8 @@ def search(
     rows = [dataclasses.asdict(h) for h in hits]
     lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
     for rank, hit in enumerate(hits, 1):
-        try:
-            where = shown(pair.uri_rule.uri(hit.id, hit.payload))
-        except SourceError:
-            where = "-"
+        found = pair.uri_rule.find(hit.id, hit.payload)
+        where = "-" if found is None else shown(found)
         lines.append(
             f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
             f"{plain(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {plain(where)}"

@@ -65,6 +65,13 @@ class UriRule:
                 raise SourceError(f"payload {name!r} = {value!r} does not fit {{{name}:{spec}}}") from exc
         return "".join(parts)
 
+    def find(self, point_id: PointId, payload: Mapping[str, Any]) -> Any:
+        """:meth:`uri`, or None where the payload lacks what the rule reads."""
+        try:
+            return self.uri(point_id, payload)
+        except SourceError:
+            return None
+
     def describe(self) -> str:
         return f"template {self.template}" if self.template else f"payload field {self.field!r}"
 
