@@ -5,8 +5,15 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, check_collection_model, save_pair
-from rm_qdrant.core.planning import ERROR, INTERNAL_FIELDS
+from rm_qdrant.backfill.pair import (
+    ModelRef,
+    PairRecord,
+    active_where,
+    clear_bookkeeping,
+    old_model_ref,
+    save_pair,
+)
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store, Where
@@ -70,7 +77,7 @@ def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
         store.set_alias(_check_alias(store, name), pair.new_collection)
     if pair.drop_old and store.has_collection(pair.old_collection):
         store.delete_collection(pair.old_collection)
-    _clear_bookkeeping(store, pair)  # the team's collections, as its own code will read them
+    clear_bookkeeping(store, pair)  # the team's collections, as its own code will read them
     updated = replace(pair, state="finalized")
     save_pair(store, updated)
     log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
@@ -111,28 +118,14 @@ def rollback(
     name = alias or pair.alias or pair.name
     if store.alias(name) != pair.old_collection:  # a rerun after a kill may find it moved already
         store.set_alias(_check_alias(store, name), pair.old_collection)
-    _clear_bookkeeping(store, pair)
+    clear_bookkeeping(store, pair)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)
     save_pair(store, updated)
     return updated
 
 
-def _clear_bookkeeping(store: Store, pair: PairRecord) -> None:
-    """Remove rm-qdrant's ``rmq_*`` payload fields from both collections (idempotent)."""
-    for collection in (pair.old_collection, pair.new_collection):
-        if store.has_collection(collection):
-            store.clear_fields(collection, INTERNAL_FIELDS)
-
-
 def _check_old_model(store: Store, pair: PairRecord, encoder: OnnxEncoder) -> ModelRef:
-    output = encoder.info.gallery_output()
-    dim = store.collection(pair.old_collection, pair.vector).dim
-    if encoder.info.outputs[output] != dim or encoder.info.distance != pair.distance:
-        raise ConfigError(
-            f"{encoder.path} makes {encoder.info.outputs[output]}-d {encoder.info.distance} vectors; "
-            f"{pair.old_collection!r} holds {dim}-d {pair.distance} ones"
-        )
-    check_collection_model(store, pair.old_collection, encoder)
-    if pair.old_encoder is not None and pair.old_encoder.fingerprint != encoder.fingerprint:
+    ref = old_model_ref(store, store.collection(pair.old_collection, pair.vector), encoder)
+    if pair.old_encoder is not None and pair.old_encoder.fingerprint != ref.fingerprint:
         raise ConfigError(f"pair {pair.name!r} recorded another old model ({pair.old_encoder.name})")
-    return ModelRef.of(encoder, output)
+    return ref

@@ -262,17 +262,8 @@ def create_pair(
         )
     if chosen == "rm":
         _check_fits(old_spec, encoder.info.outputs["rev"], f"{encoder.path} output 'rev'")
-    if old_encoder is not None:
-        _check_fits(
-            old_spec, old_encoder.info.outputs[old_encoder.info.gallery_output()], str(old_encoder.path)
-        )
-        check_collection_model(store, old_collection, old_encoder)
-    for model in (encoder, old_encoder):
-        if model is not None and model.info.distance != old_spec.distance:
-            raise ConfigError(
-                f"{model.path} is made for {model.info.distance} distance, "
-                f"collection {old_collection!r} uses {old_spec.distance}"
-            )
+    old_ref = old_model_ref(store, old_spec, old_encoder) if old_encoder is not None else None
+    _check_distance(old_spec, encoder)
     gallery = encoder.info.gallery_output()
     target = new_collection or f"{name}-new"
     _check_free(store, old_collection)
@@ -285,7 +276,7 @@ def create_pair(
         mode=chosen,
         distance=old_spec.distance,
         encoder=ModelRef.of(encoder, gallery),
-        old_encoder=ModelRef.of(old_encoder, old_encoder.info.gallery_output()) if old_encoder else None,
+        old_encoder=old_ref,
         keep_old=keep_old,
         vector=old_spec.vector,
         uri_field=(uri or UriRule()).field,
@@ -308,6 +299,35 @@ def _cannot_carry(spec: CollectionSpec) -> str:
         f"vector ({spec.vector!r}), so its new collection would lack the others and a migrated point would "
         "lose them; such collections are not supported yet"
     )
+
+
+def old_model_ref(store: Store, old: CollectionSpec, encoder: OnnxEncoder) -> ModelRef:
+    """The old model as a pair records it, once it fits the old collection: its size, its
+    distance, and the model recorded for it (if rm-qdrant filled it).
+
+    Raises:
+        DimensionMismatch, ConfigError: it does not fit.
+    """
+    output = encoder.info.gallery_output()
+    _check_fits(old, encoder.info.outputs[output], str(encoder.path))
+    _check_distance(old, encoder)
+    check_collection_model(store, old.name, encoder)
+    return ModelRef.of(encoder, output)
+
+
+def _check_distance(old: CollectionSpec, model: OnnxEncoder) -> None:
+    if model.info.distance != old.distance:
+        raise ConfigError(
+            f"{model.path} is made for {model.info.distance} distance, "
+            f"collection {old.name!r} uses {old.distance}"
+        )
+
+
+def clear_bookkeeping(store: Store, pair: PairRecord) -> None:
+    """Remove rm-qdrant's ``rmq_*`` payload fields from both collections (idempotent)."""
+    for collection in (pair.old_collection, pair.new_collection):
+        if store.has_collection(collection):
+            store.clear_fields(collection, INTERNAL_FIELDS)
 
 
 def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
@@ -364,9 +384,7 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
             "(both collections stay)"
         )
     store.delete(META_COLLECTION, [_key("pair", name)])
-    for collection in (pair.old_collection, pair.new_collection):  # rm-qdrant's rmq_* fields go
-        if store.has_collection(collection):
-            store.clear_fields(collection, INTERNAL_FIELDS)
+    clear_bookkeeping(store, pair)
     deleted = has_new and in_new == 0 and pair.state != "finalized"
     if deleted:
         store.delete_collection(pair.new_collection)

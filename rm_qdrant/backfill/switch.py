@@ -14,7 +14,7 @@ from dataclasses import replace
 from rm_qdrant.backfill.pair import (
     ModelRef,
     PairRecord,
-    check_collection_model,
+    old_model_ref,
     record_collection_model,
     save_pair,
 )
@@ -68,8 +68,7 @@ def switch_encoder(
         )
     old_model = pair.old_encoder
     if old_encoder is not None:
-        check_collection_model(store, pair.old_collection, old_encoder)
-        old_model = ModelRef.of(old_encoder, old_encoder.info.gallery_output())
+        old_model = old_model_ref(store, store.collection(pair.old_collection, pair.vector), old_encoder)
     if mode == "naive" and old_model is None:
         raise ConfigError(f"{encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
     measured = None
