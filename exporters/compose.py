@@ -25,7 +25,7 @@ from exporters.serving import TOLERANCE, ExportError, FoldedHeads, unit
 from rm_qdrant.core.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from rm_qdrant.errors import EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
-from train.heads import load_heads
+from train.heads import Heads, load_heads
 
 PREFIX = "rmq_heads/"
 
@@ -146,7 +146,21 @@ def attach_heads(
     output_name: str | None = None,
     name: str | None = None,
 ) -> tuple[Path, float]:
-    """Join the heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
+    """Join a heads checkpoint to ``backbone_onnx``'s embedding output: :func:`attach_model`."""
+    head_model, _ = load_heads(heads)
+    return attach_model(backbone_onnx, head_model, out, output_name=output_name, name=name, what=str(heads))
+
+
+def attach_model(
+    backbone_onnx: str | Path,
+    heads: Heads,
+    out: str | Path,
+    *,
+    output_name: str | None = None,
+    name: str | None = None,
+    what: str = "the heads",
+) -> tuple[Path, float]:
+    """Join trained heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
 
     The backbone needs its ``rm_qdrant`` entry (``rmq model stamp``); the heads read
     its ``embedding`` role's output, or ``output_name``. The composed graph keeps the
@@ -163,21 +177,20 @@ def attach_heads(
     except Exception as exc:
         raise ExportError(f"{source} is not a loadable ONNX graph: {exc}") from exc
     info, embedding = _describe(backbone, output_name, source)
-    head_model, meta = load_heads(heads)
     images = _sample_images(info.input, 7)
     phi = _embeddings(source, embedding, images)
-    if phi.shape[1] != meta["d_new"]:
+    if phi.shape[1] != heads.d_new:
         raise ExportError(
-            f"{source} output {embedding!r} is {phi.shape[1]}-d; {heads} expects {meta['d_new']}-d"
+            f"{source} output {embedding!r} is {phi.shape[1]}-d; {what} expects {heads.d_new}-d"
         )
     opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
-    graph = _HeadsGraph(FoldedHeads(head_model.eval())).eval()
+    graph = _HeadsGraph(FoldedHeads(heads.eval())).eval()
     with tempfile.TemporaryDirectory() as tmp:
         merged = _merge(backbone, _export_heads(graph, phi, opset, tmp), embedding, opset)
     composed = ModelInfo(
         name or f"{Path(source).stem}+heads",
         "cosine",
-        {"new": meta["d_new"], "rev": meta["d_old"]},
+        {"new": heads.d_new, "rev": heads.d_old},
         info.input,
     )
     helper.set_model_props(merged, composed.to_metadata())

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.migrate import load_point
 from rm_qdrant.backfill.pair import PairRecord, active_where
 from rm_qdrant.backfill.ranking import read_all
@@ -28,6 +27,7 @@ from rm_qdrant.core.forecast import DIP_TOLERANCE, ModeForecast, forecast, merge
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Record, Store
@@ -55,7 +55,9 @@ class ProbeSample:
 
 
 def draw_sample(
-    index: DualIndex,
+    store: Store,
+    pair: PairRecord,
+    encoder: OnnxEncoder | None,
     size: int,
     *,
     seed: int = 0,
@@ -64,16 +66,18 @@ def draw_sample(
     on_plan: Callable[[int], None] | None = None,
     on_image: Callable[[], None] | None = None,
 ) -> ProbeSample:
-    """Sample ``size`` points of the old collection and embed their images with the pair's encoder.
+    """Sample ``size`` points of the old collection and embed their images with ``encoder``.
 
-    ``on_plan(n)`` is told how many images will be fetched, ``on_image()`` after each one.
+    ``encoder`` is the pair's (``rmq probe``) or the team's new backbone (``rmq fit``); the
+    sample's ``new`` is its gallery output (``new``, else ``embedding``). ``on_plan(n)`` is
+    told how many images will be fetched, ``on_image()`` after each one.
 
     Raises:
         ConfigError: no encoder, nothing to sample, or fewer than two images could be read.
     """
-    if index.encoder is None:
+    if encoder is None:
         raise ConfigError("probe needs the pair's encoder to re-embed the sample")
-    store, pair, encoder = index.store, index.pair, index.encoder
+    model: OnnxEncoder = encoder
     ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False)
     if len(ids) < 2:
         raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
@@ -82,13 +86,13 @@ def draw_sample(
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
     if on_plan is not None:
         on_plan(len(records))
-    gallery = encoder.info.gallery_output()
-    outputs = [gallery, *(["rev"] if "rev" in encoder.info.outputs else [])]
+    gallery = model.info.gallery_output()
+    outputs = [gallery, *(["rev"] if "rev" in model.info.outputs else [])]
 
     rule = pair.uri_rule
 
     def load(record: Record) -> np.ndarray | None:
-        tensor, _ = load_point(encoder, src, rule, record.id, record.payload)
+        tensor, _ = load_point(model, src, rule, record.id, record.payload)
         if on_image is not None:
             on_image()
         return tensor
@@ -104,7 +108,7 @@ def draw_sample(
     parts: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
     for start in range(0, len(kept), _BATCH):
         batch = np.concatenate([x for _, x in kept[start : start + _BATCH]])
-        for name, value in encoder.run(batch, outputs).items():
+        for name, value in model.run(batch, outputs).items():
             parts[name].append(value)
     return ProbeSample(
         ids=[r.id for r, _ in kept],
@@ -112,7 +116,7 @@ def draw_sample(
         old=np.stack([np.asarray(r.vector, dtype=np.float32) for r, _ in kept]),
         new=np.concatenate(parts[gallery]),
         rev=np.concatenate(parts["rev"]) if "rev" in parts else None,
-        encoder=encoder.fingerprint,
+        encoder=model.fingerprint,
         failed=len(records) - len(kept),
         gallery=len(ids),
     )

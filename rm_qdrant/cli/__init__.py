@@ -10,6 +10,7 @@ from PIL import Image
 
 from rm_qdrant.cli.common import Group
 from rm_qdrant.cli.evaluate import eval_command
+from rm_qdrant.cli.fit import fit_command
 from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
 from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
@@ -55,6 +56,7 @@ cli.add_command(demo)
 cli.add_command(migrate)
 cli.add_command(eval_command)
 cli.add_command(probe_command)
+cli.add_command(fit_command)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)
 cli.add_command(model)

@@ -69,7 +69,16 @@ def probe_command(
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
     with Progress("re-embedding the sample", hidden=as_json or quiet(ctx), unit="images") as bar:
-        sample = draw_sample(index, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance)
+        sample = draw_sample(
+            index.store,
+            index.pair,
+            index.encoder,
+            size,
+            seed=seed,
+            source=source,
+            on_plan=bar.start,
+            on_image=bar.advance,
+        )
     forecasts = forecast_sample(sample, order=spec, seed=seed, k=k, label_field=index.pair.label_field)
     advice = recommend(forecasts)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)

@@ -17,7 +17,7 @@ class TrainGroup(click.Group):
         try:
             from train.cli import train as real
         except ModuleNotFoundError as exc:
-            raise _needs_torch(exc) from exc
+            raise needs_torch(exc) from exc
         return real
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -27,7 +27,7 @@ class TrainGroup(click.Group):
         return self._real().get_command(ctx, name)
 
 
-def _needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
+def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
     if exc.name in ("torch", "yaml", "onnx"):
         return click.ClickException(
             f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
@@ -73,7 +73,7 @@ def export_command(
         from exporters.serving import ExportError, export_backbone, export_serving
         from train.cli import show_progress
     except ModuleNotFoundError as exc:
-        raise _needs_torch(exc) from exc
+        raise needs_torch(exc) from exc
     show_progress()
     if (input_size, input_layout, input_dtype) != (None, None, None):
         raise ConfigError(
@@ -141,7 +141,7 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
         from train.cli import show_progress
         from train.demo import run_demo, summary
     except ModuleNotFoundError as exc:
-        raise _needs_torch(exc) from exc
+        raise needs_torch(exc) from exc
     show_progress()
     started = time.perf_counter()
     if not as_json:

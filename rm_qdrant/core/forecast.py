@@ -103,6 +103,50 @@ def merged_agreement(
     return agreement(found, reference)
 
 
+def _labels(labels: Sequence[object] | None) -> np.ndarray | None:
+    """Labels as integers when every item has one, else None."""
+    if labels is None or not all(label is not None for label in labels):
+        return None
+    return np.unique([str(label) for label in labels], return_inverse=True)[1]
+
+
+def _curve(
+    mode: str,
+    new: np.ndarray,
+    query_old: np.ndarray,
+    old: np.ndarray,
+    *,
+    order: np.ndarray,
+    reference: np.ndarray,
+    y: np.ndarray | None,
+    fractions: Sequence[float],
+) -> ModeForecast:
+    """One query mode over the backfill: ``new`` fills (and queries) the new side, ``query_old`` the old."""
+    recall, ndcg, maps, tops = [], [], [], []
+    for t in fractions:
+        migrated = migrated_at(order, t)
+        r, g = merged_agreement(new, query_old, old, migrated, reference)
+        recall.append(r)
+        ndcg.append(g)
+        if y is not None:
+            served = backfill_retrieval(new, query_old, new, old, y, migrated, workers=1)
+            maps.append(served.map)
+            tops.append(served.top1)
+    return ModeForecast(
+        mode,
+        tuple(fractions),
+        tuple(recall),
+        tuple(ndcg),
+        tuple(maps) if y is not None else None,
+        tuple(tops) if y is not None else None,
+    )
+
+
+def _check(n: int, *arrays: np.ndarray | None) -> None:
+    if n < 2 or any(a is not None and len(a) != n for a in arrays):
+        raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
+
+
 def forecast(
     old: np.ndarray,
     new: np.ndarray,
@@ -126,37 +170,44 @@ def forecast(
     Raises:
         ValueError: fewer than two items, or arrays of different lengths.
     """
-    n = len(old)
-    if n < 2 or len(new) != n or (rev is not None and len(rev) != n) or len(order) != n:
-        raise ValueError(f"a forecast needs two or more items and one row each; got {n} old, {len(new)} new")
-    reference = reference_top_k(new, k)
-    y = None  # labels as integers, when every item has one
-    if labels is not None and all(label is not None for label in labels):
-        _, y = np.unique([str(label) for label in labels], return_inverse=True)
+    _check(len(old), new, rev, order)
+    common = {
+        "order": order,
+        "reference": reference_top_k(new, k),
+        "y": _labels(labels),
+        "fractions": fractions,
+    }
     modes = {"naive": old, **({"rm": rev} if rev is not None else {})}
-    out = []
-    for mode, query_old in modes.items():
-        recall, ndcg, maps, tops = [], [], [], []
-        for t in fractions:
-            migrated = migrated_at(order, t)
-            r, g = merged_agreement(new, query_old, old, migrated, reference)
-            recall.append(r)
-            ndcg.append(g)
-            if y is not None:
-                served = backfill_retrieval(new, query_old, new, old, y, migrated, workers=1)
-                maps.append(served.map)
-                tops.append(served.top1)
-        out.append(
-            ModeForecast(
-                mode,
-                tuple(fractions),
-                tuple(recall),
-                tuple(ndcg),
-                tuple(maps) if y is not None else None,
-                tuple(tops) if y is not None else None,
-            )
-        )
-    return out
+    return [_curve(mode, new, query_old, old, **common) for mode, query_old in modes.items()]  # type: ignore[arg-type]
+
+
+def compare_fitted(
+    old: np.ndarray,
+    base: np.ndarray,
+    new: np.ndarray,
+    rev: np.ndarray,
+    *,
+    order: np.ndarray,
+    labels: Sequence[object] | None = None,
+    k: int = 10,
+    fractions: Sequence[float] = FRACTIONS,
+) -> list[ModeForecast]:
+    """The naive merge of the plain new model (``base``) beside a fitted encoder (``new``, ``rev``).
+
+    Both curves are scored against ``base``'s own top-k, the team's new model: a fitted ρ
+    that drifts away from the new model's neighbours is not rewarded for agreeing with itself.
+    """
+    _check(len(old), base, new, rev, order)
+    common = {
+        "order": order,
+        "reference": reference_top_k(base, k),
+        "y": _labels(labels),
+        "fractions": fractions,
+    }
+    return [
+        _curve("naive", base, old, old, **common),  # type: ignore[arg-type]
+        _curve("fitted", new, rev, old, **common),  # type: ignore[arg-type]
+    ]
 
 
 def recommend(forecasts: Sequence[ModeForecast]) -> str:

@@ -1,0 +1,233 @@
+"""``rmq fit``: train ψ/ρ for a team's own models from its live gallery (needs PyTorch).
+
+A sample of the pair's old collection gives (stored old vector, new backbone embedding)
+pairs; heads are trained on them, checked against the naive merge on a held-out part,
+and joined to the team's backbone as one graph (outputs ``new`` and ``rev``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.probe import draw_sample
+from rm_qdrant.cli.common import (
+    Progress,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    quiet,
+    source_options,
+)
+from rm_qdrant.cli.training import needs_torch
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.sources import SourceConfig
+
+FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
+
+
+@click.command(name="fit")
+@name_option
+@click.option(
+    "--backbone",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The team's new model (.onnx), described by 'rmq model stamp'.",
+)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where the fitted graph goes.")
+@click.option(
+    "--sample", "size", default=20000, show_default=True, type=click.IntRange(min=8), help="Points to sample."
+)
+@click.option("--label-field", help="Payload field with a class label: trains the paper's MCL + ρ.")
+@click.option(
+    "--loss",
+    default="auto",
+    show_default=True,
+    type=click.Choice(FIT_LOSSES),
+    help="auto: mcl with --label-field, else label-free; rqt and procrustes fit ψ alone.",
+)
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps [default: 2000].")
+@click.option("--epochs", type=click.IntRange(min=1), help="Or: passes over the training part of the sample.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
+@click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 512].")
+@click.option(
+    "--holdout",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(min=0, max=0.5, min_open=True),
+    help="Share of the sample kept out of training for the forecast.",
+)
+@click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the sample, the split and training.")
+@click.option("--output-name", help="The backbone output holding the embedding [default: its stamped role].")
+@click.option(
+    "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
+)
+@source_options
+@json_option
+@click.pass_context
+def fit_command(
+    ctx: click.Context,
+    name: str,
+    backbone: str,
+    out: str,
+    size: int,
+    label_field: str | None,
+    loss: str,
+    steps: int | None,
+    epochs: int | None,
+    lr: float | None,
+    batch: int | None,
+    holdout: float,
+    k: int,
+    seed: int,
+    output_name: str | None,
+    force: bool,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
+    """Train ψ (and ρ) on pairs from the gallery: stored old vectors and the backbone's embeddings.
+
+    No old model is needed, and no labels unless --label-field. Part of the sample is held
+    out: the fitted graph is written only if its forecast beats the naive merge there.
+    """
+    try:
+        from exporters.compose import attach_model
+        from exporters.serving import ExportError
+        from train.cli import show_progress
+        from train.fit import FitSettings, better, fit_heads, holdout_forecast, resolve_loss, split
+        from train.heads import steps_per_epoch
+    except ModuleNotFoundError as exc:
+        raise needs_torch(exc) from exc
+    silent = as_json or quiet(ctx)
+    show_progress(quiet=silent)
+    store = open_cli_store(ctx)
+    pair = load_pair(store, name)
+    encoder = OnnxEncoder(backbone)
+    role = encoder.info.gallery_output()
+    new_dim = store.collection(pair.new_collection, pair.vector).dim
+    if encoder.info.outputs[role] != new_dim:
+        raise ConfigError(
+            f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
+            f"pair {name!r}'s new collection holds {new_dim}-d vectors"
+        )
+    try:
+        chosen = resolve_loss(loss, label_field is not None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    with Progress("embedding the sample", hidden=silent, unit="images") as bar:
+        sample = draw_sample(
+            store, pair, encoder, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance
+        )
+    labels = sample.labels(label_field) if label_field else None
+    if label_field and labels is None:
+        raise ConfigError(
+            f"payload field {label_field!r} is missing on some sampled points: no labels to train on"
+        )
+    try:
+        train_idx, held_idx = split(len(sample.ids), holdout, seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(held_idx) <= 2 * k:
+        raise ConfigError(
+            f"{len(held_idx)} held-out points are too few to compare top-{k} lists: "
+            "raise --sample or --holdout, or lower --k"
+        )
+    defaults = FitSettings()
+    chosen_batch = batch or defaults.batch
+    settings = FitSettings(
+        loss=chosen,
+        steps=epochs * steps_per_epoch(len(train_idx), chosen_batch) if epochs else steps or defaults.steps,
+        batch=chosen_batch,
+        lr=lr or defaults.lr,
+        seed=seed,
+        holdout=holdout,
+        k=k,
+    )
+
+    def rows(values: list[Any] | None, idx: Any) -> list[Any] | None:
+        return None if values is None else [values[i] for i in idx]
+
+    started = time.perf_counter()
+    if not silent:
+        click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
+    heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+    trained_s = time.perf_counter() - started
+    forecasts = holdout_forecast(
+        heads, sample.new[held_idx], sample.old[held_idx], rows(labels, held_idx), k=k, seed=seed
+    )
+    ok, measure = better(forecasts)
+    data: dict[str, Any] = {
+        "pair": name,
+        "loss": chosen,
+        "sample": len(sample.ids),
+        "unreadable": sample.failed,
+        "trained_on": len(train_idx),
+        "held_out": len(held_idx),
+        "train_seconds": round(trained_s, 1),
+        "learned_rho": bool(heads.learn_rho),
+        "k": k,
+        "forecasts": [f.as_dict() for f in forecasts],
+        "better_than_naive": ok,
+        "measure": measure,
+    }
+    if not ok and not force:
+        if as_json:
+            emit(data, True, "")
+        raise ConfigError(
+            f"not written: on the {len(held_idx)} held-out points the fitted graph forecasts worse than "
+            f"the naive merge ({measure}); try another --loss, a larger --sample, or --force"
+        )
+    try:
+        path, parity = attach_model(
+            backbone,
+            heads,
+            out,
+            output_name=output_name or encoder.info.graph_output(role),
+            name=f"{Path(backbone).stem}+fit-{chosen}",
+        )
+    except ExportError as exc:
+        raise ConfigError(str(exc)) from exc
+    data.update(out=str(path), parity=parity, seconds=round(time.perf_counter() - started, 1))
+    emit(data, as_json, _text(data, forecasts, store.count(pair.new_collection) > 0))
+
+
+def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) -> str:
+    fractions = forecasts[0].fractions
+    head = f"{'t':10}" + "".join(f"{t:>7g}" for t in fractions) + f"{'area':>8}  dips below t=0"
+    lines = [
+        f"fitted {data['loss']} on {data['trained_on']} pairs in {data['train_seconds']:.0f} s "
+        f"({data['held_out']} held out"
+        + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
+        + ")",
+        "",
+        f"recall@{data['k']} on the held-out points against the new model's own neighbours:",
+        head,
+    ]
+    for f in forecasts:
+        dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
+        lines.append(f"{f.mode:10}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
+    if forecasts[0].maps is not None:
+        lines += ["", "mAP on the held-out points (payload labels):", head.rsplit("area", 1)[0].rstrip()]
+        lines += [f"{f.mode:10}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
+    verdict = "better than" if data["better_than_naive"] else "WORSE than (written with --force)"
+    lines += [
+        "",
+        f"the fitted graph is {verdict} the naive merge: {data['measure']}",
+        f"wrote {data['out']} (outputs new and rev; ONNX Runtime vs PyTorch {data['parity']:.1e})",
+    ]
+    if data["learned_rho"] and new_holds_points:
+        lines.append(
+            f"ρ was learned, so its 'new' differs from the vectors already in pair {data['pair']}'s new "
+            f"collection: serve it in a new pair (rmq init --encoder {data['out']} ...), or refit with "
+            "a loss that keeps ρ the identity to use rmq switch-encoder"
+        )
+    else:
+        lines.append(f"serve it: rmq switch-encoder --name {data['pair']} --encoder {data['out']}")
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""``rmq fit`` on a team's deployment: its collection, its payload, its ONNX models, no labels.
+
+The deployment is the one of ``test_team_upgrade``: a qdrant-client folder with a named
+vector, images on HTTP and S3, two plain ``torch.onnx.export`` models stamped by rmq.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from rm_qdrant import OnnxEncoder, load_pair, open_store
+from rm_qdrant.cli import cli
+from tests.e2e.test_team_upgrade import MEAN, N, STD, deployment, make_local_folder, web  # noqa: F401
+
+pytest.importorskip("torch")
+
+SOURCES = ["--allow-private-network"]
+
+
+@pytest.fixture
+def team(tmp_path, deployment):  # noqa: F811
+    rows, vectors, old, new = deployment
+    folder = tmp_path / "team-store"
+    make_local_folder(folder, "products", rows, vectors)
+
+    def rmq(*args, ok=True):
+        result = CliRunner().invoke(cli, ["--qdrant", str(folder), *map(str, args)])
+        assert (result.exit_code == 0) == ok, result.output
+        return result
+
+    prep = ["--input-size", "32", "--resize", "36", "--crop", "32", "--input-layout", "NCHW"]
+    prep += ["--input-dtype", "float32", "--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
+    for model, output in ((old, "embeddings"), (new, "image_embeds")):
+        rmq(
+            "model",
+            "stamp",
+            model,
+            "--out",
+            tmp_path / model.name.replace("team-", ""),
+            "--output",
+            f"embedding={output}",
+            *prep,
+        )
+    rmq(
+        "init",
+        "--name",
+        "upgrade",
+        "--old-collection",
+        "products",
+        "--encoder",
+        tmp_path / "new.onnx",
+        "--old-encoder",
+        tmp_path / "old.onnx",
+        "--uri-field",
+        "image_url",
+    )
+    return rmq, tmp_path, rows
+
+
+FIT = ["fit", "--name", "upgrade", "--sample", str(N), "--holdout", "0.5", "--k", "3", *SOURCES]
+
+
+def test_a_fitted_graph_from_the_live_gallery_is_served_by_switch_encoder(team):
+    rmq, tmp, rows = team
+    rmq("migrate", "--name", "upgrade", "--until", "0.5", "--batch", "8", *SOURCES)
+    out = tmp / "fitted.onnx"
+    report = json.loads(
+        rmq(
+            *FIT, "--backbone", tmp / "new.onnx", "--out", out, "--loss", "procrustes", "--force", "--json"
+        ).output
+    )
+    assert (report["sample"], report["unreadable"], report["held_out"]) == (N // 2, 0, N // 4)
+    assert report["parity"] < 1e-4  # random team models: whether it beats naive is chance, hence --force
+    encoder = OnnxEncoder(out)
+    assert set(encoder.info.outputs) == {"new", "rev"} and encoder.info.outputs["rev"] == 16
+    # ρ is the identity: the fitted graph's new output is the backbone's, so the running pair takes it.
+    rmq("switch-encoder", "--name", "upgrade", "--encoder", out, *SOURCES)
+    status = json.loads(rmq("status", "--name", "upgrade", "--json").output)
+    assert status["mode"] == "rm"
+    with open_store(tmp / "team-store") as store:  # an image already moved: the new output finds it
+        moved = store.scroll(load_pair(store, "upgrade").new_collection, limit=1)[0][0].id
+    query = tmp / "query.jpg"
+    query.write_bytes(next(r["data"] for r in rows if r["id"] == moved))
+    hits = json.loads(rmq("search", "--name", "upgrade", query, "--json").output)
+    assert hits[0]["id"] == moved and hits[0]["distance"] < 1e-4
+
+
+def test_a_fit_worse_than_the_naive_merge_is_not_written_unless_forced(team):
+    rmq, tmp, _ = team
+    out = tmp / "bad.onnx"
+    # One tiny step leaves ψ at its random start: its queries are noise against the old collection.
+    bad = ["--backbone", tmp / "new.onnx", "--out", out, "--loss", "rqt", "--steps", "1", "--lr", "1e-9"]
+    result = rmq(*FIT, *bad, ok=False)
+    assert "not written" in result.output and "--force" in result.output and not out.exists()
+    assert "Traceback" not in result.output
+    rmq(*FIT, *bad, "--force")
+    assert out.is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--label-field", "colour"], "payload field 'colour' is missing"),
+        (["--loss", "mcl"], "--loss mcl needs labels"),
+        (["--backbone-from", "old"], "gives 16-d embeddings"),
+        (["--backbone-from", "unstamped"], "rmq model stamp"),
+    ],
+)
+def test_bad_fits_say_why_in_one_line(team, args, says):
+    rmq, tmp, _ = team
+    backbone = tmp / "new.onnx"
+    if args[0] == "--backbone-from":
+        backbone = tmp / ("old.onnx" if args[1] == "old" else "team-new.onnx")
+        args = []
+    result = rmq(*FIT, "--backbone", backbone, "--out", tmp / "x.onnx", *args, ok=False)
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1 and says in lines[0], result.output
+    assert not (tmp / "x.onnx").exists()
+
+
+def test_labels_from_the_payload_train_mcl_with_rho(team):
+    rmq, tmp, _ = team
+    out = tmp / "mcl.onnx"
+    report = json.loads(
+        rmq(
+            *FIT,
+            "--backbone",
+            tmp / "new.onnx",
+            "--out",
+            out,
+            "--label-field",
+            "category",
+            "--steps",
+            "30",
+            "--force",
+            "--json",
+        ).output
+    )
+    assert report["loss"] == "mcl" and report["learned_rho"]
+    assert report["forecasts"][1]["map"] is not None
+    graph = onnx.load(str(out))
+    assert [o.name for o in graph.graph.output] == ["new", "rev"]
+    got = OnnxEncoder(out).encode([np.zeros((40, 40, 3), np.uint8)])
+    assert got["new"].shape == (1, 24) and abs(float(np.linalg.norm(got["rev"])) - 1) < 1e-5

@@ -1,0 +1,173 @@
+"""``rmq fit``: ψ (and ρ) for a team's own models, trained on pairs read from its live gallery.
+
+The old collection already stores φ_old(x) for every point, and the team's new ONNX
+backbone gives φ_new(x) for the same image, so a sample of the gallery is a set of
+(φ_new, φ_old) pairs: no old model and, by default, no labels. What is trained on them:
+
+- ``mcl``: the paper's MCL with a learned ρ; needs labels (``--label-field``).
+- ``label-free``: without labels (:mod:`train.label_free`).
+- ``rqt``: ψ alone, regressed onto the stored old vector (ρ the identity).
+- ``procrustes``: ψ a (semi-)orthogonal map in closed form (ρ the identity).
+
+``auto`` is ``mcl`` with labels, else ``label-free``. Part of the sample is held out;
+:func:`holdout_forecast` compares the fitted heads with the naive merge on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rm_qdrant.core.forecast import ModeForecast, compare_fitted
+from rm_qdrant.core.metrics import area
+from train.adapters import procrustes
+from train.heads import Heads, run_steps
+from train.label_free import fit_label_free
+from train.losses import contrastive_loss, rqt_loss
+
+log = logging.getLogger(__name__)
+
+LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
+#: Losses that need a label per sampled point.
+LABELLED = ("mcl",)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How ``rmq fit`` trains; every value has a CLI option."""
+
+    loss: str = "auto"
+    steps: int = 2000  # Adam steps (the label-free recipe sizes its own)
+    batch: int = 512
+    lr: float = 1e-3
+    temperature: float = 0.1
+    seed: int = 0
+    holdout: float = 0.1  # share of the sample kept out of training for the forecast
+    k: int = 10  # neighbours compared in the forecast
+
+
+def resolve_loss(loss: str, labelled: bool) -> str:
+    """The loss that will run: ``auto`` chosen by whether there are labels.
+
+    Raises:
+        ValueError: an unknown loss, or one that needs labels without them.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+    if loss == "auto":
+        return "mcl" if labelled else "label-free"
+    if loss in LABELLED and not labelled:
+        raise ValueError(f"--loss {loss} needs labels: give --label-field FIELD, or use --loss label-free")
+    return loss
+
+
+def split(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices to train on and to hold out (at least 2 of each), from a seeded shuffle.
+
+    Raises:
+        ValueError: a sample too small to split.
+    """
+    held = max(2, round(n * holdout))
+    if n - held < 2:
+        raise ValueError(f"{n} sampled points are too few to train on and hold some out")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def procrustes_heads(phi_new: Tensor, old: Tensor) -> Heads:
+    """ρ the identity, ψ the orthogonal Procrustes map between the unit-length embeddings."""
+    heads = Heads(phi_new.shape[1], old.shape[1], learn_rho=False, psi_blocks=1)
+    weight = procrustes(F.normalize(phi_new, dim=1), F.normalize(old, dim=1))
+    with torch.no_grad():
+        heads.psi[0].weight.copy_(weight.T)
+        heads.psi[0].bias.zero_()
+    return heads.eval()
+
+
+def fit_heads(
+    phi_new: np.ndarray, old: np.ndarray, labels: Sequence[object] | None, settings: FitSettings
+) -> Heads:
+    """Train the heads ``settings.loss`` names on paired embeddings (rows of the same images).
+
+    Raises:
+        ValueError: a loss that needs labels without them, or unusable rows.
+    """
+    loss = resolve_loss(settings.loss, labels is not None)
+    torch.manual_seed(settings.seed)
+    x, y = (
+        torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)),
+        torch.from_numpy(np.ascontiguousarray(old, np.float32)),
+    )
+    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        raise ValueError("the sampled embeddings hold NaN or infinity")
+    if loss == "procrustes":
+        return procrustes_heads(x, y)
+    if loss == "label-free":
+        return fit_label_free(x, y, seed=settings.seed)
+    heads = Heads(x.shape[1], y.shape[1], learn_rho=loss == "mcl")
+    if loss == "rqt":
+
+        def step_loss(idx: Tensor) -> Tensor:
+            _, rev = heads(x[idx])
+            return rqt_loss(rev, y[idx])
+
+    else:
+        _, codes = np.unique([str(label) for label in labels or ()], return_inverse=True)
+        target = torch.from_numpy(codes)
+
+        def step_loss(idx: Tensor) -> Tensor:
+            new, rev = heads(x[idx])
+            return contrastive_loss("mcl", rev, y[idx], new, target[idx], temperature=settings.temperature)
+
+    run_steps(
+        heads,
+        step_loss,
+        len(x),
+        steps=settings.steps,
+        batch=settings.batch,
+        lr=settings.lr,
+        seed=settings.seed,
+        what=f"fit {loss}",
+    )
+    return heads.eval()
+
+
+@torch.no_grad()
+def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served)."""
+    new, rev = heads.eval()(torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)))
+    return F.normalize(new, dim=1).numpy(), F.normalize(rev, dim=1).numpy()
+
+
+def holdout_forecast(
+    heads: Heads,
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    labels: Sequence[object] | None,
+    *,
+    k: int = 10,
+    seed: int = 0,
+) -> list[ModeForecast]:
+    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order."""
+    new, rev = apply_heads(heads, phi_new)
+    order = np.random.default_rng(seed).permutation(len(old))
+    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k)
+
+
+def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:
+    """Whether the fitted curve beats the naive one on the holdout, and the measure used.
+
+    With labels the area under mAP decides; without, the area under recall@k against
+    the new model's own neighbours.
+    """
+    naive, fitted = forecasts
+    if naive.maps is not None and fitted.maps is not None:
+        a_naive, a_fitted = (area(f.maps or (), f.fractions) for f in (naive, fitted))
+        return a_fitted >= a_naive, f"area under mAP {a_fitted:.3f} (naive {a_naive:.3f})"
+    return fitted.area >= naive.area, f"area under recall {fitted.area:.3f} (naive {naive.area:.3f})"
