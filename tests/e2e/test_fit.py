@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from rm_qdrant import OnnxEncoder, load_pair, open_store
 from rm_qdrant.cli import cli
-from tests.e2e.test_team_upgrade import MEAN, N, STD, deployment, make_local_folder, web  # noqa: F401
+from tests.e2e.test_team_upgrade import MEAN, STD, N, deployment, make_local_folder, web  # noqa: F401
 
 pytest.importorskip("torch")
 
