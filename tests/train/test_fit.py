@@ -1,0 +1,85 @@
+"""``rmq fit``'s training side: which loss runs, the split, Procrustes heads, and the holdout check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rm_qdrant.core.forecast import compare_fitted
+from train.fit import FitSettings, better, fit_heads, holdout_forecast, procrustes_heads, resolve_loss, split
+from train.heads import Heads
+
+
+def clusters(n=240, d_new=12, d_old=8, classes=6, seed=0):
+    """Paired embeddings of the same items: class centres plus noise, each model its own space."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    centres_new, centres_old = rng.normal(size=(classes, d_new)), rng.normal(size=(classes, d_old))
+    new = centres_new[y] + 0.3 * rng.normal(size=(n, d_new))
+    old = centres_old[y] + 0.6 * rng.normal(size=(n, d_old))  # the old model separates classes worse
+    return new.astype(np.float32), old.astype(np.float32), y
+
+
+def test_auto_is_mcl_with_labels_and_label_free_without():
+    assert resolve_loss("auto", True) == "mcl" and resolve_loss("auto", False) == "label-free"
+    with pytest.raises(ValueError, match="needs labels"):
+        resolve_loss("mcl", False)
+    with pytest.raises(ValueError, match="unknown loss"):
+        resolve_loss("mse", False)
+
+
+def test_split_holds_out_a_seeded_share_and_never_overlaps():
+    train, held = split(100, 0.1, seed=3)
+    assert len(held) == 10 and len(train) == 90 and not set(train) & set(held)
+    assert np.array_equal(held, split(100, 0.1, seed=3)[1]) and not np.array_equal(
+        held, split(100, 0.1, 4)[1]
+    )
+    with pytest.raises(ValueError, match="too few"):
+        split(3, 0.5, seed=0)
+
+
+def test_procrustes_heads_recover_a_rotation_of_the_new_space():
+    rng = np.random.default_rng(0)
+    phi = rng.normal(size=(200, 8)).astype(np.float32)
+    rotation, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    old = (phi @ rotation).astype(np.float32)
+    heads = procrustes_heads(torch.from_numpy(phi), torch.from_numpy(old))
+    with torch.no_grad():
+        new, rev = heads(torch.from_numpy(phi))
+    cos = torch.nn.functional.cosine_similarity(rev, torch.from_numpy(old), dim=1)
+    assert torch.equal(new, torch.from_numpy(phi)) and float(cos.min()) > 0.999
+
+
+def test_the_holdout_scores_both_curves_against_the_plain_new_models_neighbours():
+    new, old, _ = clusters()
+    order = np.random.default_rng(0).permutation(len(old))
+    naive, same = compare_fitted(old, new, new, old, order=order, k=5)
+    assert same.recall == naive.recall  # the fitted graph with ρ = identity and ψ(x) = old(x) is naive
+    scrambled = np.random.default_rng(1).normal(size=new.shape).astype(np.float32)
+    _, drifted = compare_fitted(old, new, scrambled, old, order=order, k=5)
+    assert drifted.recall[-1] < 0.3 < naive.recall[-1] == 1.0  # a ρ that drifts is not rewarded
+
+
+@pytest.mark.parametrize("loss", ["mcl"])
+def test_trained_heads_beat_the_naive_merge_on_held_out_pairs(loss):
+    new, old, y = clusters()
+    train, held = split(len(new), 0.25, seed=0)
+    labels = [str(v) for v in y]
+    settings = FitSettings(loss=loss, steps=150, batch=64, lr=3e-3)
+    heads = fit_heads(new[train], old[train], [labels[i] for i in train] if loss == "mcl" else None, settings)
+    assert isinstance(heads, Heads) and heads.learn_rho == (loss == "mcl")
+    forecasts = holdout_forecast(
+        heads, new[held], old[held], [labels[i] for i in held] if loss == "mcl" else None, k=5
+    )
+    ok, measure = better(forecasts)
+    assert ok, measure
+    assert ("mAP" in measure) == (loss == "mcl")
+
+
+def test_an_untrained_psi_is_found_worse_than_naive():
+    new, old, _ = clusters()
+    train, held = split(len(new), 0.25, seed=0)
+    heads = fit_heads(new[train], old[train], None, FitSettings(loss="rqt", steps=1, lr=1e-9))
+    ok, measure = better(holdout_forecast(heads, new[held], old[held], None, k=5))
+    assert not ok and "recall" in measure
