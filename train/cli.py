@@ -134,11 +134,28 @@ def backbone(config: str | None, pairs: tuple[str, ...], **options: Any) -> None
     help="Train ρ, or keep it the identity [default: the paper's per loss: learned for cl-m and mcl, "
     "the identity for rqt and cl-s].",
 )
-@click.option("--epochs", type=int)
+# Numbers are passed on as text and typed by load_config, so a bad one is the same one line as --set's.
+@click.option("--steps", metavar="INTEGER", help="Adam steps, whatever the data set's size [default: 3000].")
+@click.option(
+    "--epochs", metavar="INTEGER", help="Passes over the images instead of --steps [default: use --steps]."
+)
+@click.option("--batch", metavar="INTEGER", help="Images per step [default: 256].")
+@click.option(
+    "--lr", metavar="FLOAT", help="Adam learning rate, cosine decay to 0 over the steps [default: 1e-3]."
+)
 @click.option("--out", help="Checkpoint path.")
 def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
-    """Train ψ and ρ on cached embeddings of the frozen backbones."""
-    from train.heads import train_heads
+    """Train ψ and ρ on cached embeddings of the frozen backbones.
+
+    Training lasts --steps Adam steps (or --epochs passes), so a small data set gets as
+    many steps as a large one. Prints the checkpoint, the mean loss of each tenth of the run
+    (of each epoch with --epochs) and the settings as JSON.
+    """
+
+    def train_heads(cfg: HeadsConfig) -> Any:
+        from train.heads import train_heads  # torch loads only once the settings are valid
+
+        return train_heads(cfg)
 
     cfg, (path, history) = _run(train_heads, HeadsConfig, config, pairs, **options)
     click.echo(json.dumps({"checkpoint": str(path), "loss": history, "config": dataclasses.asdict(cfg)}))

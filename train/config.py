@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,11 +67,31 @@ class HeadsConfig:
     psi_blocks: int = 2  # Linear-BN-ReLU blocks, the last a Linear (1 to 5)
     rho_blocks: int = 2
     hidden: int = 512
-    epochs: int = 50
-    batch: int = 512
-    lr: float = 1e-4  # Adam, cosine decay
+    # Training length in Adam steps, whatever the data set's size (50 epochs of batch 512 are
+    # 150 steps on 1,272 images): benchmarks/results/heads_schedule.md
+    steps: int = 3000
+    epochs: int | None = None  # passes over the images instead of steps (None or 0: use steps)
+    batch: int = 256
+    lr: float = 1e-3  # Adam, cosine decay to 0 over the steps
     seed: int = 0
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"setting steps: expected a positive integer, got {self.steps}")
+        if self.batch < 2:
+            raise ValueError(
+                f"setting batch: expected 2 or more (BatchNorm needs two rows), got {self.batch}"
+            )
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"setting lr: expected a positive number, got {self.lr}")
+        if self.epochs is not None and self.epochs < 0:
+            raise ValueError(f"setting epochs: expected 0 (use steps) or more, got {self.epochs}")
+
+
+def heads_steps(cfg: HeadsConfig, steps_per_epoch: int) -> int:
+    """How many optimizer steps the heads train: ``cfg.epochs`` passes when set, else ``cfg.steps``."""
+    return cfg.epochs * steps_per_epoch if cfg.epochs else cfg.steps
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
@@ -110,7 +131,7 @@ def _typed(name: str, value: Any, kind: str) -> Any:
             return value
         if base == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
         pass
     else:
         if base not in ("float", "int", "bool", "str"):

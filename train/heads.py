@@ -4,6 +4,8 @@ Both are small MLPs: ``blocks − 1`` blocks of Linear → BatchNorm → ReLU, t
 Linear. ρ maps φ_new's embedding to the new gallery/query embedding (or is the
 identity); ψ maps ρ's output into the old space. The backbones stay frozen, so
 one epoch over CIFAR-10's 50,000 training images is a few seconds on a CPU.
+Training is sized in optimizer steps (:func:`run_steps`), so a small data set is
+not under-trained.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from torch import Tensor, nn
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
 from train.checkpoints import description, load_checkpoint, save_checkpoint
-from train.config import HeadsConfig, rho_is_learned
+from train.config import HeadsConfig, heads_steps, rho_is_learned
 from train.data import batches
 from train.losses import LOSSES, contrastive_loss, rqt_loss
 
@@ -76,8 +79,82 @@ def heads_loss(cfg: HeadsConfig, new: Tensor, rev: Tensor, old: Tensor, labels: 
     return loss
 
 
+def run_steps(
+    model: nn.Module,
+    step_loss: Callable[[Tensor], Tensor],
+    n_rows: int,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int = 0,
+    what: str = "heads",
+) -> list[float]:
+    """Train ``model`` for exactly ``steps`` Adam steps on shuffled batches of ``n_rows`` rows.
+
+    Each pass over the rows is a fresh seeded shuffle cut into batches of ``batch``; a
+    batch of fewer than 2 rows (BatchNorm needs two) is skipped and not counted. The
+    learning rate starts at ``lr`` and decays to 0 along a cosine over the steps, so the
+    schedule is the same length whatever the data set's size. Progress (step, loss) is
+    logged at INFO about ten times, prefixed by ``what``.
+
+    Args:
+        model: put in train mode; its parameters are the ones optimised.
+        step_loss: the scalar loss of one batch, given the batch's row indices (a 1-d
+            int64 CPU tensor); it moves the rows it needs to the model's device.
+        n_rows: how many rows the indices are drawn from (at least 2).
+
+    Returns:
+        The loss of every step, in order (``steps`` values).
+
+    Example:
+        >>> history = run_steps(model, lambda idx: loss_fn(model(x[idx]), y[idx]), len(x),
+        ...                     steps=3000, batch=256, lr=1e-3)
+    """
+    if n_rows < 2:
+        raise ValueError(f"{what}: need at least 2 training rows, got {n_rows}")
+    if steps < 1 or batch < 2 or not 0 < lr < math.inf:
+        raise ValueError(f"{what}: need steps ≥ 1, batch ≥ 2 and lr > 0, got {steps}, {batch}, {lr}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    generator = torch.Generator().manual_seed(seed)
+    every = max(1, steps // 10)
+    losses: list[Tensor] = []
+    started = time.perf_counter()
+    model.train()
+    while len(losses) < steps:
+        for idx in batches(n_rows, batch, shuffle=True, generator=generator):
+            if len(idx) < 2:
+                continue
+            loss = step_loss(idx)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.detach())
+            if len(losses) % every == 0 or len(losses) == steps:
+                recent = torch.stack(losses[-every:]).mean().item()
+                log.info("%s step %d/%d loss %.4f", what, len(losses), steps, recent)
+            if len(losses) == steps:
+                break
+    log.info("trained %s: %d steps in %.1f s", what, steps, time.perf_counter() - started)
+    return torch.stack(losses).float().cpu().tolist()
+
+
+def steps_per_epoch(n_rows: int, batch: int) -> int:
+    """Optimizer steps in one pass over ``n_rows`` rows (a last batch of one row is skipped)."""
+    full, rest = divmod(n_rows, batch)
+    return max(1, full + (rest >= 2))
+
+
 def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
-    """Train ψ (and ρ) on the new model's training images; returns (checkpoint, loss per epoch)."""
+    """Train ψ (and ρ) on the new model's training images; returns (checkpoint, loss history).
+
+    The run lasts ``cfg.steps`` optimizer steps, or ``cfg.epochs`` passes over the images
+    when that is set (:func:`train.config.heads_steps`). The history is the mean loss of
+    each tenth of the run (the windows the progress log shows), or of each epoch when
+    ``cfg.epochs`` is set.
+    """
     if cfg.loss not in LOSSES:
         raise ValueError(f"unknown loss {cfg.loss!r}; expected one of {', '.join(LOSSES)}")
     torch.manual_seed(cfg.seed)
@@ -95,32 +172,31 @@ def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
         psi_blocks=cfg.psi_blocks,
         hidden=cfg.hidden,
     ).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    steps = cfg.epochs * math.ceil(len(labels) / cfg.batch)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(1, steps))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    history = []
-    started = time.perf_counter()
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        total = 0.0
-        for idx in batches(len(labels), cfg.batch, shuffle=True, generator=generator):
-            if len(idx) < 2:
-                continue  # BatchNorm needs two rows
-            out_new, out_rev = model(phi_new[idx].to(device))
-            loss = heads_loss(cfg, out_new, out_rev, phi_old[idx].to(device), labels[idx].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item() * len(idx)
-        history.append(total / len(labels))
-        log.info("epoch %d/%d %s loss %.4f", epoch, cfg.epochs, cfg.loss, history[-1])
-    log.info("trained heads in %.1f s", time.perf_counter() - started)
-    return save_heads(model, cfg, epoch=cfg.epochs, loss=history[-1] if history else float("nan")), history
+
+    def step_loss(idx: Tensor) -> Tensor:
+        out_new, out_rev = model(phi_new[idx].to(device))
+        return heads_loss(cfg, out_new, out_rev, phi_old[idx].to(device), labels[idx].to(device))
+
+    per_epoch = steps_per_epoch(len(labels), cfg.batch)
+    steps = heads_steps(cfg, per_epoch)
+    log.info(
+        "training %s heads on %d images: %d steps (%.1f epochs) of batch %d, Adam lr %g",
+        cfg.loss,
+        len(labels),
+        steps,
+        steps / per_epoch,
+        cfg.batch,
+        cfg.lr,
+    )
+    losses = run_steps(
+        model, step_loss, len(labels), steps=steps, batch=cfg.batch, lr=cfg.lr, seed=cfg.seed, what=cfg.loss
+    )
+    window = per_epoch if cfg.epochs else max(1, steps // 10)
+    history = [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, steps, window)]
+    return save_heads(model, cfg, epoch=math.ceil(steps / per_epoch), loss=history[-1], steps=steps), history
 
 
-def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float) -> Path:
+def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float, steps: int | None = None) -> Path:
     checkpoint = {
         "kind": "heads",
         "d_new": model.d_new,
@@ -132,6 +208,7 @@ def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float) -> Pa
         "old_checkpoint": file_hash(cfg.old),
         "new_checkpoint": file_hash(cfg.new),
         "epoch": epoch,
+        "steps": steps,
         "metric": {"loss": loss},
         "config": dataclasses.asdict(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},

@@ -49,8 +49,12 @@ def test_training_shows_progress_keeps_caches_out_of_the_cwd_and_takes_its_setti
         "new.pt",
         "--data",
         str(tiny_folder),
-        "--epochs",
-        "1",
+        "--steps",
+        "2",
+        "--batch",
+        "32",
+        "--lr",
+        "3e-3",
         "--out",
         "h.pt",
         "--cache-dir",
@@ -58,9 +62,24 @@ def test_training_shows_progress_keeps_caches_out_of_the_cwd_and_takes_its_setti
     )
     assert verbose.returncode == 0, verbose.stderr
     assert "embedding" in verbose.stderr and (tmp_path / "elsewhere" / "embeddings").is_dir()
+    assert (
+        "2 steps (0.7 epochs) of batch 32, Adam lr 0.003" in verbose.stderr
+        and "mcl step 2/2 loss" in verbose.stderr
+    )
     exported = rmq(work, cache, "export", "--new", "new.pt", "--out", "new.onnx")
     assert exported.returncode == 0 and "against PyTorch at batch 1 and 7" in exported.stderr
     assert sorted(p.name for p in work.iterdir()) == ["h.pt", "new.onnx", "new.pt", "old.pt"]
     text = rmq(work, cache, "train", "backbone", "--help").stdout
     for option in ("--image-size", "--normalize", "--flip / --no-flip", "--crop-padding", "-q, --quiet"):
         assert option in text
+
+
+def test_a_bad_heads_setting_is_one_line_from_the_installed_command(tmp_path):
+    rmq_script = Path(sys.executable).with_name("rmq")  # the console script pip installed
+    bad = [str(rmq_script), "train", "heads", "--set", "steps=1.5"]
+    done = subprocess.run(bad, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        "",
+        "Error: setting steps: expected int, got 1.5\n",
+    )
