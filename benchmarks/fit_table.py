@@ -71,8 +71,17 @@ def backbones(args: argparse.Namespace, data: Path, runs: Path) -> dict[str, flo
     runs.mkdir(parents=True, exist_ok=True)
     times = {}
     jobs = {
-        "old": ["--role", "old", "--arch", "small-cnn"],
-        "new": ["--role", "new", "--arch", args.new_arch, "--set", f"embed_dim={args.new_dim}"],
+        "old": ["--role", "old", "--arch", "small-cnn", "--epochs", args.epochs],
+        "new": [
+            "--role",
+            "new",
+            "--arch",
+            args.new_arch,
+            "--set",
+            f"embed_dim={args.new_dim}",
+            "--epochs",
+            args.new_epochs,
+        ],
     }
     for role, extra in jobs.items():
         if not (runs / f"{role}.pt").is_file():
@@ -83,8 +92,6 @@ def backbones(args: argparse.Namespace, data: Path, runs: Path) -> dict[str, flo
                 "-q",
                 "--data",
                 data,
-                "--epochs",
-                args.epochs,
                 *size,
                 *extra,
                 "--out",
@@ -134,13 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", choices=["cifar", "digits"], default="cifar")
-    parser.add_argument("--epochs", type=int, default=8, help="backbone epochs")
+    parser.add_argument("--epochs", type=int, default=8, help="the old backbone's epochs")
+    parser.add_argument("--new-epochs", type=int, help="the new backbone's [default: --epochs]")
     parser.add_argument("--new-arch", default="small-cnn")
     parser.add_argument("--new-dim", type=int, default=128)
     parser.add_argument("--sample", type=int, default=20000)
     parser.add_argument("--served", action="store_true", help="also rmq eval the label-free graph")
     args = parser.parse_args(argv)
-    tag = f"{args.data}-{args.new_arch}-{args.new_dim}-e{args.epochs}"
+    args.new_epochs = args.new_epochs or args.epochs
+    tag = f"{args.data}-{args.new_arch}-{args.new_dim}-e{args.epochs}-{args.new_epochs}"
     work = ROOT / ".cache" / "fit-bench" / tag
     work.mkdir(parents=True, exist_ok=True)
     data = dataset(args.data, work.parent)

@@ -44,7 +44,7 @@ class FitSettings:
 
     loss: str = "auto"
     steps: int = 2000  # Adam steps (the label-free recipe sizes its own)
-    batch: int = 512
+    batch: int = 256
     lr: float = 1e-3
     temperature: float = 0.1
     seed: int = 0
@@ -65,19 +65,6 @@ def resolve_loss(loss: str, labelled: bool) -> str:
     if loss in LABELLED and not labelled:
         raise ValueError(f"--loss {loss} needs labels: give --label-field FIELD, or use --loss label-free")
     return loss
-
-
-def split(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices to train on and to hold out (at least 2 of each), from a seeded shuffle.
-
-    Raises:
-        ValueError: a sample too small to split.
-    """
-    held = max(2, round(n * holdout))
-    if n - held < 2:
-        raise ValueError(f"{n} sampled points are too few to train on and hold some out")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[held:]), np.sort(order[:held])
 
 
 def procrustes_heads(phi_new: Tensor, old: Tensor) -> Heads:

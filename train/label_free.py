@@ -1,13 +1,134 @@
-"""Provisional: replaced by the measured label-free recipe."""
+"""Label-free ψ for ``rmq fit``: MCL on consensus pseudo-labels, the cluster counts picked on a holdout.
+
+No label is read anywhere, not even to choose a setting:
+
+1. Spherical k-means of the new model's embeddings at each count of a ladder (e.g. 8, 16,
+   32, 64). Two points are a positive pair when they share a cluster in at least half the
+   clusterings, a negative pair when they share none, and ignored otherwise: the ladder
+   brackets the unknown number of classes instead of guessing it.
+2. ψ is trained with the paper's MCL (hard mining, τ = 0.1) on those pairs; ρ stays the
+   identity, so the finished backfill serves exactly the team's new model and a running
+   pair can switch to the fitted graph (``rmq switch-encoder``).
+3. One ψ per ladder in :data:`LADDERS`, and Procrustes; each is scored on a held-out tenth
+   of the training pairs by the label-free forecast of ``rmq probe`` (recall@10 of the
+   merged ranking against the new model's own top-10, area over t). A curve that dips
+   below its start is dropped; the best area wins.
+
+Measured (CIFAR-10 and digits; ``benchmarks/fit_table.py``): see the README's ``rmq fit`` section.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from train.heads import Heads
+from rm_qdrant.core.forecast import compare_fitted, holdout_split
+from train.heads import Heads, run_steps
+from train.losses import masked_contrastive_loss
+
+log = logging.getLogger(__name__)
+
+#: Cluster-count ladders tried; the holdout forecast picks one.
+LADDERS: tuple[tuple[int, ...], ...] = (
+    (4, 8, 16, 32),
+    (8, 16, 32, 64),
+    (16, 32, 64, 128),
+    (32, 64, 128, 256),
+)
+AGREE = 0.5  # share of the clusterings a positive pair must share a cluster in
+STEPS = 1000  # Adam steps per ladder
+BATCH = 256  # hard mining sorts B × B matrices: 256 keeps a step near 25 ms on two CPU cores
+LR = 1e-3
+HOLDOUT = 0.1
+K = 10
+
+
+def spherical_kmeans(x: Tensor, k: int, *, iterations: int = 30, seed: int = 0) -> Tensor:
+    """Cluster ids of the rows of ``x`` by cosine k-means, seeded k-means++ style."""
+    generator = torch.Generator().manual_seed(seed)
+    x = F.normalize(x.float(), dim=1)
+    k = max(1, min(k, len(x) // 2))
+    first = int(torch.randint(len(x), (1,), generator=generator))
+    chosen = [first]
+    nearest = (1 - x @ x[first]).clamp_min(0)
+    for _ in range(1, k):
+        weights = nearest**2
+        pick = int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
+        chosen.append(pick)
+        nearest = torch.minimum(nearest, (1 - x @ x[pick]).clamp_min(0))
+    centres = x[chosen].clone()
+    for _ in range(iterations):
+        sums = torch.zeros_like(centres).index_add_(0, (x @ centres.T).argmax(1), x)
+        empty = sums.norm(dim=1) == 0
+        sums[empty] = centres[empty]
+        centres = F.normalize(sums, dim=1)
+    return (x @ centres.T).argmax(1)
+
+
+def consensus_masks(codes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Cluster ids (B, R) under R clusterings → MCL's masks: cross positives, within positives, negatives."""
+    share = (codes[:, None, :] == codes[None, :, :]).float().mean(2)
+    eye = torch.eye(len(codes), dtype=torch.bool)
+    positive = share >= AGREE
+    return positive | eye, positive & ~eye, (share == 0) & ~eye
+
+
+def train_consensus(phi: Tensor, old: Tensor, ladder: tuple[int, ...], *, seed: int) -> Heads:
+    """ψ trained with MCL on the consensus pairs of ``ladder``'s clusterings (ρ the identity)."""
+    torch.manual_seed(seed)
+    codes = torch.stack([spherical_kmeans(phi, k, seed=seed + r) for r, k in enumerate(ladder)], 1)
+    heads = Heads(phi.shape[1], old.shape[1], learn_rho=False)
+
+    def step_loss(idx: Tensor) -> Tensor:
+        new, rev = heads(phi[idx])
+        return masked_contrastive_loss("mcl", rev, old[idx], new, consensus_masks(codes[idx]))
+
+    run_steps(
+        heads,
+        step_loss,
+        len(phi),
+        steps=STEPS,
+        batch=min(BATCH, len(phi)),
+        lr=LR,
+        seed=seed,
+        what=f"label-free ψ, clusters {ladder}",
+    )
+    return heads.eval()
+
+
+def holdout_area(heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -> tuple[float, bool]:
+    """Area under the fitted curve's recall@K on held-out pairs, and whether it dips below its start."""
+    with torch.no_grad():
+        new, rev = (F.normalize(t, dim=1).numpy() for t in heads.eval()(torch.from_numpy(phi)))
+    order = np.random.default_rng(seed).permutation(len(phi))
+    _, fitted = compare_fitted(old, phi, new, rev, order=order, k=min(K, len(phi) // 3))
+    return fitted.area, bool(fitted.dips())
 
 
 def fit_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> Heads:
-    from train.fit import procrustes_heads
+    """The best label-free heads for paired rows (φ_new, stored old vector), chosen as the module says."""
+    from train.fit import procrustes_heads  # train.fit imports this module
 
-    return procrustes_heads(phi_new, old)
+    phi, target = phi_new.detach().float().contiguous(), old.detach().float().contiguous()
+    train_idx, held_idx = holdout_split(len(phi), HOLDOUT, seed)
+    tr, ho = torch.from_numpy(train_idx), torch.from_numpy(held_idx)
+    held = (phi[ho].numpy(), target[ho].numpy())
+    best: tuple[float, Heads] = (-math.inf, procrustes_heads(phi[tr], target[tr]))
+    fallback, dips = holdout_area(best[1], *held, seed=seed)
+    log.info("label-free: Procrustes holdout area %.4f", fallback)
+    if not dips:
+        best = (fallback, best[1])
+    for i, ladder in enumerate(LADDERS):
+        heads = train_consensus(phi[tr], target[tr], ladder, seed=seed + i)
+        score, dips = holdout_area(heads, *held, seed=seed)
+        log.info(
+            "label-free: clusters %s holdout area %.4f%s", ladder, score, " (dips: dropped)" if dips else ""
+        )
+        if not dips and score > best[0]:
+            best = (score, heads)
+    return best[1]

@@ -80,9 +80,30 @@ def contrastive_loss(
     hard_mining: bool = True,
 ) -> Tensor:
     """``cl-s``, ``cl-m`` or ``mcl`` for one batch (see the module docstring)."""
+    cross_pos, within_pos, neg = _masks(labels)
+    return masked_contrastive_loss(
+        name, rev, old, new, (cross_pos, within_pos, neg), temperature=temperature, hard_mining=hard_mining
+    )
+
+
+def masked_contrastive_loss(
+    name: str,
+    rev: Tensor,
+    old: Tensor,
+    new: Tensor,
+    masks: tuple[Tensor, Tensor, Tensor],
+    *,
+    temperature: float = 0.1,
+    hard_mining: bool = True,
+) -> Tensor:
+    """:func:`contrastive_loss` with the pairs given as (B, B) masks instead of labels.
+
+    ``masks`` is (cross-system positives, within-system positives, negatives); a pair in
+    none of them is ignored (label-free training leaves uncertain pairs out this way).
+    """
     if name not in ("cl-s", "cl-m", "mcl"):
         raise ValueError(f"unknown contrastive loss {name!r}; expected cl-s, cl-m or mcl")
-    cross_pos, within_pos, neg = _masks(labels)
+    cross_pos, within_pos, neg = masks
     d_back, d_new = cosine_distances(rev, old), cosine_distances(new, new)
     back_pos, back_neg, new_pos, new_neg = cross_pos, neg, within_pos, neg
     if hard_mining:

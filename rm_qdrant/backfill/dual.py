@@ -218,8 +218,14 @@ class DualIndex:
         if results is None:
             return [[] for _ in range(rows)]
         d = self.pair.distance
+        scale = self.pair.old_distance if source == "old" else None
+
+        def distance(score: float) -> float:
+            value = score_to_distance(score, d)
+            return float(scale(np.array(value))) if scale is not None else value
+
         return [
-            [Hit(r.id, r.score, score_to_distance(r.score, d), source, user_payload(r.payload)) for r in hits]
+            [Hit(r.id, r.score, distance(r.score), source, user_payload(r.payload)) for r in hits]
             for hits in results
         ]
 

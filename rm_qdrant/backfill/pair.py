@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.planning import INTERNAL_FIELDS, MIGRATED
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
@@ -71,6 +72,8 @@ class PairRecord:
         uri_field: the payload field that holds each point's image URI.
         uri_template: or a template that builds it from payload fields (see :mod:`rm_qdrant.core.uris`).
         label_field: the payload field with class labels, where the gallery has them.
+        calibration: the calibrated naive merge's map of old distances (``rmq calibrate``;
+            :class:`~rm_qdrant.core.calibration.Calibration` as a dict), or None.
     """
 
     name: str
@@ -91,6 +94,14 @@ class PairRecord:
     uri_field: str = "uri"
     uri_template: str | None = None
     label_field: str = "label"
+    calibration: dict[str, list[float]] | None = None
+
+    @property
+    def old_distance(self) -> Calibration | None:
+        """The map the merge applies to old-collection distances: naive mode, when calibrated."""
+        if self.calibration is None or self.mode != "naive":
+            return None
+        return Calibration.from_dict(self.calibration)
 
     @property
     def uri_rule(self) -> UriRule:

@@ -8,6 +8,7 @@ import warnings
 import click
 from PIL import Image
 
+from rm_qdrant.cli.calibrate import calibrate_command
 from rm_qdrant.cli.common import Group
 from rm_qdrant.cli.evaluate import eval_command
 from rm_qdrant.cli.fit import fit_command
@@ -57,6 +58,7 @@ cli.add_command(migrate)
 cli.add_command(eval_command)
 cli.add_command(probe_command)
 cli.add_command(fit_command)
+cli.add_command(calibrate_command)
 cli.add_command(finalize_command)
 cli.add_command(rollback_command)
 cli.add_command(model)

@@ -24,7 +24,9 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
+from rm_qdrant.cli.probe import curve_table
 from rm_qdrant.cli.training import needs_torch
+from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
@@ -55,7 +57,7 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps [default: 2000].")
 @click.option("--epochs", type=click.IntRange(min=1), help="Or: passes over the training part of the sample.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
-@click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 512].")
+@click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 256].")
 @click.option(
     "--holdout",
     default=0.1,
@@ -101,7 +103,7 @@ def fit_command(
         from exporters.compose import attach_model
         from exporters.serving import ExportError
         from train.cli import show_progress
-        from train.fit import FitSettings, better, fit_heads, holdout_forecast, resolve_loss, split
+        from train.fit import FitSettings, better, fit_heads, holdout_forecast, resolve_loss
         from train.heads import steps_per_epoch
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
@@ -131,7 +133,7 @@ def fit_command(
             f"payload field {label_field!r} is missing on some sampled points: no labels to train on"
         )
     try:
-        train_idx, held_idx = split(len(sample.ids), holdout, seed)
+        train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if len(held_idx) <= 2 * k:
@@ -199,8 +201,7 @@ def fit_command(
 
 
 def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) -> str:
-    fractions = forecasts[0].fractions
-    head = f"{'t':10}" + "".join(f"{t:>7g}" for t in fractions) + f"{'area':>8}  dips below t=0"
+    recall, maps = curve_table(forecasts)
     lines = [
         f"fitted {data['loss']} on {data['trained_on']} pairs in {data['train_seconds']:.0f} s "
         f"({data['held_out']} held out"
@@ -208,14 +209,10 @@ def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) ->
         + ")",
         "",
         f"recall@{data['k']} on the held-out points against the new model's own neighbours:",
-        head,
+        *recall,
     ]
-    for f in forecasts:
-        dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
-        lines.append(f"{f.mode:10}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
-    if forecasts[0].maps is not None:
-        lines += ["", "mAP on the held-out points (payload labels):", head.rsplit("area", 1)[0].rstrip()]
-        lines += [f"{f.mode:10}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
+    if maps:
+        lines += ["", "mAP on the held-out points (payload labels):", *maps]
     verdict = "better than" if data["better_than_naive"] else "WORSE than (written with --force)"
     lines += [
         "",

@@ -96,29 +96,39 @@ def probe_command(
     emit(data, as_json, _text(data, index.pair.mode, forecasts))
 
 
-def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str:
+def curve_table(forecasts: list[ModeForecast]) -> tuple[list[str], list[str]]:
+    """recall@k rows (with area and dips) and, with labels, mAP rows, each under its header."""
     head = f"{'t':14}" + "".join(f"{t:>7g}" for t in forecasts[0].fractions) + f"{'area':>8}  dips below t=0"
+    recall = [head]
+    for f in forecasts:
+        dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
+        recall.append(f"{f.mode:14}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
+    if forecasts[0].maps is None:
+        return recall, []
+    maps = [head.rsplit("area", 1)[0].rstrip()]
+    maps += [f"{f.mode:14}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
+    return recall, maps
+
+
+def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str:
+    recall, maps = curve_table(forecasts)
     lines = [
         f"pair {data['pair']} ({mode}): {data['sample']} gallery points re-embedded"
         + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
         + f"; order {data['order']}; nothing written",
         "",
         f"recall@{data['k']} against the new model's own neighbours (label-free):",
-        head,
+        *recall,
     ]
-    for f in forecasts:
-        dips = ", ".join(f"{t:g}" for t in f.dips()) or "no"
-        lines.append(f"{f.mode:14}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
-    if forecasts[0].maps is not None:
+    if maps:
         n = data["sample"]
         lines += [
             "",
             f"mAP over the sample (payload labels; {n} of the gallery's {data['gallery']} points): each "
             f"sampled point ranks only the other {n - 1},",
             "so its level is a smaller gallery's, not comparable with served mAP: read its shape across t",
-            head.rsplit("area", 1)[0].rstrip(),
+            *maps,
         ]
-        lines += [f"{f.mode:14}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
     lines += [
         "",
         f"recommendation: {data['recommendation']}",

@@ -14,12 +14,15 @@ model's vector of the same image (the stored old vector); ``rm``, the encoder's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, migrated_at, unit
+
+#: A map of old-side distances before the merge (the calibrated naive merge).
+OldDistance = Callable[[np.ndarray], np.ndarray]
 
 #: How far (recall@k) a curve may fall below its start before it counts as a dip.
 DIP_TOLERANCE = 0.005
@@ -72,13 +75,19 @@ def top_k(distances: np.ndarray, k: int) -> np.ndarray:
 
 
 def merged_distances(
-    query_new: np.ndarray, query_old: np.ndarray, new: np.ndarray, old: np.ndarray, migrated: np.ndarray
+    query_new: np.ndarray,
+    query_old: np.ndarray,
+    new: np.ndarray,
+    old: np.ndarray,
+    migrated: np.ndarray,
+    old_distance: OldDistance | None = None,
 ) -> np.ndarray:
     """Cosine distances from every sample query to every sample item, as the merge sees them."""
     d = np.empty((len(new), len(new)), dtype=np.float32)
     qn, qo = unit(query_new), unit(query_old)
     d[:, migrated] = 1.0 - qn @ unit(new[migrated]).T
-    d[:, ~migrated] = 1.0 - qo @ unit(old[~migrated]).T
+    old_side = 1.0 - qo @ unit(old[~migrated]).T
+    d[:, ~migrated] = old_side if old_distance is None else old_distance(old_side)
     return d
 
 
@@ -96,10 +105,15 @@ def reference_top_k(new: np.ndarray, k: int) -> np.ndarray:
 
 
 def merged_agreement(
-    new: np.ndarray, query_old: np.ndarray, old: np.ndarray, migrated: np.ndarray, reference: np.ndarray
+    new: np.ndarray,
+    query_old: np.ndarray,
+    old: np.ndarray,
+    migrated: np.ndarray,
+    reference: np.ndarray,
+    old_distance: OldDistance | None = None,
 ) -> tuple[float, float]:
     """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
-    found = top_k(merged_distances(new, query_old, new, old, migrated), reference.shape[1])
+    found = top_k(merged_distances(new, query_old, new, old, migrated, old_distance), reference.shape[1])
     return agreement(found, reference)
 
 
@@ -120,16 +134,19 @@ def _curve(
     reference: np.ndarray,
     y: np.ndarray | None,
     fractions: Sequence[float],
+    old_distance: OldDistance | None = None,
 ) -> ModeForecast:
     """One query mode over the backfill: ``new`` fills (and queries) the new side, ``query_old`` the old."""
     recall, ndcg, maps, tops = [], [], [], []
     for t in fractions:
         migrated = migrated_at(order, t)
-        r, g = merged_agreement(new, query_old, old, migrated, reference)
+        r, g = merged_agreement(new, query_old, old, migrated, reference, old_distance)
         recall.append(r)
         ndcg.append(g)
         if y is not None:
-            served = backfill_retrieval(new, query_old, new, old, y, migrated, workers=1)
+            served = backfill_retrieval(
+                new, query_old, new, old, y, migrated, workers=1, old_distance=old_distance
+            )
             maps.append(served.map)
             tops.append(served.top1)
     return ModeForecast(
@@ -181,6 +198,19 @@ def forecast(
     return [_curve(mode, new, query_old, old, **common) for mode, query_old in modes.items()]  # type: ignore[arg-type]
 
 
+def holdout_split(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices to fit on and to hold out (at least 2 of each), from a seeded shuffle.
+
+    Raises:
+        ValueError: a sample too small to split.
+    """
+    held = max(2, round(n * holdout))
+    if n - held < 2:
+        raise ValueError(f"{n} sampled points are too few to fit on and hold some out")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
 def compare_fitted(
     old: np.ndarray,
     base: np.ndarray,
@@ -207,6 +237,30 @@ def compare_fitted(
     return [
         _curve("naive", base, old, old, **common),  # type: ignore[arg-type]
         _curve("fitted", new, rev, old, **common),  # type: ignore[arg-type]
+    ]
+
+
+def compare_calibrated(
+    old: np.ndarray,
+    new: np.ndarray,
+    calibration: OldDistance,
+    *,
+    order: np.ndarray,
+    labels: Sequence[object] | None = None,
+    k: int = 10,
+    fractions: Sequence[float] = FRACTIONS,
+) -> list[ModeForecast]:
+    """The naive merge beside the calibrated one (old-side distances mapped by ``calibration``)."""
+    _check(len(old), new, order)
+    common = {
+        "order": order,
+        "reference": reference_top_k(new, k),
+        "y": _labels(labels),
+        "fractions": fractions,
+    }
+    return [
+        _curve("naive", new, old, old, **common),  # type: ignore[arg-type]
+        _curve("calibrated", new, old, old, **common, old_distance=calibration),  # type: ignore[arg-type]
     ]
 
 

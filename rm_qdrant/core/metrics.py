@@ -9,7 +9,7 @@ chunked over queries so a 10,000 × 10,000 evaluation stays within a few hundred
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -124,6 +124,7 @@ def backfill_retrieval(
     k: int | None = None,
     chunk: int = 1000,
     workers: int = WORKERS,
+    old_distance: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Retrieval:
     """Quality of a distance-rank-merged system at one backfill state.
 
@@ -133,7 +134,8 @@ def backfill_retrieval(
     these cosine distances is what merging each collection's top-k by distance returns.
     Chunks of at most ``chunk`` queries are scored on ``workers`` threads (numpy
     sorts release the GIL), sized so all threads together hold about ``CELLS``
-    query × gallery cells (a few hundred MB, whatever the gallery size).
+    query × gallery cells (a few hundred MB, whatever the gallery size). ``old_distance``
+    maps old-side distances before the merge (the calibrated naive merge).
     """
     n = len(labels)
     chunk = max(1, min(chunk, CELLS // max(1, n * workers)))
@@ -148,7 +150,8 @@ def backfill_retrieval(
         if migrated.any():
             dist[:, migrated] = 1.0 - qn[rows] @ gn[migrated].T  # type: ignore[index]
         if (~migrated).any():
-            dist[:, ~migrated] = 1.0 - qo[rows] @ go[~migrated].T  # type: ignore[index]
+            old_side = 1.0 - qo[rows] @ go[~migrated].T  # type: ignore[index]
+            dist[:, ~migrated] = old_side if old_distance is None else old_distance(old_side)
         return _scores(dist, labels, rows, k)
 
     starts = range(0, n, chunk)

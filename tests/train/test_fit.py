@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rm_qdrant.core.forecast import compare_fitted
-from train.fit import FitSettings, better, fit_heads, holdout_forecast, procrustes_heads, resolve_loss, split
+from rm_qdrant.core.forecast import compare_fitted, holdout_split
+from train.fit import FitSettings, better, fit_heads, holdout_forecast, procrustes_heads, resolve_loss
 from train.heads import Heads
 
 
@@ -30,13 +30,13 @@ def test_auto_is_mcl_with_labels_and_label_free_without():
 
 
 def test_split_holds_out_a_seeded_share_and_never_overlaps():
-    train, held = split(100, 0.1, seed=3)
+    train, held = holdout_split(100, 0.1, seed=3)
     assert len(held) == 10 and len(train) == 90 and not set(train) & set(held)
-    assert np.array_equal(held, split(100, 0.1, seed=3)[1]) and not np.array_equal(
-        held, split(100, 0.1, 4)[1]
+    assert np.array_equal(held, holdout_split(100, 0.1, seed=3)[1]) and not np.array_equal(
+        held, holdout_split(100, 0.1, 4)[1]
     )
     with pytest.raises(ValueError, match="too few"):
-        split(3, 0.5, seed=0)
+        holdout_split(3, 0.5, seed=0)
 
 
 def test_procrustes_heads_recover_a_rotation_of_the_new_space():
@@ -64,7 +64,7 @@ def test_the_holdout_scores_both_curves_against_the_plain_new_models_neighbours(
 @pytest.mark.parametrize("loss", ["mcl"])
 def test_trained_heads_beat_the_naive_merge_on_held_out_pairs(loss):
     new, old, y = clusters()
-    train, held = split(len(new), 0.25, seed=0)
+    train, held = holdout_split(len(new), 0.25, seed=0)
     labels = [str(v) for v in y]
     settings = FitSettings(loss=loss, steps=150, batch=64, lr=3e-3)
     heads = fit_heads(new[train], old[train], [labels[i] for i in train] if loss == "mcl" else None, settings)
@@ -79,7 +79,20 @@ def test_trained_heads_beat_the_naive_merge_on_held_out_pairs(loss):
 
 def test_an_untrained_psi_is_found_worse_than_naive():
     new, old, _ = clusters()
-    train, held = split(len(new), 0.25, seed=0)
+    train, held = holdout_split(len(new), 0.25, seed=0)
     heads = fit_heads(new[train], old[train], None, FitSettings(loss="rqt", steps=1, lr=1e-9))
     ok, measure = better(holdout_forecast(heads, new[held], old[held], None, k=5))
     assert not ok and "recall" in measure
+
+
+def test_label_free_pseudo_pairs_follow_the_clusterings_and_read_no_label(monkeypatch):
+    from train import label_free
+
+    codes = torch.tensor([[0, 0], [0, 0], [0, 1], [1, 2]])  # rows 0-1 always together, 0-2 half the time
+    cross, within, negative = label_free.consensus_masks(codes)
+    assert within[0, 1] and within[0, 2] and not within[0, 0] and cross[0, 0]
+    assert negative[0, 3] and negative[2, 3] and not negative[0, 2]
+    monkeypatch.setattr(label_free, "STEPS", 20)
+    new, old, _ = clusters(n=120)
+    heads = fit_heads(new, old, None, FitSettings(loss="label-free"))
+    assert not heads.learn_rho  # ρ the identity: the finished backfill serves the team's own new model

@@ -1,0 +1,146 @@
+"""``rmq calibrate``: the calibrated naive merge, fitted on a sample of the gallery (no training, no labels).
+
+A naive pair's two models measure distance on their own scales; the map fitted here
+(:mod:`rm_qdrant.core.calibration`) puts old-collection hits on the new model's scale
+before the merge. It is kept in the pair record and applied by every search while the
+pair is naive; ``--clear`` removes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+import numpy as np
+
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.pair import load_pair, save_pair
+from rm_qdrant.backfill.probe import draw_sample
+from rm_qdrant.cli.common import (
+    Progress,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    quiet,
+    source_options,
+)
+from rm_qdrant.cli.probe import curve_table
+from rm_qdrant.core.calibration import fit_calibration
+from rm_qdrant.core.forecast import compare_calibrated, holdout_split
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.sources import SourceConfig
+
+
+@click.command(name="calibrate")
+@name_option
+@click.option(
+    "--sample", "size", default=20000, show_default=True, type=click.IntRange(min=8), help="Points to sample."
+)
+@click.option(
+    "--holdout",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(min=0, max=0.5, min_open=True),
+    help="Share of the sample kept out of the fit for the forecast.",
+)
+@click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the sample and the split.")
+@click.option("--force", is_flag=True, help="Keep the map even when it forecasts worse than the plain merge.")
+@click.option("--clear", is_flag=True, help="Remove the pair's calibration and merge plain distances again.")
+@source_options
+@json_option
+@click.pass_context
+def calibrate_command(
+    ctx: click.Context,
+    name: str,
+    size: int,
+    holdout: float,
+    k: int,
+    seed: int,
+    force: bool,
+    clear: bool,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
+    """Map the old model's distances onto the new model's scale for a naive pair's merge.
+
+    A sample of the old collection is re-embedded with the pair's new model; the map is
+    fitted on part of it and kept only if it forecasts better than the plain merge on the rest.
+    """
+    store = open_cli_store(ctx)
+    pair = load_pair(store, name)
+    if clear:
+        save_pair(store, dataclasses.replace(pair, calibration=None))
+        emit({"pair": name, "calibration": None}, as_json, f"pair {name!r} merges plain distances again")
+        return
+    if pair.mode != "naive" or pair.state != "backfilling":
+        raise ConfigError(
+            f"pair {name!r} is {pair.state} in {pair.mode} mode: the calibration maps the old model's own "
+            "distances, for a backfilling naive pair (an rm pair's ψ already puts them on the new scale)"
+        )
+    if pair.distance != "cosine":
+        raise ConfigError(f"pair {name!r} uses {pair.distance} distance: the calibration is for cosine")
+    index = DualIndex.open(store, name)
+    silent = as_json or quiet(ctx)
+    with Progress("re-embedding the sample", hidden=silent, unit="images") as bar:
+        sample = draw_sample(
+            store,
+            pair,
+            index.encoder,
+            size,
+            seed=seed,
+            source=source,
+            on_plan=bar.start,
+            on_image=bar.advance,
+        )
+    try:
+        fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed)
+        calibration = fit_calibration(sample.old[fit_idx], sample.new[fit_idx], seed=seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(held_idx) <= 2 * k:
+        raise ConfigError(
+            f"{len(held_idx)} held-out points are too few to compare top-{k} lists: "
+            "raise --sample or --holdout, or lower --k"
+        )
+    order = np.random.default_rng(seed).permutation(len(held_idx))
+    forecasts = compare_calibrated(sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k)
+    plain, calibrated = forecasts
+    better = calibrated.area >= plain.area
+    data: dict[str, Any] = {
+        "pair": name,
+        "sample": len(sample.ids),
+        "unreadable": sample.failed,
+        "fitted_on": len(fit_idx),
+        "held_out": len(held_idx),
+        "k": k,
+        "knots": len(calibration.old),
+        "forecasts": [f.as_dict() for f in forecasts],
+        "better_than_plain": better,
+        "kept": better or force,
+    }
+    if data["kept"]:
+        save_pair(store, dataclasses.replace(pair, calibration=calibration.as_dict()))
+    recall, _ = curve_table(forecasts)
+    verdict = (
+        f"kept: searches of pair {name!r} now merge calibrated distances (--clear undoes it)"
+        if data["kept"]
+        else "not kept: it forecasts worse than the plain merge (--force keeps it anyway)"
+    )
+    text = "\n".join(
+        [
+            f"calibrated on {len(fit_idx)} sampled points ({len(held_idx)} held out"
+            + (f", {sample.failed} unreadable skipped" if sample.failed else "")
+            + f"), {len(calibration.old)} knots",
+            "",
+            f"recall@{k} on the held-out points against the new model's own neighbours:",
+            *recall,
+            "",
+            f"area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain; {verdict}",
+        ]
+    )
+    emit(data, as_json, text)
+    if not data["kept"]:
+        ctx.exit(1)
