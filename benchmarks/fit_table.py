@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cifar import ROOT, cifar_root  # noqa: E402
 from benchmarks.cifar_table import machine  # noqa: E402
-from rm_qdrant import OnnxEncoder, scan_image_folder  # noqa: E402
+from rm_qdrant import OnnxEncoder, load_pair, open_store, scan_image_folder  # noqa: E402
 from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, gain, migrated_at  # noqa: E402
 
 RMQ = [sys.executable, "-m", "rm_qdrant"]
@@ -129,9 +129,12 @@ def embed(model: Path, images: list[str], output: str) -> np.ndarray:
     )
 
 
-def curve(q_new, q_old, g_new, g_old, labels, order) -> dict[str, Any]:
+def curve(q_new, q_old, g_new, g_old, labels, order, old_distance=None) -> dict[str, Any]:
     maps = [
-        backfill_retrieval(q_new, q_old, g_new, g_old, labels, migrated_at(order, t)).map for t in FRACTIONS
+        backfill_retrieval(
+            q_new, q_old, g_new, g_old, labels, migrated_at(order, t), old_distance=old_distance
+        ).map
+        for t in FRACTIONS
     ]
     return {"map": maps, "auc": area(maps)}
 
@@ -205,6 +208,12 @@ def main(argv: list[str] | None = None) -> None:
             store=store,
         )
         reports[name] = json.loads(text)
+    text, seconds["calibrated naive (rmq calibrate)"] = rmq(
+        "calibrate", "--name", "team", "--sample", args.sample, "--force", "--json", store=store
+    )
+    reports["calibrated naive (rmq calibrate)"] = json.loads(text)
+    with open_store(store) as opened:
+        calibration = load_pair(opened, "team").old_distance
     heads = runs / "heads-mcl.pt"
     if not heads.is_file():
         _, seconds["trainer"] = rmq(
@@ -235,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         "Old": curve(old, old, old, old, labels, order),
         "New": curve(new, new, new, new, labels, order),
         "RM_naive": curve(new, old, new, old, labels, order),
+        "calibrated naive (rmq calibrate)": curve(new, old, new, old, labels, order, calibration),
     }
     graphs = {name: onnx / f"fit-{i}.onnx" for i, name in enumerate(fits)}
     graphs["trainer's MCL + ρ (rmq train heads)"] = onnx / "trainer.onnx"

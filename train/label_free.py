@@ -106,7 +106,7 @@ def holdout_area(heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -
     with torch.no_grad():
         new, rev = (F.normalize(t, dim=1).numpy() for t in heads.eval()(torch.from_numpy(phi)))
     order = np.random.default_rng(seed).permutation(len(phi))
-    _, fitted = compare_fitted(old, phi, new, rev, order=order, k=min(K, len(phi) // 3))
+    _, fitted = compare_fitted(old, phi, new, rev, order=order, k=K)
     return fitted.area, bool(fitted.dips())
 
 
@@ -115,6 +115,9 @@ def fit_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> Heads:
     from train.fit import procrustes_heads  # train.fit imports this module
 
     phi, target = phi_new.detach().float().contiguous(), old.detach().float().contiguous()
+    if len(phi) * HOLDOUT < 3 * K:  # too few pairs to choose on: the middle ladder, on all of them
+        log.info("label-free: %d pairs, too few to choose a ladder on; clusters %s", len(phi), LADDERS[1])
+        return train_consensus(phi, target, LADDERS[1], seed=seed)
     train_idx, held_idx = holdout_split(len(phi), HOLDOUT, seed)
     tr, ho = torch.from_numpy(train_idx), torch.from_numpy(held_idx)
     held = (phi[ho].numpy(), target[ho].numpy())

@@ -88,6 +88,8 @@ def test_a_fitted_graph_from_the_live_gallery_is_served_by_switch_encoder(team):
     query.write_bytes(next(r["data"] for r in rows if r["id"] == moved))
     hits = json.loads(rmq("search", "--name", "upgrade", query, "--json").output)
     assert hits[0]["id"] == moved and hits[0]["distance"] < 1e-4
+    refused = rmq("calibrate", "--name", "upgrade", *SOURCES, ok=False).output
+    assert "rm mode" in refused and "Traceback" not in refused
 
 
 def test_a_fit_worse_than_the_naive_merge_is_not_written_unless_forced(team):
@@ -147,3 +149,49 @@ def test_labels_from_the_payload_train_mcl_with_rho(team):
     assert [o.name for o in graph.graph.output] == ["new", "rev"]
     got = OnnxEncoder(out).encode([np.zeros((40, 40, 3), np.uint8)])
     assert got["new"].shape == (1, 24) and abs(float(np.linalg.norm(got["rev"])) - 1) < 1e-5
+
+
+def test_without_labels_fit_trains_psi_alone_by_the_label_free_recipe(team, monkeypatch):
+    monkeypatch.setattr("train.label_free.STEPS", 10)
+    rmq, tmp, _ = team
+    report = json.loads(
+        rmq(*FIT, "--backbone", tmp / "new.onnx", "--out", tmp / "lf.onnx", "--force", "--json").output
+    )
+    assert report["loss"] == "label-free" and not report["learned_rho"] and (tmp / "lf.onnx").is_file()
+
+
+def test_calibrate_maps_old_hits_onto_the_new_scale_and_clear_undoes_it(team):
+    rmq, tmp, rows = team
+    rmq("migrate", "--name", "upgrade", "--until", "0.5", "--batch", "8", *SOURCES)
+    query = tmp / "query.jpg"
+    query.write_bytes(rows[3]["data"])
+
+    def old_hits():
+        hits = json.loads(rmq("search", "--name", "upgrade", query, "--limit", "40", "--json").output)
+        return {h["id"]: h["distance"] for h in hits if h["source"] == "old"}
+
+    plain = old_hits()
+    report = json.loads(
+        rmq(
+            "calibrate",
+            "--name",
+            "upgrade",
+            "--sample",
+            N,
+            "--holdout",
+            "0.5",
+            "--k",
+            "3",
+            "--force",
+            "--json",
+            *SOURCES,
+        ).output
+    )
+    assert report["kept"] and report["sample"] == N // 2 and report["knots"] >= 2
+    with open_store(tmp / "team-store") as store:
+        calibration = load_pair(store, "upgrade").old_distance
+    calibrated = old_hits()
+    assert set(calibrated) == set(plain) and len(plain) >= 10
+    assert all(abs(calibrated[i] - float(calibration(np.array(d)))) < 1e-6 for i, d in plain.items())
+    rmq("calibrate", "--name", "upgrade", "--clear")
+    assert old_hits() == plain
