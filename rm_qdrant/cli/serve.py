@@ -206,7 +206,13 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     pair = load_pair(store, name)
     state = pair_status(store, pair)
     estimate = status_estimate(store, pair, store_location(ctx))
-    data = {**dataclasses.asdict(state), "fraction": state.fraction, "estimate": estimate}
+    calibrated = pair.old_distance is not None
+    data = {
+        **dataclasses.asdict(state),
+        "fraction": state.fraction,
+        "estimate": estimate,
+        "calibrated": calibrated,
+    }
     rolled_back = state.state == "rolled_back"
     text = "\n".join(
         [
@@ -225,6 +231,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
             f"encoder       {state.encoder}",
             f"old encoder   {state.old_encoder or '-'}",
+            f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {state.alias or '-'}",
             f"estimate      {_estimate_line(estimate)}",
         ]

@@ -191,7 +191,9 @@ def test_calibrate_maps_old_hits_onto_the_new_scale_and_clear_undoes_it(team):
     with open_store(tmp / "team-store") as store:
         calibration = load_pair(store, "upgrade").old_distance
     calibrated = old_hits()
+    assert json.loads(rmq("status", "--name", "upgrade", "--json").output)["calibrated"]
     assert set(calibrated) == set(plain) and len(plain) >= 10
     assert all(abs(calibrated[i] - float(calibration(np.array(d)))) < 1e-6 for i, d in plain.items())
     rmq("calibrate", "--name", "upgrade", "--clear")
     assert old_hits() == plain
+    assert "merge         plain distances" in rmq("status", "--name", "upgrade").output
