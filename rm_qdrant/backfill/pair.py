@@ -98,8 +98,8 @@ class PairRecord:
 
     @property
     def old_distance(self) -> Calibration | None:
-        """The map the merge applies to old-collection distances: naive mode, when calibrated."""
-        if self.calibration is None or self.mode != "naive":
+        """The map the merge applies to old-collection distances: a calibrated naive pair's, while it merges."""
+        if self.calibration is None or self.mode != "naive" or self.state != "backfilling":
             return None
         return Calibration.from_dict(self.calibration)
 
