@@ -98,7 +98,7 @@ class PairRecord:
 
     @property
     def old_distance(self) -> Calibration | None:
-        """The map the merge applies to old-collection distances: a calibrated naive pair's, while it merges."""
+        """The map the merge applies to old distances: a calibrated naive pair's, while it merges."""
         if self.calibration is None or self.mode != "naive" or self.state != "backfilling":
             return None
         return Calibration.from_dict(self.calibration)

@@ -20,6 +20,7 @@ from rm_qdrant.backfill.probe import draw_sample
 from rm_qdrant.cli.common import (
     Progress,
     emit,
+    holdout_options,
     json_option,
     name_option,
     open_cli_store,
@@ -35,18 +36,7 @@ from rm_qdrant.sources import SourceConfig
 
 @click.command(name="calibrate")
 @name_option
-@click.option(
-    "--sample", "size", default=20000, show_default=True, type=click.IntRange(min=8), help="Points to sample."
-)
-@click.option(
-    "--holdout",
-    default=0.1,
-    show_default=True,
-    type=click.FloatRange(min=0, max=0.5, min_open=True),
-    help="Share of the sample kept out of the fit for the forecast.",
-)
-@click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the sample and the split.")
+@holdout_options
 @click.option("--force", is_flag=True, help="Keep the map even when it forecasts worse than the plain merge.")
 @click.option("--clear", is_flag=True, help="Remove the pair's calibration and merge plain distances again.")
 @source_options
@@ -96,15 +86,10 @@ def calibrate_command(
             on_image=bar.advance,
         )
     try:
-        fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed)
+        fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
         calibration = fit_calibration(sample.old[fit_idx], sample.new[fit_idx], seed=seed)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if len(held_idx) <= 2 * k:
-        raise ConfigError(
-            f"{len(held_idx)} held-out points are too few to compare top-{k} lists: "
-            "raise --sample or --holdout, or lower --k"
-        )
     order = np.random.default_rng(seed).permutation(len(held_idx))
     forecasts = compare_calibrated(sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k)
     plain, calibrated = forecasts

@@ -162,3 +162,33 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+
+def holdout_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--sample``, ``--holdout``, ``--k`` and ``--seed`` of the commands that fit on a gallery sample."""
+    options = [
+        click.option(
+            "--sample",
+            "size",
+            default=20000,
+            show_default=True,
+            type=click.IntRange(min=8),
+            help="Points to sample.",
+        ),
+        click.option(
+            "--holdout",
+            default=0.1,
+            show_default=True,
+            type=click.FloatRange(min=0, max=0.5, min_open=True),
+            help="Share of the sample kept out of the fit for the forecast.",
+        ),
+        click.option(
+            "--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared."
+        ),
+        click.option(
+            "--seed", default=0, show_default=True, help="Seed of the sample, the split and training."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

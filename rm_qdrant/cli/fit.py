@@ -18,6 +18,7 @@ from rm_qdrant.backfill.probe import draw_sample
 from rm_qdrant.cli.common import (
     Progress,
     emit,
+    holdout_options,
     json_option,
     name_option,
     open_cli_store,
@@ -36,6 +37,7 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 
 @click.command(name="fit")
 @name_option
+@holdout_options
 @click.option(
     "--backbone",
     required=True,
@@ -43,9 +45,6 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
     help="The team's new model (.onnx), described by 'rmq model stamp'.",
 )
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where the fitted graph goes.")
-@click.option(
-    "--sample", "size", default=20000, show_default=True, type=click.IntRange(min=8), help="Points to sample."
-)
 @click.option("--label-field", help="Payload field with a class label: trains the paper's MCL + ρ.")
 @click.option(
     "--loss",
@@ -58,15 +57,6 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 @click.option("--epochs", type=click.IntRange(min=1), help="Or: passes over the training part of the sample.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
 @click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 256].")
-@click.option(
-    "--holdout",
-    default=0.1,
-    show_default=True,
-    type=click.FloatRange(min=0, max=0.5, min_open=True),
-    help="Share of the sample kept out of training for the forecast.",
-)
-@click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the sample, the split and training.")
 @click.option("--output-name", help="The backbone output holding the embedding [default: its stamped role].")
 @click.option(
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
@@ -133,14 +123,9 @@ def fit_command(
             f"payload field {label_field!r} is missing on some sampled points: no labels to train on"
         )
     try:
-        train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed)
+        train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if len(held_idx) <= 2 * k:
-        raise ConfigError(
-            f"{len(held_idx)} held-out points are too few to compare top-{k} lists: "
-            "raise --sample or --holdout, or lower --k"
-        )
     defaults = FitSettings()
     chosen_batch = batch or defaults.batch
     settings = FitSettings(

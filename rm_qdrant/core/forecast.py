@@ -198,15 +198,20 @@ def forecast(
     return [_curve(mode, new, query_old, old, **common) for mode, query_old in modes.items()]  # type: ignore[arg-type]
 
 
-def holdout_split(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def holdout_split(n: int, holdout: float, seed: int, *, k: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Indices to fit on and to hold out (at least 2 of each), from a seeded shuffle.
 
     Raises:
-        ValueError: a sample too small to split.
+        ValueError: a sample too small to split, or a holdout too small to compare top-``k`` lists.
     """
     held = max(2, round(n * holdout))
     if n - held < 2:
         raise ValueError(f"{n} sampled points are too few to fit on and hold some out")
+    if held <= 2 * k:
+        raise ValueError(
+            f"{held} held-out points are too few to compare top-{k} lists: "
+            "raise --sample or --holdout, or lower --k"
+        )
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[held:]), np.sort(order[:held])
 
