@@ -57,7 +57,6 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 @click.option("--epochs", type=click.IntRange(min=1), help="Or: passes over the training part of the sample.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
 @click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 256].")
-@click.option("--output-name", help="The backbone output holding the embedding [default: its stamped role].")
 @click.option(
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
 )
@@ -79,7 +78,6 @@ def fit_command(
     holdout: float,
     k: int,
     seed: int,
-    output_name: str | None,
     force: bool,
     source: SourceConfig,
     as_json: bool,
@@ -144,7 +142,10 @@ def fit_command(
     started = time.perf_counter()
     if not silent:
         click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
-    heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+    try:
+        heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     trained_s = time.perf_counter() - started
     forecasts = holdout_forecast(
         heads, sample.new[held_idx], sample.old[held_idx], rows(labels, held_idx), k=k, seed=seed
@@ -176,7 +177,7 @@ def fit_command(
             backbone,
             heads,
             out,
-            output_name=output_name or encoder.info.graph_output(role),
+            output_name=encoder.info.graph_output(role),
             name=f"{Path(backbone).stem}+fit-{chosen}",
         )
     except ExportError as exc:
