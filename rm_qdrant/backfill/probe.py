@@ -23,7 +23,14 @@ import numpy as np
 from rm_qdrant.backfill.migrate import load_point
 from rm_qdrant.backfill.pair import PairRecord, active_where
 from rm_qdrant.backfill.ranking import read_all
-from rm_qdrant.core.forecast import DIP_TOLERANCE, ModeForecast, forecast, merged_agreement, reference_top_k
+from rm_qdrant.core.forecast import (
+    DIP_TOLERANCE,
+    ModeForecast,
+    OldDistance,
+    forecast,
+    merged_agreement,
+    reference_top_k,
+)
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.errors import ConfigError
@@ -123,9 +130,18 @@ def draw_sample(
 
 
 def forecast_sample(
-    sample: ProbeSample, *, order: str = "random", seed: int = 0, k: int = 10, label_field: str = "label"
+    sample: ProbeSample,
+    *,
+    order: str = "random",
+    seed: int = 0,
+    k: int = 10,
+    label_field: str = "label",
+    calibration: OldDistance | None = None,
 ) -> list[ModeForecast]:
-    """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it)."""
+    """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it).
+
+    ``calibration``: a calibrated naive pair's map, applied to the naive mode's old distances.
+    """
     keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=label_field)
     return forecast(
         sample.old,
@@ -134,6 +150,7 @@ def forecast_sample(
         order=np.argsort(keys, kind="stable"),
         labels=sample.labels(label_field),
         k=k,
+        naive_distance=calibration,
     )
 
 
@@ -194,7 +211,9 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
     query_old = sample.rev if rm and sample.rev is not None else sample.old
     reference = reference_top_k(sample.new, k)
     now, start = (
-        merged_agreement(sample.new, query_old, sample.old, mask, reference)
+        merged_agreement(
+            sample.new, query_old, sample.old, mask, reference, None if rm else pair.old_distance
+        )
         for mask in (migrated, np.zeros_like(migrated))
     )
     return {

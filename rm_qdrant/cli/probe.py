@@ -79,7 +79,14 @@ def probe_command(
             on_plan=bar.start,
             on_image=bar.advance,
         )
-    forecasts = forecast_sample(sample, order=spec, seed=seed, k=k, label_field=index.pair.label_field)
+    forecasts = forecast_sample(
+        sample,
+        order=spec,
+        seed=seed,
+        k=k,
+        label_field=index.pair.label_field,
+        calibration=index.pair.old_distance,
+    )
     advice = recommend(forecasts)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {

@@ -173,8 +173,11 @@ def forecast(
     labels: Sequence[object] | None = None,
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
+    naive_distance: OldDistance | None = None,
 ) -> list[ModeForecast]:
     """The naive mode's forecast, and the rm mode's when ``rev`` is given.
+
+    ``naive_distance`` is a calibrated naive pair's map of old distances (naive mode only).
 
     Args:
         old: the sample's stored old vectors (n, d_old).
@@ -195,7 +198,10 @@ def forecast(
         "fractions": fractions,
     }
     modes = {"naive": old, **({"rm": rev} if rev is not None else {})}
-    return [_curve(mode, new, query_old, old, **common) for mode, query_old in modes.items()]  # type: ignore[arg-type]
+    return [
+        _curve(mode, new, query_old, old, **common, old_distance=naive_distance if mode == "naive" else None)  # type: ignore[arg-type]
+        for mode, query_old in modes.items()
+    ]
 
 
 def holdout_split(n: int, holdout: float, seed: int, *, k: int = 0) -> tuple[np.ndarray, np.ndarray]:

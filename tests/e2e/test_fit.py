@@ -171,6 +171,8 @@ def test_calibrate_maps_old_hits_onto_the_new_scale_and_clear_undoes_it(team):
         return {h["id"]: h["distance"] for h in hits if h["source"] == "old"}
 
     plain = old_hits()
+    probe = ["probe", "--name", "upgrade", "--sample", N, "--k", "3", "--json", *SOURCES]
+    naive_before = json.loads(rmq(*probe).output)["forecasts"][0]["recall"]
     report = json.loads(
         rmq(
             "calibrate",
@@ -192,6 +194,9 @@ def test_calibrate_maps_old_hits_onto_the_new_scale_and_clear_undoes_it(team):
         calibration = load_pair(store, "upgrade").old_distance
     calibrated = old_hits()
     assert json.loads(rmq("status", "--name", "upgrade", "--json").output)["calibrated"]
+    # probe forecasts the naive merge as it is served now: calibrated
+    naive_after = json.loads(rmq(*probe).output)["forecasts"][0]["recall"]
+    assert naive_after != naive_before
     assert set(calibrated) == set(plain) and len(plain) >= 10
     assert all(abs(calibrated[i] - float(calibration(np.array(d)))) < 1e-6 for i, d in plain.items())
     rmq("calibrate", "--name", "upgrade", "--clear")
