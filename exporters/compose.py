@@ -10,6 +10,7 @@ channel order) become the composed graph's.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -130,11 +131,11 @@ def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) ->
     for count in (1, len(images)):
         got = encoder.encode(images[:count], ["new", "rev"])
         for want, role in zip(expected, ("new", "rev"), strict=True):
+            if not (np.isfinite(want).all() and np.isfinite(got[role]).all()):
+                raise ExportError(f"the heads give NaN or infinity for {role!r}: not written")
             worst = max(worst, float(np.abs(want[:count] - got[role]).max()))
     if worst > TOLERANCE:
-        raise ExportError(
-            f"{path}: composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})"
-        )
+        raise ExportError(f"composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})")
     return worst
 
 
@@ -196,7 +197,15 @@ def attach_model(
     helper.set_model_props(merged, composed.to_metadata())
     onnx.checker.check_model(merged)
     path = Path(out)
-    onnx.save(merged, str(path))
-    with torch.no_grad():
-        expected = [t.numpy() for t in graph(torch.from_numpy(phi))]
-    return path, _parity(path, images, expected)
+    partial = path.with_name(f".{path.name}.partial")  # checked, then moved: never a half-written graph
+    try:
+        onnx.save(merged, str(partial))
+        with torch.no_grad():
+            expected = [t.numpy() for t in graph(torch.from_numpy(phi))]
+        worst = _parity(partial, images, expected)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return path, worst

@@ -127,8 +127,14 @@ def fit_heads(
 
 @torch.no_grad()
 def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served)."""
+    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served).
+
+    Raises:
+        ValueError: the heads give NaN or infinity (training diverged).
+    """
     new, rev = heads.eval()(torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)))
+    if not (torch.isfinite(new).all() and torch.isfinite(rev).all()):
+        raise ValueError("training diverged: the heads give NaN or infinity (lower --lr); nothing written")
     return F.normalize(new, dim=1).numpy(), F.normalize(rev, dim=1).numpy()
 
 
@@ -151,10 +157,10 @@ def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:
     """Whether the fitted curve beats the naive one on the holdout, and the measure used.
 
     With labels the area under mAP decides; without, the area under recall@k against
-    the new model's own neighbours.
+    the new model's own neighbours. A tie is not better.
     """
     naive, fitted = forecasts
     if naive.maps is not None and fitted.maps is not None:
         a_naive, a_fitted = (area(f.maps or (), f.fractions) for f in (naive, fitted))
-        return a_fitted >= a_naive, f"area under mAP {a_fitted:.3f} (naive {a_naive:.3f})"
-    return fitted.area >= naive.area, f"area under recall {fitted.area:.3f} (naive {naive.area:.3f})"
+        return a_fitted > a_naive, f"area under mAP {a_fitted:.3f} (naive {a_naive:.3f})"
+    return fitted.area > naive.area, f"area under recall {fitted.area:.3f} (naive {naive.area:.3f})"

@@ -93,7 +93,7 @@ def calibrate_command(
     order = np.random.default_rng(seed).permutation(len(held_idx))
     forecasts = compare_calibrated(sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k)
     plain, calibrated = forecasts
-    better = calibrated.area >= plain.area
+    better = calibrated.area > plain.area  # a tie is not worth a map
     data: dict[str, Any] = {
         "pair": name,
         "sample": len(sample.ids),
@@ -110,9 +110,10 @@ def calibrate_command(
         save_pair(store, dataclasses.replace(pair, calibration=calibration.as_dict()))
     recall, _ = curve_table(forecasts)
     verdict = (
-        f"kept: searches of pair {name!r} now merge calibrated distances (--clear undoes it)"
+        ("kept" if better else "WORSE than the plain merge, kept with --force")
+        + f": searches of pair {name!r} now merge calibrated distances (--clear undoes it)"
         if data["kept"]
-        else "not kept: it forecasts worse than the plain merge (--force keeps it anyway)"
+        else "not kept: it forecasts no better than the plain merge (--force keeps it anyway)"
     )
     text = "\n".join(
         [

@@ -97,9 +97,18 @@ def fit_command(
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)
     show_progress(quiet=silent)
+    target = Path(out)
+    if target.resolve() == Path(backbone).resolve():
+        raise ConfigError("--out is the backbone itself: write the fitted graph to another file")
+    if not target.parent.is_dir():
+        raise ConfigError(f"cannot write {out}: folder {target.parent} does not exist")
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
+    if pair.state != "backfilling":
+        raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
     encoder = OnnxEncoder(backbone)
+    if "rev" in encoder.info.outputs:
+        raise ConfigError(f"{backbone} already has heads (a 'rev' output): give the plain backbone")
     role = encoder.info.gallery_output()
     new_dim = store.collection(pair.new_collection, pair.vector).dim
     if encoder.info.outputs[role] != new_dim:
@@ -144,12 +153,12 @@ def fit_command(
         click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
     try:
         heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+        trained_s = time.perf_counter() - started
+        forecasts = holdout_forecast(
+            heads, sample.new[held_idx], sample.old[held_idx], rows(labels, held_idx), k=k, seed=seed
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    trained_s = time.perf_counter() - started
-    forecasts = holdout_forecast(
-        heads, sample.new[held_idx], sample.old[held_idx], rows(labels, held_idx), k=k, seed=seed
-    )
     ok, measure = better(forecasts)
     data: dict[str, Any] = {
         "pair": name,

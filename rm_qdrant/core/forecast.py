@@ -14,6 +14,7 @@ model's vector of the same image (the stored old vector); ``rm``, the encoder's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -214,9 +215,11 @@ def holdout_split(n: int, holdout: float, seed: int, *, k: int = 0) -> tuple[np.
     if n - held < 2:
         raise ValueError(f"{n} sampled points are too few to fit on and hold some out")
     if held <= 2 * k:
+        needed = math.ceil((2 * k + 1) / holdout)
         raise ValueError(
-            f"{held} held-out points are too few to compare top-{k} lists: "
-            "raise --sample or --holdout, or lower --k"
+            f"{n} sampled points leave {held} held out, too few to compare top-{k} lists: "
+            f"--k {k} --holdout {holdout:g} needs {needed} or more (a larger --sample or gallery, "
+            "a larger --holdout, or a smaller --k)"
         )
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[held:]), np.sort(order[:held])

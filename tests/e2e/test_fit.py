@@ -202,3 +202,24 @@ def test_calibrate_maps_old_hits_onto_the_new_scale_and_clear_undoes_it(team):
     rmq("calibrate", "--name", "upgrade", "--clear")
     assert old_hits() == plain
     assert "merge         plain distances" in rmq("status", "--name", "upgrade").output
+
+
+def test_nothing_is_written_or_overwritten_by_a_fit_that_cannot_be_served(team):
+    rmq, tmp, _ = team
+    backbone = tmp / "new.onnx"
+    before = backbone.read_bytes()
+
+    def refused(*args, says):
+        result = rmq(*FIT, *args, ok=False)
+        lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.output, result.output
+
+    refused("--backbone", backbone, "--out", backbone, "--force", says="--out is the backbone")
+    refused("--backbone", backbone, "--out", tmp / "no" / "x.onnx", says="does not exist")
+    # A huge learning rate drives the heads to NaN: never written, not even with --force.
+    diverge = ["--loss", "rqt", "--lr", "1e30", "--steps", "20", "--force"]
+    refused("--backbone", backbone, "--out", tmp / "nan.onnx", *diverge, says="training diverged")
+    assert not (tmp / "nan.onnx").exists() and not list(tmp.glob(".*.partial"))
+    rmq(*FIT, "--backbone", backbone, "--out", tmp / "f.onnx", "--loss", "procrustes", "--force")
+    refused("--backbone", tmp / "f.onnx", "--out", tmp / "g.onnx", says="already has heads")
+    assert backbone.read_bytes() == before
