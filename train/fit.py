@@ -40,7 +40,7 @@ LABELLED = ("mcl",)
 
 @dataclass(frozen=True)
 class FitSettings:
-    """How ``rmq fit`` trains; every value has a CLI option."""
+    """How ``rmq fit`` trains: loss, steps, batch, lr and seed are CLI options; τ is the trainer's 0.1."""
 
     loss: str = "auto"
     steps: int = 2000  # Adam steps (the label-free recipe sizes its own)
@@ -48,8 +48,6 @@ class FitSettings:
     lr: float = 1e-3
     temperature: float = 0.1
     seed: int = 0
-    holdout: float = 0.1  # share of the sample kept out of training for the forecast
-    k: int = 10  # neighbours compared in the forecast
 
 
 def resolve_loss(loss: str, labelled: bool) -> str:

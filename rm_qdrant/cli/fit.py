@@ -141,8 +141,6 @@ def fit_command(
         batch=chosen_batch,
         lr=lr or defaults.lr,
         seed=seed,
-        holdout=holdout,
-        k=k,
     )
 
     def rows(values: list[Any] | None, idx: Any) -> list[Any] | None:
