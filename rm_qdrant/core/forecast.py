@@ -125,44 +125,66 @@ def _labels(labels: Sequence[object] | None) -> np.ndarray | None:
     return np.unique([str(label) for label in labels], return_inverse=True)[1]
 
 
-def _curve(
-    mode: str,
-    new: np.ndarray,
-    query_old: np.ndarray,
-    old: np.ndarray,
-    *,
-    order: np.ndarray,
-    reference: np.ndarray,
-    y: np.ndarray | None,
-    fractions: Sequence[float],
-    old_distance: OldDistance | None = None,
-) -> ModeForecast:
-    """One query mode over the backfill: ``new`` fills (and queries) the new side, ``query_old`` the old."""
-    recall, ndcg, maps, tops = [], [], [], []
-    for t in fractions:
-        migrated = migrated_at(order, t)
-        r, g = merged_agreement(new, query_old, old, migrated, reference, old_distance)
-        recall.append(r)
-        ndcg.append(g)
-        if y is not None:
-            served = backfill_retrieval(
-                new, query_old, new, old, y, migrated, workers=1, old_distance=old_distance
-            )
-            maps.append(served.map)
-            tops.append(served.top1)
-    return ModeForecast(
-        mode,
-        tuple(fractions),
-        tuple(recall),
-        tuple(ndcg),
-        tuple(maps) if y is not None else None,
-        tuple(tops) if y is not None else None,
-    )
+@dataclass(frozen=True)
+class _Backfill:
+    """What every curve of one forecast shares: the order, the reference top-k, labels, fractions."""
 
+    order: np.ndarray
+    reference: np.ndarray
+    y: np.ndarray | None
+    fractions: Sequence[float]
 
-def _check(n: int, *arrays: np.ndarray | None) -> None:
-    if n < 2 or any(a is not None and len(a) != n for a in arrays):
-        raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
+    @classmethod
+    def of(
+        cls,
+        old: np.ndarray,
+        base: np.ndarray,
+        *others: np.ndarray | None,
+        order: np.ndarray,
+        labels: Sequence[object] | None,
+        k: int,
+        fractions: Sequence[float],
+    ) -> _Backfill:
+        """Checked rows (two or more, one per item in every array); the reference is ``base``'s top-k.
+
+        Raises:
+            ValueError: fewer than two items, or arrays of different lengths.
+        """
+        n = len(old)
+        if n < 2 or any(a is not None and len(a) != n for a in (base, *others, order)):
+            raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
+        return cls(order, reference_top_k(base, k), _labels(labels), fractions)
+
+    def curve(
+        self,
+        mode: str,
+        new: np.ndarray,
+        query_old: np.ndarray,
+        old: np.ndarray,
+        old_distance: OldDistance | None = None,
+    ) -> ModeForecast:
+        """One query mode: ``new`` fills (and queries) the new side, ``query_old`` queries the old."""
+        recall, ndcg, maps, tops = [], [], [], []
+        for t in self.fractions:
+            migrated = migrated_at(self.order, t)
+            r, g = merged_agreement(new, query_old, old, migrated, self.reference, old_distance)
+            recall.append(r)
+            ndcg.append(g)
+            if self.y is not None:
+                served = backfill_retrieval(
+                    new, query_old, new, old, self.y, migrated, workers=1, old_distance=old_distance
+                )
+                maps.append(served.map)
+                tops.append(served.top1)
+        labelled = self.y is not None
+        return ModeForecast(
+            mode,
+            tuple(self.fractions),
+            tuple(recall),
+            tuple(ndcg),
+            tuple(maps) if labelled else None,
+            tuple(tops) if labelled else None,
+        )
 
 
 def forecast(
@@ -191,18 +213,11 @@ def forecast(
     Raises:
         ValueError: fewer than two items, or arrays of different lengths.
     """
-    _check(len(old), new, rev, order)
-    common = {
-        "order": order,
-        "reference": reference_top_k(new, k),
-        "y": _labels(labels),
-        "fractions": fractions,
-    }
-    modes = {"naive": old, **({"rm": rev} if rev is not None else {})}
-    return [
-        _curve(mode, new, query_old, old, **common, old_distance=naive_distance if mode == "naive" else None)  # type: ignore[arg-type]
-        for mode, query_old in modes.items()
-    ]
+    backfill = _Backfill.of(old, new, rev, order=order, labels=labels, k=k, fractions=fractions)
+    curves = [backfill.curve("naive", new, old, old, naive_distance)]
+    if rev is not None:
+        curves.append(backfill.curve("rm", new, rev, old))
+    return curves
 
 
 def holdout_split(n: int, holdout: float, seed: int, *, k: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -241,17 +256,8 @@ def compare_fitted(
     Both curves are scored against ``base``'s own top-k, the team's new model: a fitted ρ
     that drifts away from the new model's neighbours is not rewarded for agreeing with itself.
     """
-    _check(len(old), base, new, rev, order)
-    common = {
-        "order": order,
-        "reference": reference_top_k(base, k),
-        "y": _labels(labels),
-        "fractions": fractions,
-    }
-    return [
-        _curve("naive", base, old, old, **common),  # type: ignore[arg-type]
-        _curve("fitted", new, rev, old, **common),  # type: ignore[arg-type]
-    ]
+    backfill = _Backfill.of(old, base, new, rev, order=order, labels=labels, k=k, fractions=fractions)
+    return [backfill.curve("naive", base, old, old), backfill.curve("fitted", new, rev, old)]
 
 
 def compare_calibrated(
@@ -265,17 +271,8 @@ def compare_calibrated(
     fractions: Sequence[float] = FRACTIONS,
 ) -> list[ModeForecast]:
     """The naive merge beside the calibrated one (old-side distances mapped by ``calibration``)."""
-    _check(len(old), new, order)
-    common = {
-        "order": order,
-        "reference": reference_top_k(new, k),
-        "y": _labels(labels),
-        "fractions": fractions,
-    }
-    return [
-        _curve("naive", new, old, old, **common),  # type: ignore[arg-type]
-        _curve("calibrated", new, old, old, **common, old_distance=calibration),  # type: ignore[arg-type]
-    ]
+    backfill = _Backfill.of(old, new, order=order, labels=labels, k=k, fractions=fractions)
+    return [backfill.curve("naive", new, old, old), backfill.curve("calibrated", new, old, old, calibration)]
 
 
 def recommend(forecasts: Sequence[ModeForecast]) -> str:
