@@ -10,7 +10,7 @@ backbone gives φ_new(x) for the same image, so a sample of the gallery is a set
 - ``procrustes``: ψ a (semi-)orthogonal map in closed form (ρ the identity).
 
 ``auto`` is ``mcl`` with labels, else ``label-free``. Part of the sample is held out;
-:func:`holdout_forecast` compares the fitted heads with the naive merge on it.
+:func:`train.holdout.holdout_forecast` compares the fitted heads with the naive merge on it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from rm_qdrant.core.forecast import ModeForecast, compare_fitted
-from rm_qdrant.core.metrics import area
-from train.adapters import procrustes
-from train.heads import Heads, run_steps
+from train.heads import Heads, procrustes_heads, run_steps
 from train.label_free import fit_label_free
 from train.losses import contrastive_loss, rqt_loss
 
@@ -63,16 +59,6 @@ def resolve_loss(loss: str, labelled: bool) -> str:
     if loss in LABELLED and not labelled:
         raise ValueError(f"--loss {loss} needs labels: give --label-field FIELD, or use --loss label-free")
     return loss
-
-
-def procrustes_heads(phi_new: Tensor, old: Tensor) -> Heads:
-    """ρ the identity, ψ the orthogonal Procrustes map between the unit-length embeddings."""
-    heads = Heads(phi_new.shape[1], old.shape[1], learn_rho=False, psi_blocks=1)
-    weight = procrustes(F.normalize(phi_new, dim=1), F.normalize(old, dim=1))
-    with torch.no_grad():
-        heads.psi[0].weight.copy_(weight.T)
-        heads.psi[0].bias.zero_()
-    return heads.eval()
 
 
 def fit_heads(
@@ -121,44 +107,3 @@ def fit_heads(
         what=f"fit {loss}",
     )
     return heads.eval()
-
-
-@torch.no_grad()
-def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served).
-
-    Raises:
-        ValueError: the heads give NaN or infinity (training diverged).
-    """
-    new, rev = heads.eval()(torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)))
-    if not (torch.isfinite(new).all() and torch.isfinite(rev).all()):
-        raise ValueError("training diverged: the heads give NaN or infinity (lower --lr); nothing written")
-    return F.normalize(new, dim=1).numpy(), F.normalize(rev, dim=1).numpy()
-
-
-def holdout_forecast(
-    heads: Heads,
-    phi_new: np.ndarray,
-    old: np.ndarray,
-    labels: Sequence[object] | None,
-    *,
-    k: int = 10,
-    seed: int = 0,
-) -> list[ModeForecast]:
-    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order."""
-    new, rev = apply_heads(heads, phi_new)
-    order = np.random.default_rng(seed).permutation(len(old))
-    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k)
-
-
-def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:
-    """Whether the fitted curve beats the naive one on the holdout, and the measure used.
-
-    With labels the area under mAP decides; without, the area under recall@k against
-    the new model's own neighbours. A tie is not better.
-    """
-    naive, fitted = forecasts
-    if naive.maps is not None and fitted.maps is not None:
-        a_naive, a_fitted = (area(f.maps or (), f.fractions) for f in (naive, fitted))
-        return a_fitted > a_naive, f"area under mAP {a_fitted:.3f} (naive {a_naive:.3f})"
-    return fitted.area > naive.area, f"area under recall {fitted.area:.3f} (naive {naive.area:.3f})"

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from train.adapters import procrustes
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
 from train.checkpoints import description, load_checkpoint, save_checkpoint
@@ -65,6 +67,16 @@ class Heads(nn.Module):
     def forward(self, phi_new: Tensor) -> tuple[Tensor, Tensor]:
         new = self.rho(phi_new)
         return new, self.psi(new)
+
+
+def procrustes_heads(phi_new: Tensor, old: Tensor) -> Heads:
+    """ρ the identity, ψ the orthogonal Procrustes map between the unit-length embeddings."""
+    heads = Heads(phi_new.shape[1], old.shape[1], learn_rho=False, psi_blocks=1)
+    weight = procrustes(F.normalize(phi_new, dim=1), F.normalize(old, dim=1))
+    with torch.no_grad():
+        heads.psi[0].weight.copy_(weight.T)
+        heads.psi[0].bias.zero_()
+    return heads.eval()
 
 
 def heads_loss(cfg: HeadsConfig, new: Tensor, rev: Tensor, old: Tensor, labels: Tensor) -> Tensor:

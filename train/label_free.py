@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rm_qdrant.core.forecast import compare_fitted, holdout_split
-from train.heads import Heads, run_steps
+from rm_qdrant.core.forecast import holdout_split
+from train.heads import Heads, procrustes_heads, run_steps
+from train.holdout import holdout_forecast
 from train.losses import masked_contrastive_loss
 
 log = logging.getLogger(__name__)
@@ -102,18 +103,17 @@ def train_consensus(phi: Tensor, old: Tensor, ladder: tuple[int, ...], *, seed: 
 
 
 def holdout_area(heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -> tuple[float, bool]:
-    """Area under the fitted curve's recall@K on held-out pairs, and whether it dips below its start."""
-    with torch.no_grad():
-        new, rev = (F.normalize(t, dim=1).numpy() for t in heads.eval()(torch.from_numpy(phi)))
-    order = np.random.default_rng(seed).permutation(len(phi))
-    _, fitted = compare_fitted(old, phi, new, rev, order=order, k=K)
+    """Area under the fitted curve's recall@K on held-out pairs, and whether it dips below its start
+    (a candidate whose training diverged counts as dipping)."""
+    try:
+        _, fitted = holdout_forecast(heads, phi, old, None, k=K, seed=seed)
+    except ValueError:
+        return -math.inf, True
     return fitted.area, bool(fitted.dips())
 
 
 def fit_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> Heads:
     """The best label-free heads for paired rows (φ_new, stored old vector), chosen as the module says."""
-    from train.fit import procrustes_heads  # train.fit imports this module
-
     phi, target = phi_new.detach().float().contiguous(), old.detach().float().contiguous()
     if len(phi) * HOLDOUT < 3 * K:  # too few pairs to choose on: the middle ladder, on all of them
         log.info("label-free: %d pairs, too few to choose a ladder on; clusters %s", len(phi), LADDERS[1])

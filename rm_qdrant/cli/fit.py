@@ -91,8 +91,9 @@ def fit_command(
         from exporters.compose import attach_model
         from exporters.serving import ExportError
         from train.cli import show_progress
-        from train.fit import FitSettings, better, fit_heads, holdout_forecast, resolve_loss
+        from train.fit import FitSettings, fit_heads, resolve_loss
         from train.heads import steps_per_epoch
+        from train.holdout import better, holdout_forecast
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)

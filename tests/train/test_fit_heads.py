@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from rm_qdrant.core.forecast import compare_fitted, holdout_split
-from train.fit import FitSettings, better, fit_heads, holdout_forecast, procrustes_heads, resolve_loss
-from train.heads import Heads
+from train.fit import FitSettings, fit_heads, resolve_loss
+from train.heads import Heads, procrustes_heads
+from train.holdout import better, holdout_forecast
 
 
 def clusters(n=240, d_new=12, d_old=8, classes=6, seed=0):

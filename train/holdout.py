@@ -1,0 +1,54 @@
+"""Judging fitted heads on held-out pairs: their served outputs, and the forecast against naive."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rm_qdrant.core.forecast import ModeForecast, compare_fitted
+from rm_qdrant.core.metrics import area
+from train.heads import Heads
+
+
+@torch.no_grad()
+def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served).
+
+    Raises:
+        ValueError: the heads give NaN or infinity (training diverged).
+    """
+    new, rev = heads.eval()(torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)))
+    if not (torch.isfinite(new).all() and torch.isfinite(rev).all()):
+        raise ValueError("training diverged: the heads give NaN or infinity (lower --lr); nothing written")
+    return F.normalize(new, dim=1).numpy(), F.normalize(rev, dim=1).numpy()
+
+
+def holdout_forecast(
+    heads: Heads,
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    labels: Sequence[object] | None,
+    *,
+    k: int = 10,
+    seed: int = 0,
+) -> list[ModeForecast]:
+    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order."""
+    new, rev = apply_heads(heads, phi_new)
+    order = np.random.default_rng(seed).permutation(len(old))
+    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k)
+
+
+def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:
+    """Whether the fitted curve beats the naive one on the holdout, and the measure used.
+
+    With labels the area under mAP decides; without, the area under recall@k against
+    the new model's own neighbours. A tie is not better.
+    """
+    naive, fitted = forecasts
+    if naive.maps is not None and fitted.maps is not None:
+        a_naive, a_fitted = (area(f.maps or (), f.fractions) for f in (naive, fitted))
+        return a_fitted > a_naive, f"area under mAP {a_fitted:.3f} (naive {a_naive:.3f})"
+    return fitted.area > naive.area, f"area under recall {fitted.area:.3f} (naive {naive.area:.3f})"
