@@ -16,9 +16,7 @@ import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.pair import load_pair, save_pair
-from rm_qdrant.backfill.probe import draw_sample
 from rm_qdrant.cli.common import (
-    Progress,
     emit,
     holdout_options,
     json_option,
@@ -27,7 +25,7 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
-from rm_qdrant.cli.probe import curve_table
+from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.core.calibration import fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
 from rm_qdrant.errors import ConfigError
@@ -74,17 +72,7 @@ def calibrate_command(
         raise ConfigError(f"pair {name!r} uses {pair.distance} distance: the calibration is for cosine")
     index = DualIndex.open(store, name)
     silent = as_json or quiet(ctx)
-    with Progress("re-embedding the sample", hidden=silent, unit="images") as bar:
-        sample = draw_sample(
-            store,
-            pair,
-            index.encoder,
-            size,
-            seed=seed,
-            source=source,
-            on_plan=bar.start,
-            on_image=bar.advance,
-        )
+    sample = sample_with_progress(store, pair, index.encoder, size, seed=seed, source=source, hidden=silent)
     try:
         fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
         calibration = fit_calibration(sample.old[fit_idx], sample.new[fit_idx], seed=seed)

@@ -14,9 +14,7 @@ from typing import Any
 import click
 
 from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.probe import draw_sample
 from rm_qdrant.cli.common import (
-    Progress,
     emit,
     holdout_options,
     json_option,
@@ -25,7 +23,7 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
-from rm_qdrant.cli.probe import curve_table
+from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.errors import ConfigError
@@ -121,10 +119,9 @@ def fit_command(
         chosen = resolve_loss(loss, label_field is not None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    with Progress("embedding the sample", hidden=silent, unit="images") as bar:
-        sample = draw_sample(
-            store, pair, encoder, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance
-        )
+    sample = sample_with_progress(
+        store, pair, encoder, size, seed=seed, source=source, hidden=silent, label="embedding the sample"
+    )
     labels = sample.labels(label_field) if label_field else None
     if label_field and labels is None:
         raise ConfigError(

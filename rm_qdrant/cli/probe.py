@@ -9,6 +9,7 @@ import click
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.backfill.probe import (
+    ProbeSample,
     cache_path,
     draw_sample,
     estimate_now,
@@ -28,6 +29,7 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.core.forecast import ModeForecast, recommend
 from rm_qdrant.core.ordering import ORDERS, check_order
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
@@ -68,17 +70,9 @@ def probe_command(
     store = open_cli_store(ctx)
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
-    with Progress("re-embedding the sample", hidden=as_json or quiet(ctx), unit="images") as bar:
-        sample = draw_sample(
-            index.store,
-            index.pair,
-            index.encoder,
-            size,
-            seed=seed,
-            source=source,
-            on_plan=bar.start,
-            on_image=bar.advance,
-        )
+    sample = sample_with_progress(
+        index.store, index.pair, index.encoder, size, seed=seed, source=source, hidden=as_json or quiet(ctx)
+    )
     forecasts = forecast_sample(
         sample,
         order=spec,
@@ -101,6 +95,24 @@ def probe_command(
         "cache": str(cached),
     }
     emit(data, as_json, _text(data, index.pair.mode, forecasts))
+
+
+def sample_with_progress(
+    store: Store,
+    pair: PairRecord,
+    encoder: OnnxEncoder | None,
+    size: int,
+    *,
+    seed: int,
+    source: SourceConfig,
+    hidden: bool,
+    label: str = "re-embedding the sample",
+) -> ProbeSample:
+    """:func:`draw_sample` with a progress bar over the images (probe, fit and calibrate)."""
+    with Progress(label, hidden=hidden, unit="images") as bar:
+        return draw_sample(
+            store, pair, encoder, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance
+        )
 
 
 def curve_table(forecasts: list[ModeForecast]) -> tuple[list[str], list[str]]:
