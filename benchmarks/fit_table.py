@@ -122,6 +122,17 @@ def export_and_stamp(runs: Path, onnx: Path) -> None:
             )
 
 
+def gallery_pair(store: Path, name: str, images: Path, old: Path, *init: object) -> float:
+    """A team's gallery: ``images`` indexed with the old model into collection NAME-gallery, paired as NAME.
+
+    Returns the seconds ``rmq index`` took.
+    """
+    collection = f"{name}-gallery"
+    _, seconds = rmq("index", "--collection", collection, "--data", images, "--encoder", old, store=store)
+    rmq("init", "--name", name, "--old-collection", collection, *init, store=store)
+    return seconds
+
+
 def embed(model: Path, images: list[str], output: str) -> np.ndarray:
     encoder = OnnxEncoder(model, batch_size=512)
     return np.concatenate(
@@ -162,27 +173,15 @@ def main(argv: list[str] | None = None) -> None:
     trained = backbones(args, data, runs)
     export_and_stamp(runs, onnx)
     shutil.rmtree(store, ignore_errors=True)
-    _, t_index = rmq(
-        "index",
-        "--collection",
-        "gallery",
-        "--data",
-        data / "train",
-        "--encoder",
-        onnx / "old.onnx",
-        store=store,
-    )
-    rmq(
-        "init",
-        "--name",
+    t_index = gallery_pair(
+        store,
         "team",
-        "--old-collection",
-        "gallery",
+        data / "train",
+        onnx / "old.onnx",
         "--encoder",
         onnx / "new.onnx",
         "--old-encoder",
         onnx / "old.onnx",
-        store=store,
     )
     fits = {
         "Procrustes from the pair": ["--loss", "procrustes"],
@@ -257,25 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         row["never_falls"] = all(m >= row["map"][0] - 1e-9 for m in row["map"])
     served = None
     if args.served:
-        rmq(
-            "index",
-            "--collection",
-            "test-gallery",
-            "--data",
-            data / "test",
-            "--encoder",
-            onnx / "old.onnx",
-            store=store,
-        )
-        rmq(
-            "init",
-            "--name",
-            "served",
-            "--old-collection",
-            "test-gallery",
-            "--encoder",
-            graphs["rmq fit, no labels"],
-            store=store,
+        gallery_pair(
+            store, "served", data / "test", onnx / "old.onnx", "--encoder", graphs["rmq fit, no labels"]
         )
         text, _ = rmq("eval", "--name", "served", "--queries", data / "test", "--json", store=store)
         served = json.loads(text)
