@@ -14,7 +14,8 @@ Steps (each a real ``rmq`` command, timed):
    (AUC_New − AUC_Old). The fitted heads never saw a test image.
 
 ``--served`` also measures the label-free graph as served (``rmq init`` on the test images,
-``rmq eval``), to show that the offline scores are what the pair serves.
+``rmq eval``). ``rmq eval`` migrates in its own random order, not the offline permutation, so
+its ends (t = 0 and 1) match the offline row and the points between differ by the order.
 
 Run: ``python benchmarks/fit_table.py [--data cifar|digits] [--new-arch A --new-dim D]``
 """
