@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rm_qdrant.core.forecast import label_codes
 from train.heads import Heads, procrustes_heads, run_steps
 from train.label_free import fit_label_free
 from train.losses import contrastive_loss, rqt_loss
@@ -89,8 +90,7 @@ def fit_heads(
             return rqt_loss(rev, y[idx])
 
     else:
-        _, codes = np.unique([str(label) for label in labels or ()], return_inverse=True)
-        target = torch.from_numpy(codes)
+        target = torch.from_numpy(label_codes(labels))
 
         def step_loss(idx: Tensor) -> Tensor:
             new, rev = heads(x[idx])

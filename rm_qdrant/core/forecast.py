@@ -118,7 +118,7 @@ def merged_agreement(
     return agreement(found, reference)
 
 
-def _labels(labels: Sequence[object] | None) -> np.ndarray | None:
+def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
     """Labels as integers when every item has one, else None."""
     if labels is None or not all(label is not None for label in labels):
         return None
@@ -153,7 +153,7 @@ class _Backfill:
         n = len(old)
         if n < 2 or any(a is not None and len(a) != n for a in (base, *others, order)):
             raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
-        return cls(order, reference_top_k(base, k), _labels(labels), fractions)
+        return cls(order, reference_top_k(base, k), label_codes(labels), fractions)
 
     def curve(
         self,
