@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.loading import load_batch
 from rm_qdrant.backfill.pair import PairRecord, active_where
 from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
 from rm_qdrant.core.merge import PointId
@@ -44,11 +45,8 @@ from rm_qdrant.core.planning import (
     over_failure_limit,
     settle,
 )
-from rm_qdrant.core.redact import redact
-from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError, ImageError, MigrationError, SourceError
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.sources import ImageSource, SourceConfig, shown
+from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
@@ -139,33 +137,10 @@ class _Prepared:
     ids: list[PointId]  # still in old, in plan order
     payloads: dict[PointId, dict[str, Any]]
     already_in_new: list[PointId]
-    tensors: dict[PointId, np.ndarray]
+    loaded: list[PointId]  # whose images were read, in the order of ``pixels``
+    pixels: np.ndarray
     failed: list[tuple[PointId, str]]
     gone: int
-
-
-def load_tensor(encoder: OnnxEncoder, source: ImageSource, uri: Any) -> tuple[np.ndarray | None, str]:
-    """The encoder's input tensor for the image at ``uri``, or None and why it could not be read."""
-    try:
-        return encoder.preprocess([source.fetch(uri)], max_pixels=source.config.max_pixels), ""
-    except SourceError as exc:
-        return None, str(exc)
-    except ImageError as exc:
-        return None, f"{shown(uri)}: {exc}"
-    except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
-        log.warning("unexpected failure reading %s", shown(uri), exc_info=True)
-        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
-
-
-def load_point(
-    encoder: OnnxEncoder, source: ImageSource, rule: UriRule, point_id: PointId, payload: dict[str, Any]
-) -> tuple[np.ndarray | None, str]:
-    """:func:`load_tensor` for a stored point: its image found through the pair's ``rule``."""
-    try:
-        uri = rule.uri(point_id, payload)
-    except SourceError as exc:
-        return None, str(exc)
-    return load_tensor(encoder, source, uri)
 
 
 def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:
@@ -302,26 +277,28 @@ class Migrator:
         present = self.store.retrieve(pair.old_collection, list(batch))
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        done = {r.id for r in self.store.retrieve(pair.new_collection, ids)}
+        done = {r.id for r in self.store.retrieve(pair.new_collection, ids, with_payload=False)}
         todo = [i for i in ids if i not in done]
-        rule = pair.uri_rule
-        loaded = fetch.map(lambda i: load_point(self.encoder, source, rule, i, payloads[i]), todo)
-        tensors, failed = {}, []
-        for point_id, (tensor, error) in zip(todo, loaded, strict=True):
-            if tensor is not None:
-                tensors[point_id] = tensor
-            else:
-                failed.append((point_id, error))
+        points = [(i, payloads[i]) for i in todo]
+        loaded = load_batch(
+            self.encoder, source, pair.uri_rule, points, fetch, workers=self.options.fetch_workers
+        )
         already = [i for i in ids if i in done]
-        return _Prepared(ids, payloads, already, tensors, failed, len(batch) - len(ids))
+        return _Prepared(
+            ids,
+            payloads,
+            already,
+            [todo[row] for row in loaded.rows],
+            loaded.pixels,
+            [(todo[row], reason) for row, reason in loaded.failed],
+            len(batch) - len(ids),
+        )
 
     def _encode(self, prepared: _Prepared) -> _Encoded:
-        if not prepared.tensors:
+        if not prepared.loaded:
             return _Encoded([], np.zeros((0, self.dim), dtype=np.float32), [])
-        ids = list(prepared.tensors)
-        vectors = self.encoder.run(np.concatenate(list(prepared.tensors.values())), [self.output])[
-            self.output
-        ]
+        ids = prepared.loaded
+        vectors = self.encoder.run_pixels(prepared.pixels, [self.output])[self.output]
         log.debug("encoded %s", ids)
         bad = unusable_rows(vectors, self.pair.distance)
         if not bad.any():
@@ -346,7 +323,7 @@ class Migrator:
             r.id: (0 if r.vector is None else len(r.vector), r.payload)
             for r in store.retrieve(pair.new_collection, batch, with_vectors=True, vector=pair.vector)
         }
-        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch)}
+        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch, with_payload=False)}
         outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)
         if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
             store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)

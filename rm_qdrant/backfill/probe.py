@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.migrate import load_point
+from rm_qdrant.backfill.loading import load_batch
 from rm_qdrant.backfill.pair import PairRecord, active_where
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.forecast import (
@@ -37,7 +37,7 @@ from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Record, Store
+from rm_qdrant.store import Store
 
 _BATCH = 256
 
@@ -91,22 +91,16 @@ def draw_sample(
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
+    usable = [r for r in records if r.vector is not None]
     if on_plan is not None:
-        on_plan(len(records))
+        on_plan(len(usable))
     gallery = model.info.gallery_output()
     outputs = [gallery, *(["rev"] if "rev" in model.info.outputs else [])]
 
-    rule = pair.uri_rule
-
-    def load(record: Record) -> np.ndarray | None:
-        tensor, _ = load_point(model, src, rule, record.id, record.payload)
-        if on_image is not None:
-            on_image()
-        return tensor
-
     with ImageSource(source or SourceConfig()) as src, ThreadPoolExecutor(workers) as pool:
-        tensors = list(pool.map(load, records))
-    kept = [(r, x) for r, x in zip(records, tensors, strict=True) if x is not None and r.vector is not None]
+        points = [(r.id, r.payload) for r in usable]
+        loaded = load_batch(model, src, pair.uri_rule, points, pool, workers=workers, on_image=on_image)
+    kept = [usable[row] for row in loaded.rows]
     if len(kept) < 2:
         raise ConfigError(
             f"only {len(kept)} of {len(records)} sampled images could be read: check the payload uris "
@@ -114,13 +108,12 @@ def draw_sample(
         )
     parts: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
     for start in range(0, len(kept), _BATCH):
-        batch = np.concatenate([x for _, x in kept[start : start + _BATCH]])
-        for name, value in model.run(batch, outputs).items():
+        for name, value in model.run_pixels(loaded.pixels[start : start + _BATCH], outputs).items():
             parts[name].append(value)
     return ProbeSample(
-        ids=[r.id for r, _ in kept],
-        payloads=[dict(r.payload) for r, _ in kept],
-        old=np.stack([np.asarray(r.vector, dtype=np.float32) for r, _ in kept]),
+        ids=[r.id for r in kept],
+        payloads=[dict(r.payload) for r in kept],
+        old=np.stack([np.asarray(r.vector, dtype=np.float32) for r in kept]),
         new=np.concatenate(parts[gallery]),
         rev=np.concatenate(parts["rev"]) if "rev" in parts else None,
         encoder=model.fingerprint,

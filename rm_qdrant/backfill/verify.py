@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.backfill.migrate import load_point
+from rm_qdrant.backfill.loading import load_batch
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.uris import UriRule
@@ -79,28 +79,25 @@ def agreement(
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(sample, len(ids)), replace=False))]
     records = store.retrieve(collection, chosen, with_vectors=True, vector=spec.vector)
-    rule = rule or UriRule()
+    usable = [r for r in records if r.vector is not None]
     with ImageSource(source or SourceConfig()) as images, ThreadPoolExecutor(8) as pool:
-        loaded = list(pool.map(lambda r: load_point(encoder, images, rule, r.id, r.payload), records))
-    good = [
-        (r, x) for r, (x, _) in zip(records, loaded, strict=True) if x is not None and r.vector is not None
-    ]
-    errors = [e for x, e in loaded if x is None]
+        points = [(r.id, r.payload) for r in usable]
+        loaded = load_batch(encoder, images, rule or UriRule(), points, pool, workers=8)
+    good = [usable[row] for row in loaded.rows]
     if not good:
-        raise ConfigError(
-            f"none of the {len(records)} sampled images could be read (first: {errors[0] if errors else '-'})"
-        )
-    fresh = encoder.run(np.concatenate([x for _, x in good]), [output])[output]
-    stored = np.stack([r.vector for r, _ in good])
+        first = loaded.failed[0][1] if loaded.failed else "-"
+        raise ConfigError(f"none of the {len(records)} sampled images could be read (first: {first})")
+    fresh = encoder.run_pixels(loaded.pixels, [output])[output]
+    stored = np.stack([r.vector for r in good])
     cosines = _cosine(stored, fresh)
-    worst = sorted(zip([r.id for r, _ in good], cosines.tolist(), strict=True), key=lambda t: t[1])[:5]
+    worst = sorted(zip([r.id for r in good], cosines.tolist(), strict=True), key=lambda t: t[1])[:5]
     return Agreement(
         checked=len(good),
         unreadable=len(records) - len(good),
         min=float(cosines.min()),
         median=float(np.median(cosines)),
         worst=worst,
-        first_error=errors[0] if errors else "",
+        first_error=loaded.failed[0][1] if loaded.failed else "",
     )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ def run_in_chunks(
     chunk: int,
     fixed: bool,
     what: str,
+    prepare: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Run an ONNX Runtime session ``chunk`` images at a time; each output comes back ``(N, values)``.
 
@@ -57,6 +58,7 @@ def run_in_chunks(
         fixed: the graph takes exactly ``chunk`` images: the last chunk is padded with
             zeros and the padded rows are dropped.
         what: names the graph in errors.
+        prepare: applied to each chunk before it is fed (decoded pixels to the graph's input).
 
     Raises:
         EncoderError: inference fails, or an output has no row per image.
@@ -64,9 +66,9 @@ def run_in_chunks(
     parts: list[list[np.ndarray]] = [[] for _ in names]
     for start in range(0, len(tensor), chunk):
         rows = tensor[start : start + chunk]
-        feed = rows
+        feed = rows if prepare is None else prepare(rows)
         if fixed and len(rows) < chunk:
-            feed = np.concatenate([rows, np.zeros((chunk - len(rows), *rows.shape[1:]), rows.dtype)])
+            feed = np.concatenate([feed, np.zeros((chunk - len(rows), *feed.shape[1:]), feed.dtype)])
         try:
             values = session.run(list(names), {input_name: feed})
         except Exception as exc:  # onnxruntime raises its own untyped errors
@@ -145,16 +147,29 @@ class OnnxEncoder:
         Raises:
             ImageError: an image cannot be decoded, or declares more than ``max_pixels``.
         """
+        return self.layout(np.stack([self.decode(i, max_pixels=max_pixels) for i in images]))
+
+    def decode(self, image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+        """One image's ``(height, width, channels)`` uint8 pixels, sized as the graph takes them.
+
+        Raises:
+            ImageError: the image cannot be decoded, or declares more than ``max_pixels``.
+        """
         spec = self.info.input
-        size = {
-            "height": spec.height,
-            "width": spec.width,
-            "channels": spec.channels,
-            "resize": spec.resize,
-            "crop": spec.crop,
-            "channel_order": spec.channel_order,
-        }
-        batch = np.stack([pixels(i, **size, max_pixels=max_pixels) for i in images])
+        return pixels(
+            image,
+            height=spec.height,
+            width=spec.width,
+            channels=spec.channels,
+            resize=spec.resize,
+            crop=spec.crop,
+            channel_order=spec.channel_order,
+            max_pixels=max_pixels,
+        )
+
+    def layout(self, batch: np.ndarray) -> np.ndarray:
+        """Decoded pixels ``(N, height, width, channels)`` as the graph's input: dtype, scaling, layout."""
+        spec = self.info.input
         if spec.dtype == "float32":
             mean = np.asarray(spec.mean, dtype=np.float32)
             std = np.asarray(spec.std, dtype=np.float32)
@@ -173,6 +188,21 @@ class OnnxEncoder:
             EncoderError: an unknown role, a failed inference, or an output whose
                 size is not what the metadata says.
         """
+        return self._run(tensor, outputs, None)
+
+    def run_pixels(self, images: np.ndarray, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """:meth:`run` on decoded ``(N, height, width, channels)`` pixels, laid out a call's worth at a time.
+
+        The input tensor of a whole batch (float32, often four times the pixels) is never built.
+        """
+        return self._run(images, outputs, self.layout)
+
+    def _run(
+        self,
+        tensor: np.ndarray,
+        outputs: Sequence[str] | None,
+        prepare: Callable[[np.ndarray], np.ndarray] | None,
+    ) -> dict[str, np.ndarray]:
         roles = self._roles(outputs)
         if not len(tensor):
             return {r: np.zeros((0, self.info.outputs[r]), np.float32) for r in roles}
@@ -184,6 +214,7 @@ class OnnxEncoder:
             chunk=self.fixed_batch or self.batch_size,
             fixed=self.fixed_batch is not None,
             what=str(self.path),
+            prepare=prepare,
         )
         merged = dict(zip(roles, values, strict=True))
         for role, value in merged.items():
@@ -210,7 +241,7 @@ class OnnxEncoder:
         roles = self._roles(outputs)
         if not batch:
             return {r: np.zeros((0, self.info.outputs[r]), np.float32) for r in roles}
-        return self.run(self.preprocess(batch), roles)
+        return self.run_pixels(np.stack([self.decode(i) for i in batch]), roles)
 
     def _roles(self, outputs: Sequence[str] | None) -> list[str]:
         roles = list(outputs or self.info.outputs)

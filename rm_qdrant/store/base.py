@@ -8,6 +8,7 @@ its in-memory local mode for tests).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,8 +211,16 @@ class Store(Protocol):
         ...
 
     def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
-    ) -> list[Record]: ...
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        *,
+        with_vectors: bool = False,
+        vector: str = "",
+        with_payload: bool = True,
+    ) -> list[Record]:
+        """The points of ``ids`` that exist (their payload empty without ``with_payload``)."""
+        ...
 
     def scroll(
         self,
@@ -266,6 +275,9 @@ def resolve(store: Store, name: str) -> str:
     return store.alias(name) or name
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def normalize_id(point_id: object) -> PointId:
     """Return a point id in the one form both backends agree on.
 
@@ -281,6 +293,8 @@ def normalize_id(point_id: object) -> PointId:
     if isinstance(point_id, uuid.UUID):
         return str(point_id)
     if isinstance(point_id, str):
+        if _CANONICAL_UUID.fullmatch(point_id):  # already canonical: the hot path of a migration
+            return point_id
         try:
             return str(uuid.UUID(point_id))
         except ValueError:

@@ -272,12 +272,18 @@ class ClientStore:
         return {field: kind for field, kind in found.items() if kind is not None}
 
     def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        *,
+        with_vectors: bool = False,
+        vector: str = "",
+        with_payload: bool = True,
     ) -> list[Record]:
         wanted: Any = ([vector] if vector else True) if with_vectors else False
         with self._errors(f"retrieve from {name!r}", name):
             points = self._client.retrieve(
-                name, [normalize_id(i) for i in ids], with_payload=True, with_vectors=wanted
+                name, [normalize_id(i) for i in ids], with_payload=with_payload, with_vectors=wanted
             )
         return [record_from(p, with_vectors, vector) for p in points]
 

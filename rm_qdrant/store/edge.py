@@ -302,10 +302,16 @@ class EdgeStore:
         return {field: kind for field, kind in found.items() if kind is not None}
 
     def retrieve(
-        self, name: str, ids: Sequence[PointId], *, with_vectors: bool = False, vector: str = ""
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        *,
+        with_vectors: bool = False,
+        vector: str = "",
+        with_payload: bool = True,
     ) -> list[Record]:
         shard = self._open(name)[1]
-        points = shard.retrieve([normalize_id(i) for i in ids], True, with_vectors)
+        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, with_vectors)
         return [record_from(p, with_vectors, vector) for p in points]
 
     def scroll(

@@ -92,3 +92,65 @@ def test_resize_and_crop_limits():
         pixels(Image.new("RGB", (0, 5)), height=4, width=4, channels=3)
     with pytest.raises(ConfigError, match="do not make a 32x32 image"):
         pixels(strip, height=32, width=32, channels=3, resize=36)
+
+
+def jpeg_bytes(array, **options):
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", **options)
+    return buffer.getvalue()
+
+
+def pillow_only(monkeypatch):
+    from rm_qdrant.models import images
+
+    monkeypatch.setattr(images, "simplejpeg", None)
+
+
+JPEG_CASES = [
+    ((32, 32, 3), {}),
+    ((37, 53, 3), {"subsampling": 0, "quality": 95}),  # 4:4:4
+    ((40, 30, 3), {"subsampling": 1}),  # 4:2:2
+    ((64, 48, 3), {"progressive": True}),
+    ((33, 17), {}),  # a grey JPEG
+]
+PREPROCESSING = [
+    {"height": 32, "width": 32, "channels": 3},
+    {"height": 24, "width": 24, "channels": 3, "resize": 28, "crop": 24, "channel_order": "BGR"},
+    {"height": 16, "width": 16, "channels": 1},
+]
+
+
+@pytest.mark.parametrize(("shape", "options"), JPEG_CASES)
+@pytest.mark.parametrize("spec", PREPROCESSING)
+def test_the_fast_jpeg_path_gives_pillows_pixels(monkeypatch, tmp_path, shape, options, spec):
+    rng = np.random.default_rng(len(shape) * 100 + shape[0])
+    data = jpeg_bytes(rng.integers(0, 255, size=shape, dtype=np.uint8), **options)
+    path = tmp_path / "x.jpg"
+    path.write_bytes(data)
+    from rm_qdrant.models import images
+
+    assert images._jpeg_rgb(data, "x.jpg", images.MAX_PIXELS) is not None  # the fast path is taken
+    fast = [pixels(given, **spec) for given in (data, path)]
+    pillow_only(monkeypatch)
+    slow = pixels(data, **spec)
+    assert all(np.array_equal(f, slow) for f in fast)
+
+
+def test_jpegs_the_fast_path_does_not_take_still_decode_or_fail_as_before(monkeypatch):
+    cmyk = io.BytesIO()
+    Image.new("CMYK", (8, 6), (10, 200, 30, 40)).save(cmyk, format="JPEG")
+    truncated = jpeg_bytes(np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8))[:-200]
+    big = jpeg_bytes(np.zeros((40, 50, 3), np.uint8))
+    fast_cmyk = pixels(cmyk.getvalue(), height=6, width=8, channels=3)
+    with pytest.raises(ImageError) as fast_truncated:
+        pixels(truncated, height=8, width=8, channels=3)
+    with pytest.raises(ImageError, match="50x40 pixels") as fast_big:
+        pixels(big, height=8, width=8, channels=3, max_pixels=1000)
+    pillow_only(monkeypatch)
+    assert np.array_equal(fast_cmyk, pixels(cmyk.getvalue(), height=6, width=8, channels=3))
+    with pytest.raises(ImageError) as slow_truncated:
+        pixels(truncated, height=8, width=8, channels=3)
+    with pytest.raises(ImageError) as slow_big:
+        pixels(big, height=8, width=8, channels=3, max_pixels=1000)
+    assert str(fast_truncated.value) == str(slow_truncated.value)
+    assert str(fast_big.value) == str(slow_big.value)
