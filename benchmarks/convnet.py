@@ -20,6 +20,7 @@ from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 #: Conv stages (output channels, convs in the stage); each stage but the last halves the resolution.
 SMALL = ((32, 1), (64, 1), (128, 1))  # ~6 M multiply-adds per 32x32 image
 RESNET18_SIZE = ((64, 2), (128, 2), (256, 2), (512, 2))  # ~300 M, ResNet-18's scale on CIFAR
+NULL = ()  # no convolution: pooling and the heads only, what a GPU encoder costs the CPU
 
 
 def convnet_encoder(

@@ -20,10 +20,12 @@ killed at any moment is resumed by running it again.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +52,8 @@ from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
+#: Seconds a thread may hold the GIL while others wait, during a migration (Python's default: 0.005).
+GIL_TURN = 0.0005
 #: Seconds between a batch's write to new and its removal from old where the store
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
@@ -360,6 +364,22 @@ def record_failures(store: Store, collection: str, failed: Sequence[tuple[PointI
         store.mark(collection, ids, {ERROR: reason})
 
 
+@contextmanager
+def short_gil_turns() -> Iterator[None]:
+    """Let threads take turns with the GIL every :data:`GIL_TURN` seconds while a migration runs.
+
+    The encoder's thread needs the GIL back each time ONNX Runtime returns; under
+    Python's default 5 ms turns it can wait that long behind the threads that fetch and
+    write, while the cores sit idle (measured in benchmarks/migration_throughput.py).
+    """
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, GIL_TURN))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def run_migration(
     index: DualIndex,
     options: MigrateOptions,
@@ -409,7 +429,7 @@ def run_migration(
             raise
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
+    with short_gil_turns(), ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
         futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
         reports = [f.result() for f in futures]
     total = MigrationReport(seconds=time.perf_counter() - started, skipped_failed=skipped)
