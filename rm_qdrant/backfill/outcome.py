@@ -1,0 +1,70 @@
+"""What a migration did: each settled batch, a run's report, and the per-point failures it records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import ERROR
+from rm_qdrant.store import Store
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One settled batch."""
+
+    moved: int
+    repaired: int
+    failed: list[tuple[PointId, str]]
+    gone: int
+    unconfirmed: int
+    failed_again: int = 0  # of ``failed``: points whose last attempt had failed too
+
+    @property
+    def points(self) -> int:
+        """Planned points this batch accounted for, whatever became of them."""
+        return self.moved + self.repaired + len(self.failed) + self.gone + self.unconfirmed
+
+
+@dataclass
+class MigrationReport:
+    """What a run did, summed over its batches."""
+
+    planned: int = 0
+    skipped_failed: int = 0
+    moved: int = 0
+    repaired: int = 0
+    failed: int = 0
+    gone: int = 0
+    unconfirmed: int = 0
+    seconds: float = 0.0
+    stopped_early: bool = False
+    failure_sample: list[tuple[PointId, str]] = field(default_factory=list)
+
+    def add(self, result: BatchResult) -> None:
+        self.moved += result.moved
+        self.repaired += result.repaired
+        self.failed += len(result.failed)
+        self.gone += result.gone
+        self.unconfirmed += result.unconfirmed
+        self.failure_sample = (self.failure_sample + result.failed)[:5]
+
+
+def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:
+    """Rows an encoder returned that cannot be stored: NaN or infinity, or zero under cosine."""
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if distance == "cosine":
+        bad |= ~(np.abs(vectors).sum(axis=1) > 0)
+    return bad
+
+
+def record_failures(store: Store, collection: str, failed: Sequence[tuple[PointId, str]]) -> None:
+    """Write each failed point's reason on it (one store operation per distinct reason)."""
+    by_reason: dict[str, list[PointId]] = {}
+    for point_id, reason in failed:
+        by_reason.setdefault(reason, []).append(point_id)
+    for reason, ids in by_reason.items():
+        store.mark(collection, ids, {ERROR: reason})
