@@ -128,6 +128,25 @@ def test_bad_sources_are_recorded_with_reasons_and_nothing_is_lost(
     assert store.count("old") == 0 and store.count("p-new") == N
 
 
+def test_each_moved_point_gets_its_own_images_vector_when_others_in_its_batch_fail(
+    store, models, gallery, tmp_path, http_images, closed_port
+):
+    """A batch is decoded into one array: the failures in it must not shift any vector onto another point."""
+    broken = break_sources(store, gallery, tmp_path, http_images, closed_port)
+    index = open_pair(store, models)
+    source = SourceConfig(timeout=0.3, retries=1, backoff=0.01, allow_private=True)
+    migrate(index, batch=N, source=source, max_failure_share=1.0)
+    moved = store.retrieve("p-new", [item.point_id for item in gallery], with_vectors=True)
+    assert len(moved) == N - len(broken)
+    uri = {item.point_id: item.uri for item in gallery}
+    expected = index.encoder.encode([uri[r.id] for r in moved])["new"]
+    stored = np.stack([r.vector for r in moved])
+    cosines = np.einsum("ij,ij->i", stored, expected) / (
+        np.linalg.norm(stored, axis=1) * np.linalg.norm(expected, axis=1)
+    )
+    np.testing.assert_allclose(cosines, 1.0, atol=1e-5)
+
+
 def test_a_broken_source_stops_the_run_instead_of_marching_on(store, models, gallery, tmp_path):
     store.set_payload("old", [(i.point_id, {"uri": f"{tmp_path}/gone{i.uri}"}) for i in gallery])
     index = open_pair(store, models)
