@@ -1,0 +1,324 @@
+"""Dual search at equal recall: what DualIndex costs over one collection when both reach a recall.
+
+    python benchmarks/search_recall.py --data cifar
+    python benchmarks/search_recall.py --data gaussian
+
+A gallery halfway through a backfill: a random ``--new-share`` of its points in the new
+collection (new-model vectors), the rest in the old one (old-model vectors), served by a
+DualIndex in ``rm`` mode; beside it one collection of every point's new vector (what serves
+once the backfill is done). All three HNSW-indexed (``store.optimize``), embedded EdgeStore.
+``cifar``: benchmarks/cifar_features.py's vectors, N train images as the gallery, held-out
+test images as queries; dual sends a query's ``new`` vector to new and ``rev`` (ψ) to old,
+single sends ``new``. ``gaussian``: search_overhead.py's setup (N standard normal vectors,
+the same on both sides, the same query vector to both).
+
+Truth: each one's exact top-k (``exact=True``; the dual's checked against numpy over the
+union), timed head to head for the exact ratio. The sweep runs each searcher alone over the
+queries at each ``hnsw_ef``: single, DualIndex as it is (``same ef``) and per-side variants
+(a store wrapper rewrites each side's ef). At each recall target, each dual's cheapest ef
+and single's run head to head. Writes benchmarks/results/search_recall-<data>.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.search_overhead import indexed, load, machine  # noqa: E402
+from rm_qdrant import DualIndex, open_store  # noqa: E402
+from rm_qdrant.backfill.pair import ModelRef, PairRecord  # noqa: E402
+
+OLD, NEW, ALL = "bench-old", "bench-new", "bench-all"
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGETS = (0.95, 0.99)
+
+
+class SideEf:
+    """The store, except that search gives each collection the ef ``pick(ef, name)`` says."""
+
+    def __init__(self, store, pick):
+        self._store, self._pick = store, pick
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def search(self, name, queries, **kw):
+        return self._store.search(name, queries, **{**kw, "hnsw_ef": self._pick(kw["hnsw_ef"], name)})
+
+
+def variants(limit, share):
+    """Per-side ef rules: name -> (ef, collection) -> that side's ef (None: DualIndex as it is)."""
+    return {
+        "same ef": None,
+        "ef x share": lambda ef, name: max(limit, round(ef * share[name])),
+        "old at limit": lambda ef, name: limit if name == OLD else ef,
+        "old at ef/2": lambda ef, name: max(limit, ef // 2) if name == OLD else ef,
+    }
+
+
+def dataset(args, rng):
+    """(gallery old vectors, gallery new vectors, query new vectors, query old-side vectors)."""
+    if args.data == "gaussian":
+        gallery = rng.standard_normal((args.n, 128), dtype=np.float32)
+        queries = rng.standard_normal((args.warmup + args.queries, 128), dtype=np.float32)
+        return gallery, gallery, queries, queries
+    from benchmarks.cifar_features import cifar_features
+
+    f = cifar_features()
+    test = np.array(["/test/" in u for u in f.uris])
+    train, held_out = np.flatnonzero(~test), np.flatnonzero(test)
+    g = np.sort(rng.choice(train, args.n, replace=False)) if args.n < len(train) else train
+    q = rng.choice(held_out, args.warmup + args.queries, replace=False)
+    return f.old[g], f.new[g], f.new[q], f.rev[q]
+
+
+def union_truth(g_old, g_new, in_new, q_new, q_old, k):
+    """Brute-force top-k ids over the union (old side cos(q_old, old), new side cos(q_new, new)),
+    and per side the median cosine distance of that side's own k-th nearest point."""
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    sims = np.where(in_new, unit(q_new) @ unit(g_new).T, unit(q_old) @ unit(g_old).T)
+    kth = {
+        s: 1 - np.median(-np.partition(-sims[:, m], k - 1, axis=1)[:, k - 1])
+        for s, m in (("old", ~in_new), ("new", in_new))
+    }
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k], kth
+
+
+def timed_rounds(searchers, n_queries, warmup):
+    """Run every searcher on every query, rotating who goes first; ms and ids per searcher."""
+    names = list(searchers)
+    for i in range(warmup):
+        for fn in searchers.values():
+            fn(i)
+    times, ids = ({s: [] for s in names} for _ in range(2))
+    for j in range(n_queries):
+        r = j % len(names)
+        for s in names[r:] + names[:r]:
+            t0 = time.perf_counter()
+            found = searchers[s](warmup + j)
+            times[s].append((time.perf_counter() - t0) * 1e3)
+            ids[s].append(found)
+    return times, ids
+
+
+def summary(times, found, truth, k):
+    """Recall@k of ``found`` against ``truth``, p50 and p99 of ``times``."""
+    rec = np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)])
+    p50, p99 = np.percentile(times, [50, 99])
+    return {"recall": float(rec), "p50_ms": float(p50), "p99_ms": float(p99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", choices=["cifar", "gaussian"], default="cifar")
+    ap.add_argument("--n", type=int, default=50_000, help="gallery size (cifar: at most the 50,000 train)")
+    ap.add_argument("--new-share", type=float, default=0.5, help="fraction of the gallery already in new")
+    ap.add_argument("--queries", type=int, default=300, help="timed queries (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--efs", default="10,16,24,32,48,64,96,128,192,256,384,512,768,1024,1536,2048")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    wall = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    efs, k = [int(e) for e in args.efs.split(",")], args.limit
+
+    g_old, g_new, q_new, q_old = dataset(args, rng)
+    n = len(g_new)
+    in_new = np.zeros(n, bool)
+    in_new[rng.choice(n, round(n * args.new_share), replace=False)] = True
+    ids = np.arange(n)
+    olds, news = ids[~in_new], ids[in_new]
+    share = {OLD: len(olds) / n, NEW: len(news) / n}
+    rows, exact, notes = [], {}, []
+    with tempfile.TemporaryDirectory(prefix="rmq-recall-") as tmp:
+        store = open_store(tmp)
+        load(store, OLD, olds, g_old[olds], 5_000)
+        load(store, NEW, news, g_new[news], 5_000)
+        load(store, ALL, ids, g_new, 5_000)
+        t0 = time.perf_counter()
+        for name in (OLD, NEW, ALL):
+            store.optimize(name)
+        built = [(c, indexed(store, c), store.count(c)) for c in (OLD, NEW, ALL)]
+        warn = "" if all(i == c for _, i, c in built) else "WARNING, not all indexed (plain search): "
+        notes.append(
+            f"HNSW built in {time.perf_counter() - t0:.1f} s; {warn}vectors indexed/held: "
+            + ", ".join(f"{name} {i:,}/{c:,}" for name, i, c in built)
+        )
+        pair = PairRecord("bench", OLD, NEW, "rm", "cosine", ModelRef("bench", "0", 128, "-"))
+
+        def dual_fn(index):
+            return lambda i: [h.id for h in index.search_vectors(q_new[i], q_old[i], limit=k)]
+
+        def single_fn(exact_, ef):
+            def run(i):
+                hits = store.search(ALL, q_new[i : i + 1], limit=k, exact=exact_, hnsw_ef=ef)
+                return [h.id for h in hits[0]]
+
+            return run
+
+        # Exact: the truth, and the exact latency ratio.
+        with DualIndex(store, pair, exact=True) as dual:
+            times, found = timed_rounds(
+                {"dual": dual_fn(dual), "single": single_fn(True, None)}, args.queries, args.warmup
+            )
+        truth = {s: [f[:k] for f in found[s]] for s in found}
+        for s in found:
+            exact[s] = summary(times[s], found[s], truth[s], k)
+        brute, kth = union_truth(g_old, g_new, in_new, q_new[args.warmup :], q_old[args.warmup :], k)
+        same = sum(f == b.tolist() for f, b in zip(truth["dual"], brute, strict=True))
+        from_old = np.mean([[not in_new[i] for i in f] for f in truth["dual"]])
+        notes.append(
+            f"exact dual top-{k} = numpy top-{k} over the union (ids, in order) for {same}/{args.queries} "
+            f"queries; {from_old:.1%} of its hits come from old ({share[OLD]:.0%} of the gallery); "
+            f"median cosine distance of each side's own {k}th nearest: old {kth['old']:.3f}, "
+            f"new {kth['new']:.3f}"
+        )
+
+        rules = variants(k, share)
+        if share[OLD] == share[NEW]:
+            notes.append(
+                "`ef x share` at 2 ef makes the very searches of `same ef` at ef: their gap is noise"
+            )
+        indexes = []
+
+        def searcher(label, ef):
+            if label == "single":
+                return single_fn(False, ef)
+            pick = rules[label]
+            indexes.append(DualIndex(store if pick is None else SideEf(store, pick), pair, hnsw_ef=ef))
+            return dual_fn(indexes[-1])
+
+        # The sweep: one searcher at a time over all queries (a searcher run twice on a query
+        # finds its graph path in cache, so variants are not interleaved with each other).
+        for ef in efs:
+            for s in ["single", *rules]:
+                times, found = timed_rounds({s: searcher(s, ef)}, args.queries, args.warmup)
+                ref = truth["single" if s == "single" else "dual"]
+                rows.append({"searcher": s, "ef": ef, **summary(times[s], found[s], ref, k)})
+            print(f"  ef {ef}: done", file=sys.stderr, flush=True)
+
+        # Equal recall: each dual variant's cheapest ef against single's, head to head, interleaved.
+        equal = []
+        for target in TARGETS:
+            best = {}
+            for s in ["single", *rules]:
+                hit = [r for r in rows if r["searcher"] == s and r["recall"] >= target]
+                best[s] = min(hit, key=lambda r: r["ef"]) if hit else None
+            base = best.pop("single")
+            for s, r in best.items():
+                e = {"target": target, "searcher": s, "ef": r and r["ef"], "single_ef": base and base["ef"]}
+                if r is not None and base is not None:
+                    fns = {"dual": searcher(s, r["ef"]), "single": searcher("single", base["ef"])}
+                    times, _ = timed_rounds(fns, args.queries, args.warmup)
+                    for side in fns:
+                        e[f"{side}_p50_ms"], e[f"{side}_p99_ms"] = np.percentile(
+                            times[side], [50, 99]
+                        ).tolist()
+                    e |= {"dual_recall": r["recall"], "single_recall": base["recall"]}
+                    e |= {f"p{p}_ratio": e[f"dual_p{p}_ms"] / e[f"single_p{p}_ms"] for p in (50, 99)}
+                equal.append(e)
+        for index in indexes:
+            index.close()
+        store.close()
+    exact["p50_ratio"], exact["p99_ratio"] = (
+        exact["dual"][p] / exact["single"][p] for p in ("p50_ms", "p99_ms")
+    )
+    notes.append(f"total wall time: {time.perf_counter() - wall:.0f} s")
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    text = markdown(
+        date, args, f"N={n:,} ({len(olds):,} in old, {len(news):,} in new", rules, rows, equal, exact, notes
+    )
+    print(text)
+    out = RESULTS / f"search_recall-{args.data}"
+    out.with_suffix(".md").write_text(text)
+    record = {"command": f"python {shlex.join(sys.argv)}", "machine": machine(), "date": date}
+    record |= {"args": vars(args), "rows": rows, "equal_recall": equal, "exact": exact}
+    out.with_suffix(".json").write_text(json.dumps({**record, "notes": notes}, indent=1) + "\n")
+
+
+def markdown(date, args, sizes, rules, rows, equal, exact, notes):
+    """The report: goals, the equal-recall table, the sweep, the exact ratio."""
+    k, efs = args.limit, sorted({r["ef"] for r in rows})
+    ours = [e for e in equal if e["searcher"] == "same ef" and "p50_ratio" in e]
+    ratios = [e[f"p{p}_ratio"] for e in ours for p in (50, 99)]
+    at_equal = "; ".join(f"{e['target']}: p50 {e['p50_ratio']:.2f}x, p99 {e['p99_ratio']:.2f}x" for e in ours)
+    exact_ok = max(exact["p50_ratio"], exact["p99_ratio"]) <= 1.1
+    side = "; ".join(f"{s}: old {pick(32, OLD)}, new {pick(32, NEW)}" for s, pick in rules.items() if pick)
+    lines = [
+        f"# Dual search at equal recall ({args.data})",
+        "",
+        f"Command: `python {shlex.join(sys.argv)}`  ",
+        f"Machine: {machine()}  ",
+        f"Date: {date}",
+        "",
+        f"Setup: {sizes}; single: all in one collection as new vectors), 128-d, cosine, rm pair, "
+        f"limit {k}, {args.queries} queries after {args.warmup} warm-up, embedded EdgeStore "
+        f"(DualIndex searches old then new). Recall@{k} against each one's exact top-{k}.",
+        "",
+        f"Issue 13 goals, DualIndex as it is (`same ef`): dual/single <= 1.3 at equal recall: "
+        f"{at_equal or 'no target reached'} ({'met' if ratios and max(ratios) <= 1.3 else 'missed'}); "
+        f"exact <= 1.1: p50 {exact['p50_ratio']:.2f}x, p99 {exact['p99_ratio']:.2f}x "
+        f"({'met' if exact_ok else 'missed'}).",
+        "",
+        "## At equal recall: each one's cheapest hnsw_ef reaching the target, timed head to head",
+        "",
+        "Dual and single alternate per query (who goes first alternates too). `same ef` is DualIndex "
+        f"as it is (both sides get hnsw_ef); the others rewrite each side's ef (at 32: {side}).",
+        "",
+        "| target | dual | dual ef | dual recall | single ef | single recall | dual p50 ms "
+        "| single p50 ms | p50 dual/single | dual p99 ms | single p99 ms | p99 dual/single |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for e in equal:
+        if "p50_ratio" not in e:
+            cells = f"{e['ef'] or 'not reached'} | | {e['single_ef'] or 'not reached'} | | | | | | | |"
+        else:
+            cells = (
+                f"{e['ef']} | {e['dual_recall']:.4f} | {e['single_ef']} | {e['single_recall']:.4f} "
+                f"| {e['dual_p50_ms']:.3f} | {e['single_p50_ms']:.3f} | {e['p50_ratio']:.2f}x "
+                f"| {e['dual_p99_ms']:.3f} | {e['single_p99_ms']:.3f} | {e['p99_ratio']:.2f}x |"
+            )
+        lines.append(f"| {e['target']} | {e['searcher']} | {cells}")
+    lines += [
+        "",
+        "## Recall and latency by hnsw_ef (each searcher alone over all queries)",
+        "",
+        f"| searcher | {' | '.join(str(e) for e in efs)} |",
+        "|---|" + "--:|" * len(efs),
+    ]
+    for s in ["single", *rules]:
+        mine = [r for r in rows if r["searcher"] == s]
+        for key, fmt in (("recall", "{:.4f}"), ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}")):
+            lines.append(
+                f"| {s} {key.replace('_ms', ' ms')} | {' | '.join(fmt.format(r[key]) for r in mine)} |"
+            )
+    d, s1 = exact["dual"], exact["single"]
+    lines += [
+        "",
+        "## Exact search (exact=True), head to head",
+        "",
+        "| searcher | p50 ms | p99 ms |\n|---|--:|--:|",
+        f"| dual | {d['p50_ms']:.3f} | {d['p99_ms']:.3f} |",
+        f"| single | {s1['p50_ms']:.3f} | {s1['p99_ms']:.3f} |",
+        f"| dual / single | {exact['p50_ratio']:.2f}x | {exact['p99_ratio']:.2f}x |",
+        "",
+        *[f"- {note}" for note in notes],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
