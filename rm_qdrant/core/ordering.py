@@ -43,6 +43,11 @@ def needs_vectors(spec: str) -> bool:
     return spec.startswith("centroid")
 
 
+def needs_payloads(spec: str) -> bool:
+    """Whether the order reads the payloads (``random`` and ``centroid-unsupervised`` do not)."""
+    return spec in ("confidence", "centroid") or spec.startswith("payload:")
+
+
 def bucket(point_id: PointId) -> int:
     """A stable bucket in [0, BUCKETS) for sharding work by id."""
     return hashlib.blake2b(str(point_id).encode(), digest_size=2).digest()[0] % BUCKETS
