@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["RMQ_CACHE_DIR"] = str(work / "cache")  # rmq probe's sample cache
     run_started = time.perf_counter()
     load_start = os.getloadavg()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    )
 
     features = cifar_features()
     old_graph, pair_graph = graphs()
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     # Queries: images of the gallery, as the models embed them (no noise).
     query_images = np.random.default_rng(1).choice(len(uris), size=args.queries, replace=False)
     result: dict[str, Any] = {"n": n, "migrated_by_bulk_load": len(migrated), "ef": args.ef}
+    result["rm_qdrant_commit"] = commit.stdout.strip() or "unknown"
 
     def payload(i: int) -> dict[str, Any]:
         return {"uri": uris[i % len(uris)], "label": labels[i % len(labels)]}
@@ -352,7 +356,9 @@ def write(args: argparse.Namespace, r: dict[str, Any]) -> None:
         rows.append(
             (
                 label,
-                "" if key == "startup" else f"{n - half:,} old points",
+                ""
+                if key == "startup"
+                else f"{n - half - (mig['moved'] if key == 'status after' else 0):,} old points",
                 f"{e['seconds']:.1f} s, peak RSS {e['peak_rss_mib']:,.0f} MiB",
             )
         )
@@ -379,6 +385,7 @@ def write(args: argparse.Namespace, r: dict[str, Any]) -> None:
         f"# A pair at scale: {n:,} points on the embedded store, half migrated",
         "",
         f"- Command: `{command.strip()}`",
+        f"- Code: rm_qdrant at commit {r['rm_qdrant_commit']}",
         f"- Machine: {machine()}; date {date}; load average {r['load_start'][0]:.2f} at the start, "
         f"{r['load_end'][0]:.2f} at the end (a shared machine: other work can slow any row)",
         f"- Whole run: {r['wall_seconds'] / 60:.1f} min; peak RSS of the benchmark process "
