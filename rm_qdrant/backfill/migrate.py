@@ -20,12 +20,10 @@ killed at any moment is resumed by running it again.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,8 +51,6 @@ from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Where
 
 log = logging.getLogger(__name__)
-#: Seconds a thread may hold the GIL while others wait, during a migration (Python's default: 0.005).
-GIL_TURN = 0.0005
 #: Seconds between a batch's write to new and its removal from old where the store
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
@@ -307,22 +303,6 @@ class Migrator:
 _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
 
 
-@contextmanager
-def short_gil_turns() -> Iterator[None]:
-    """Let threads take turns with the GIL every :data:`GIL_TURN` seconds while a migration runs.
-
-    The encoder's thread needs the GIL back each time ONNX Runtime returns; under
-    Python's default 5 ms turns it can wait that long behind the threads that fetch and
-    write, while the cores sit idle (measured in benchmarks/migration_throughput.py).
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, GIL_TURN))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
 def run_migration(
     index: DualIndex,
     options: MigrateOptions,
@@ -372,7 +352,7 @@ def run_migration(
             raise
 
     started = time.perf_counter()
-    with short_gil_turns(), ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
+    with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
         futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
         reports = [f.result() for f in futures]
     total = MigrationReport(seconds=time.perf_counter() - started, skipped_failed=skipped)

@@ -85,7 +85,7 @@ def draw_sample(
     if encoder is None:
         raise ConfigError("probe needs the pair's encoder to re-embed the sample")
     model: OnnxEncoder = encoder
-    ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False)
+    ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False, with_payloads=False)
     if len(ids) < 2:
         raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
     rng = np.random.default_rng(seed)

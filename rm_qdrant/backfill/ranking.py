@@ -86,7 +86,13 @@ def read_all(
     offset: PointId | None = None
     while True:
         page, offset = store.scroll(
-            collection, limit=_PAGE, offset=offset, with_vectors=with_vectors, where=where, vector=vector
+            collection,
+            limit=_PAGE,
+            offset=offset,
+            with_vectors=with_vectors,
+            where=where,
+            vector=vector,
+            with_payload=with_payloads,
         )
         for record in page:
             ids.append(record.id)
@@ -140,7 +146,9 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
         where = where & Where(empty=(ERROR,))
     if moves == 0:
         return repairs
-    page, _ = store.scroll(pair.old_collection, limit=moves + len(repairs), where=where, order_by=RANK)
+    page, _ = store.scroll(
+        pair.old_collection, limit=moves + len(repairs), where=where, order_by=RANK, with_payload=False
+    )
     skip = set(repairs)
     return repairs + [r.id for r in page if r.id not in skip][:moves]
 

@@ -73,7 +73,7 @@ def agreement(
             f"{encoder.path} output {output!r} makes {encoder.info.outputs[output]}-d vectors, "
             f"collection {collection!r} holds {spec.dim}-d ones"
         )
-    ids, _, _ = read_all(store, collection, where or Where(), False)
+    ids, _, _ = read_all(store, collection, where or Where(), False, with_payloads=False)
     if not ids:
         raise ConfigError(f"collection {collection!r} holds no points to compare with")
     rng = np.random.default_rng(seed)

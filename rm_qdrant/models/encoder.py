@@ -93,6 +93,8 @@ class OnnxEncoder:
         batch_size: Images per inference call. A graph whose batch axis is fixed at B
             gets exactly B per call instead (the last call padded with zeros).
         threads: Intra-op threads for ONNX Runtime (0: its default).
+        spin: let ONNX Runtime's threads busy-wait between calls (its default): faster for
+            an encoder that has the machine to itself, slower beside other work.
 
     Raises:
         EncoderError: the file is missing, not an ONNX graph, or lacks the
@@ -104,7 +106,9 @@ class OnnxEncoder:
         (2, 128)
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, batch_size: int = 64, threads: int = 0):
+    def __init__(
+        self, path: str | os.PathLike[str], *, batch_size: int = 64, threads: int = 0, spin: bool = False
+    ):
         self.path = Path(path)
         try:
             data = self.path.read_bytes()
@@ -113,6 +117,9 @@ class OnnxEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        # ONNX Runtime's threads otherwise busy-wait for the next call, taking the cores that
+        # fetch, decode and write between calls (benchmarks/migration_throughput.py).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         try:
             self._session = ort.InferenceSession(data, options, providers=_providers())
         except Exception as exc:  # onnxruntime raises its own untyped errors

@@ -232,9 +232,11 @@ class Store(Protocol):
         where: Where | None = None,
         order_by: str | None = None,
         vector: str = "",
+        with_payload: bool = True,
     ) -> tuple[list[Record], PointId | None]:
         """A page of points. With ``order_by`` (an indexed numeric field) the page holds the
-        ``limit`` points with the lowest values, and there is no next offset."""
+        ``limit`` points with the lowest values, and there is no next offset. Without
+        ``with_payload`` the records' payloads are empty."""
         ...
 
     def count(self, name: str, where: Where | None = None) -> int: ...

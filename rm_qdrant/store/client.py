@@ -297,6 +297,7 @@ class ClientStore:
         where: Where | None = None,
         order_by: str | None = None,
         vector: str = "",
+        with_payload: bool = True,
     ) -> tuple[list[Record], PointId | None]:
         wanted: Any = ([vector] if vector else True) if with_vectors else False
         with self._errors(f"scroll over {name!r}", name):
@@ -306,7 +307,7 @@ class ClientStore:
                 limit=limit,
                 offset=offset,
                 order_by=order_by,
-                with_payload=True,
+                with_payload=with_payload,
                 with_vectors=wanted,
             )
         nxt = None if following is None else normalize_id(following)

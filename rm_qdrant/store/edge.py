@@ -324,13 +324,14 @@ class EdgeStore:
         where: Where | None = None,
         order_by: str | None = None,
         vector: str = "",
+        with_payload: bool = True,
     ) -> tuple[list[Record], PointId | None]:
         shard = self._open(name)[1]
         start = None if offset is None else normalize_id(offset)
         request = qe.ScrollRequest(
             offset=start,
             limit=limit,
-            with_payload=True,
+            with_payload=with_payload,
             with_vector=with_vectors,
             filter=_edge_filter(where),
             order_by=qe.OrderBy(order_by) if order_by else None,
