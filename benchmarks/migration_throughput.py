@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -35,8 +36,9 @@ from benchmarks.cifar import ROOT, cifar_root  # noqa: E402
 from benchmarks.convnet import NULL, RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
-from rm_qdrant.backfill.ranking import prepare_order, read_all  # noqa: E402
+from rm_qdrant.backfill.migrate import MigrateOptions, Migrator, run_migration  # noqa: E402
+from rm_qdrant.backfill.ranking import plan, prepare_order, read_all  # noqa: E402
+from rm_qdrant.sources import ImageSource, SourceConfig  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
 
 MODELS = {
@@ -45,6 +47,7 @@ MODELS = {
     "ceiling": ("pipeline ceiling: an encoder that does almost nothing", NULL),
 }
 RESULTS = ROOT / "benchmarks" / "results"
+STAGES = ("fetch, decode and store reads", "encode", "store writes and read-backs")
 
 
 def encoder_alone(encoder: OnnxEncoder, pixels: np.ndarray, batch: int) -> float:
@@ -55,20 +58,46 @@ def encoder_alone(encoder: OnnxEncoder, pixels: np.ndarray, batch: int) -> float
     return len(pixels) / (time.perf_counter() - start)
 
 
-def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Namespace) -> dict:
-    """A fresh copy of the gallery's old collection, paired and migrated whole; the encoder alone around."""
+def copy_gallery(store, model: Path, name: str) -> DualIndex:
+    """A fresh copy of the gallery's old collection, paired with ``model``, its order prepared (untimed)."""
     ids, payloads, vectors = read_all(store, "gallery", Where(), True)
     store.create_collection(f"{name}-old", dim=vectors.shape[1], distance="cosine")
     store.upsert(f"{name}-old", ids, vectors, payloads)
     create_pair(store, name, old_collection=f"{name}-old", encoder=OnnxEncoder(model))
     index = DualIndex.open(store, name)
-    index.pair = prepare_order(store, index.pair, "random")  # `rmq migrate --prepare`: not timed
+    index.pair = prepare_order(store, index.pair, "random")  # `rmq migrate --prepare`
+    return index
+
+
+def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Namespace) -> dict:
+    """The gallery migrated whole on a fresh pair; the encoder alone measured around it."""
+    index = copy_gallery(store, model, name)
     alone = OnnxEncoder(model, spin=True)  # ONNX Runtime's defaults: its best with the machine to itself
     before = encoder_alone(alone, pixels, args.batch)
     report = run_migration(index, MigrateOptions(batch=args.batch, fetch_workers=args.fetch_workers))
     after = encoder_alone(alone, pixels, args.batch)
     assert report.moved == len(pixels) and report.failed == 0, report
     return {"encoder": (before + after) / 2, "migration": report.moved / report.seconds}
+
+
+def stage_costs(store, model: Path, name: str, args: argparse.Namespace) -> dict[str, float]:
+    """Microseconds a point spends in each stage when they run one after another, on one thread each."""
+    index = copy_gallery(store, model, name)
+    migrator = Migrator(index, MigrateOptions(batch=args.batch, fetch_workers=1))
+    ids = plan(store, index.pair, migrator.options)
+    spent = dict.fromkeys(STAGES, 0.0)
+    with ImageSource(SourceConfig()) as source, ThreadPoolExecutor(1) as fetch:
+        for start in range(0, len(ids), args.batch):
+            clock = [time.perf_counter()]
+            prepared = migrator._prepare(ids[start : start + args.batch], source, fetch)
+            clock.append(time.perf_counter())
+            encoded = migrator._encode(prepared)
+            clock.append(time.perf_counter())
+            migrator._settle(prepared, encoded)
+            clock.append(time.perf_counter())
+            for stage, begin, end in zip(STAGES, clock, clock[1:], strict=False):
+                spent[stage] += end - begin
+    return {stage: seconds / len(ids) * 1e6 for stage, seconds in spent.items()}
 
 
 def main() -> None:
@@ -95,11 +124,13 @@ def main() -> None:
             for repeat in range(args.repeats):
                 figures[key].append(one_run(store, model, f"{key}-{repeat}", pixels, args))
                 print(f"  {key} run {repeat + 1}: {figures[key][-1]}", flush=True)
+            if key == "ceiling":
+                stages = stage_costs(store, model, "stages", args)
         store.close()
-    report(args, figures)
+    report(args, figures, stages if "ceiling" in figures else None)
 
 
-def report(args: argparse.Namespace, figures: dict[str, list[dict]]) -> None:
+def report(args: argparse.Namespace, figures: dict[str, list[dict]], stages: dict | None) -> None:
     lines = [
         f"command: python {' '.join(sys.argv)}",
         f"machine: {machine()}; date: {date.today()}",
@@ -117,6 +148,18 @@ def report(args: argparse.Namespace, figures: dict[str, list[dict]]) -> None:
         summary[key] = {"encoder": encoder, "migration": migration, "ratio": ratio, "runs": runs}
         shown = "—" if key == "ceiling" else f"**{ratio:.2f}**"
         lines.append(f"| {MODELS[key][0]} | {encoder:,.0f} points/s | {migration:,.0f} points/s | {shown} |")
+    if stages is not None:
+        summary["stages_us_per_point"] = stages
+        lines += [
+            "",
+            "Where a point's time goes with the ceiling encoder, the stages one after another "
+            "(one thread each, microseconds a point):",
+            "",
+            "| stage | µs a point |",
+            "|---|--:|",
+            *(f"| {stage} | {us:.0f} |" for stage, us in stages.items()),
+            f"| all (serial) | {sum(stages.values()):.0f} |",
+        ]
     text = "\n".join(lines)
     print("\n" + text)
     RESULTS.mkdir(exist_ok=True)
