@@ -102,7 +102,9 @@ def _jpeg_rgb(data: bytes, what: str, max_pixels: int) -> np.ndarray | None:
         if width * height > max_pixels:
             raise _too_large(what, width, height, max_pixels)
         return simplejpeg.decode_jpeg(data, colorspace="RGB")  # strict: a recoverable fault raises
-    except ValueError:
+    except ImageError:
+        raise
+    except Exception:  # whatever it cannot take (a 4:4:1 file raises KeyError): Pillow decides
         return None
 
 

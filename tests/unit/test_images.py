@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +155,11 @@ def test_jpegs_the_fast_path_does_not_take_still_decode_or_fail_as_before(monkey
         pixels(big, height=8, width=8, channels=3, max_pixels=1000)
     assert str(fast_truncated.value) == str(slow_truncated.value)
     assert str(fast_big.value) == str(slow_big.value)
+
+
+def test_a_jpeg_the_fast_path_cannot_name_still_decodes(monkeypatch):
+    """4:4:1 subsampling (a 4:1:1 photo rotated losslessly): simplejpeg raises KeyError on its header."""
+    data = (Path(__file__).parents[1] / "data" / "subsampling-441.jpg").read_bytes()
+    fast = pixels(data, height=24, width=16, channels=3)
+    pillow_only(monkeypatch)
+    assert np.array_equal(fast, pixels(data, height=24, width=16, channels=3))
