@@ -314,10 +314,7 @@ def record_from(point: Any, with_vectors: bool, vector: str = "") -> Record:
     if isinstance(raw, Mapping):
         raw = raw.get(vector)
     array = None if raw is None else np.asarray(raw, dtype=np.float32)
-    point_id = point.id
-    # A backend's UUID object is canonical once printed; everything else goes through the checks.
-    key = str(point_id) if isinstance(point_id, uuid.UUID) else normalize_id(point_id)
-    return Record(key, dict(point.payload) if point.payload else {}, array)
+    return Record(normalize_id(point.id), dict(point.payload or {}), array)
 
 
 def scored_from(point: Any) -> ScoredRecord:
