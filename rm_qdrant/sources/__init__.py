@@ -76,18 +76,6 @@ def shown(uri: object) -> str:
     return text if len(text) <= _SHOWN_LENGTH else text[:_SHOWN_LENGTH] + "..."
 
 
-class _Shown:
-    """A URI as :func:`shown` words it, worked out only if a message is formatted."""
-
-    __slots__ = ("uri",)
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-
-    def __str__(self) -> str:
-        return shown(self.uri)
-
-
 class ImageSource:
     """Reads image bytes for URIs under one :class:`SourceConfig`; thread-safe.
 
@@ -116,10 +104,10 @@ class ImageSource:
         """
         if not isinstance(uri, str) or not uri:
             raise SourceError(f"no image URI (got {shown(repr(uri))})")
+        name = shown(uri)
         match = _SCHEME.match(uri)
         explicit = match is not None and len(match.group(1)) > 1  # not a Windows drive letter
         scheme = match.group(1).lower() if match is not None and explicit else "file"
-        name = _Shown(uri)  # redacted only when a message needs it
         if scheme not in self.config.schemes:
             allowed = ", ".join(self.config.schemes)
             raise SourceError(f"{name}: scheme {scheme!r} is not allowed (allowed: {allowed})")
@@ -127,14 +115,14 @@ class ImageSource:
             raise SourceError(f"{name}: not fetched, the run is stopping")
         if scheme == "file":
             target = self._path(uri, explicit, name)
-            return read_file(target, max_bytes=self.config.max_bytes, shown=name)  # type: ignore[arg-type]
+            return read_file(target, max_bytes=self.config.max_bytes, shown=name)
         if scheme in ("http", "https"):
-            return self._fetcher().get(uri, shown=str(name), stop=self._stop)
+            return self._fetcher().get(uri, shown=name, stop=self._stop)
         if scheme in ("s3", "gs"):
-            return self._object_fetcher().get(uri, shown=str(name), stop=self._stop)
+            return self._object_fetcher().get(uri, shown=name, stop=self._stop)
         raise SourceError(f"{name}: rm-qdrant cannot fetch {scheme!r} URIs")
 
-    def _path(self, uri: str, has_scheme: bool, name: object) -> Path:
+    def _path(self, uri: str, has_scheme: bool, name: str) -> Path:
         if has_scheme:  # file://host/path
             try:
                 uri = unquote(urlsplit(uri).path)
