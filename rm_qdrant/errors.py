@@ -19,6 +19,10 @@ class CollectionNotFound(StoreError):
     """A named collection (or pair record) does not exist."""
 
 
+class Unsupported(StoreError):
+    """The Qdrant server lacks a feature a call needs (an older version)."""
+
+
 class StoreLocked(StoreError):
     """An embedded store is already open in another process."""
 

@@ -62,6 +62,22 @@ def score_to_distance(score: float, distance: str) -> float:
     return score
 
 
+def higher_is_closer(distance: str) -> float:
+    """+1 where a higher Qdrant score is closer (cosine, dot), -1 where the score is the distance.
+
+    A formula ranks by its value, highest first: ``max(sign * score_old, sign * score_new)``
+    is then the merge's order, and ``sign * value`` the raw score again.
+
+    >>> higher_is_closer("euclid")
+    -1.0
+    """
+    return 1.0 if check_distance(distance) in ("cosine", "dot") else -1.0
+
+
+#: A formula's value for a prefetch that did not return the point: never the closer one.
+UNSEEN = 1e30
+
+
 def _order_key(hit: Hit) -> tuple[float, int, str]:
     # Deterministic ties: equal distances put the new copy first, then order by id.
     return (hit.distance, 0 if hit.source == "new" else 1, str(hit.id))

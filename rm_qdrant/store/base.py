@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rm_qdrant.core.merge import PointId, check_distance
+from rm_qdrant.core.merge import PointId, check_distance, higher_is_closer
 from rm_qdrant.errors import ConfigError, DimensionMismatch
 
 
@@ -29,19 +29,41 @@ class Where:
         must_not: field -> value: the field equals none of them.
         empty: fields that must be absent (or null, or an empty list).
         not_empty: fields that must be present.
+        has_vector: named vectors the point must have.
+        lacks_vector: named vectors the point must not have.
+        slice: ``(i, n)``: the i-th of n disjoint slices of the points (by id hash).
     """
 
     must: Mapping[str, Any] = field(default_factory=dict)
     must_not: Mapping[str, Any] = field(default_factory=dict)
     empty: tuple[str, ...] = ()
     not_empty: tuple[str, ...] = ()
+    has_vector: tuple[str, ...] = ()
+    lacks_vector: tuple[str, ...] = ()
+    slice: tuple[int, int] | None = None
 
     def __and__(self, other: Where) -> Where:
+        if self.slice is not None and other.slice is not None and self.slice != other.slice:
+            raise ConfigError(f"two slices in one filter: {self.slice} and {other.slice}")
         return Where(
             {**self.must, **other.must},
             {**self.must_not, **other.must_not},
             self.empty + other.empty,
             self.not_empty + other.not_empty,
+            self.has_vector + other.has_vector,
+            self.lacks_vector + other.lacks_vector,
+            self.slice or other.slice,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.must
+            or self.must_not
+            or self.empty
+            or self.not_empty
+            or self.has_vector
+            or self.lacks_vector
+            or self.slice
         )
 
 
@@ -59,7 +81,7 @@ def as_where(filter: Filter | None) -> Where | None:
     if filter is None:
         return None
     where = filter if isinstance(filter, Where) else Where(must=dict(filter))
-    return where if (where.must or where.must_not or where.empty or where.not_empty) else None
+    return where if where else None
 
 
 def match_values(value: Any) -> tuple[list[Any] | None, Any]:
@@ -135,11 +157,33 @@ class Record:
 
 @dataclass(frozen=True)
 class ScoredRecord:
-    """A search result straight from the store: id, raw Qdrant score, payload."""
+    """A search result straight from the store: id, raw Qdrant score, payload.
+
+    ``in_new`` is set by :meth:`Store.merged_search` only: whether the hit came from the
+    new vector's prefetch (the point has the new vector) rather than the old one's.
+    """
 
     id: PointId
     score: float
     payload: dict[str, Any] = field(default_factory=dict)
+    in_new: bool = False
+
+
+@dataclass(frozen=True)
+class MergedQuery:
+    """What :meth:`Store.merged_search` runs for each row: both vectors of one collection
+    searched in one request, and the union ranked by distance (see :mod:`rm_qdrant.core.merge`).
+
+    The old prefetch sees only points that lack ``new_vector``, so each point counts once.
+    """
+
+    old_vector: str
+    new_vector: str
+    distance: str
+    limit: int
+    filter: Filter | None = None
+    exact: bool = False
+    hnsw_ef: int | None = None
 
 
 class Store(Protocol):
@@ -168,6 +212,28 @@ class Store(Protocol):
     def list_collections(self) -> list[str]: ...
 
     def delete_collection(self, name: str) -> None: ...
+
+    def add_vector(self, name: str, vector: str, *, dim: int, distance: str) -> None:
+        """Add a named dense vector to an existing collection (its points do not have it yet)."""
+        ...
+
+    def drop_vector(self, name: str, vector: str) -> None:
+        """Remove a named vector from a collection and from every point."""
+        ...
+
+    def set_vectors(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        where: Where | None = None,
+    ) -> None:
+        """Set one named vector of existing points, leaving their other vectors and payload as
+        they are. Ids no longer there are skipped; with ``where``, so are points that do not
+        match it at the moment of the write (checked and written in one operation)."""
+        ...
 
     def upsert(
         self,
@@ -267,6 +333,18 @@ class Store(Protocol):
         """
         ...
 
+    def merged_search(
+        self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
+    ) -> list[list[ScoredRecord]]:
+        """Search two vectors of one collection in one request per row: a prefetch on
+        ``query.old_vector`` (points without the new vector), one on ``query.new_vector``,
+        and a formula that ranks their union by distance. Scores are the raw Qdrant scores.
+
+        Raises:
+            Unsupported: the server cannot run such a query (Qdrant before 1.20).
+        """
+        ...
+
     def close(self) -> None: ...
 
 
@@ -320,6 +398,14 @@ def record_from(point: Any, with_vectors: bool, vector: str = "") -> Record:
 def scored_from(point: Any) -> ScoredRecord:
     """A backend's scored point as a :class:`ScoredRecord`."""
     return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))
+
+
+def merged_from(point: Any, query: MergedQuery) -> ScoredRecord:
+    """A backend's point from a merged search: the formula's value back to the raw score, and
+    whether it came from the new vector (asked for with the hit, so present only then)."""
+    vectors = point.vector if isinstance(point.vector, Mapping) else {}
+    score = higher_is_closer(query.distance) * float(point.score)
+    return ScoredRecord(normalize_id(point.id), score, dict(point.payload or {}), query.new_vector in vectors)
 
 
 def is_missing_point(exc: BaseException) -> bool:

@@ -19,13 +19,14 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.errors import CollectionNotFound, StoreError, Unsupported
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
     Filter,
+    MergedQuery,
     Record,
     ScoredRecord,
     VectorFacts,
@@ -35,6 +36,7 @@ from rm_qdrant.store.base import (
     check_vectors,
     is_missing_point,
     match_values,
+    merged_from,
     normalize_id,
     pick_vector,
     record_from,
@@ -71,7 +73,12 @@ def _client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) 
     empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.empty]
     present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
     must: list[Any] = [_condition(k, v) for k, v in where.must.items()] + empty + by_id
+    must += [models.HasVectorCondition(has_vector=v) for v in where.has_vector]
+    if where.slice is not None:
+        index, total = where.slice
+        must.append(models.SliceCondition(slice=models.Slice(index=index, total=total)))
     must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()] + present
+    must_not += [models.HasVectorCondition(has_vector=v) for v in where.lacks_vector]
     return models.Filter(must=must or None, must_not=must_not or None)
 
 
@@ -180,6 +187,57 @@ class ClientStore:
         self._specs.pop(name, None)
         with self._errors(f"deleting collection {name!r}", name):
             self._client.delete_collection(name)
+
+    def add_vector(self, name: str, vector: str, *, dim: int, distance: str) -> None:
+        spec = check_spec(name, dim, distance, vector)
+        config = models.DenseVectorConfig(size=spec.dim, distance=_DISTANCES[spec.distance])
+        self._specs.pop(name, None)
+        with self._errors(f"adding vector {vector!r} to {name!r}", name):
+            self._client.create_vector_name(
+                name, vector, models.DenseVectorNameConfig(dense=config), wait=True
+            )
+
+    def drop_vector(self, name: str, vector: str) -> None:
+        self._specs.pop(name, None)
+        with self._errors(f"removing vector {vector!r} from {name!r}", name):
+            self._client.delete_vector_name(name, vector, wait=True)
+
+    def set_vectors(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        where: Where | None = None,
+    ) -> None:
+        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
+        rows = [
+            models.PointVectors(id=normalize_id(i), vector={vector: row})
+            for i, row in zip(ids, matrix.tolist(), strict=True)
+        ]
+        condition = _client_filter(where)
+
+        def write(part: list[models.PointVectors]) -> None:
+            with self._errors(f"vector update in {name!r}", name):
+                self._client.update_vectors(name, part, wait=True, update_filter=condition)
+
+        try:
+            if rows:
+                write(rows)
+        except (KeyError, StoreError) as exc:  # KeyError: the local mode's word for a missing point
+            if isinstance(exc, StoreError) and not is_missing_point(exc):
+                raise
+            # A point was deleted meanwhile; those before it may be written already, which the
+            # condition (or the same value written twice) makes harmless: go one by one.
+            for row in rows:
+                try:
+                    write([row])
+                except KeyError:
+                    continue
+                except StoreError as one:
+                    if not is_missing_point(one):
+                        raise
 
     def upsert(
         self,
@@ -356,6 +414,53 @@ class ClientStore:
         with self._errors(f"search in {name!r}", name):
             responses = self._client.query_batch_points(name, requests)
         return [[scored_from(p) for p in r.points] for r in responses]
+
+    def merged_search(
+        self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
+    ) -> list[list[ScoredRecord]]:
+        old = check_vectors(self.collection(name, query.old_vector), old_queries)
+        new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
+        params = models.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact) if self._remote else None
+        where = as_where(query.filter) or Where()
+        old_filter = _client_filter(where & Where(lacks_vector=(query.new_vector,)))
+        new_filter = _client_filter(where)
+        sign = higher_is_closer(query.distance)
+        scores: list[Any] = [f"$score[{k}]" for k in (0, 1)]
+        if sign < 0:
+            scores = [models.NegExpression(neg=v) for v in scores]
+        formula = models.FormulaQuery(
+            formula=models.MaxExpression(max=scores),
+            defaults={f"$score[{k}]": -sign * UNSEEN for k in (0, 1)},
+        )
+        requests = [
+            models.QueryRequest(
+                prefetch=[
+                    models.Prefetch(
+                        query=o,
+                        using=query.old_vector or None,
+                        filter=old_filter,
+                        limit=query.limit,
+                        params=params,
+                    ),
+                    models.Prefetch(
+                        query=n, using=query.new_vector, filter=new_filter, limit=query.limit, params=params
+                    ),
+                ],
+                query=formula,
+                limit=query.limit,
+                with_payload=True,
+                with_vector=[query.new_vector],
+            )
+            for o, n in zip(old.tolist(), new.tolist(), strict=True)
+        ]
+        try:
+            with self._errors(f"merged search in {name!r}", name):
+                responses = self._client.query_batch_points(name, requests)
+        except StoreError as exc:
+            if "HTTP 4" in str(exc) and any(w in str(exc).lower() for w in ("formula", "max", "prefetch")):
+                raise Unsupported(f"Qdrant at {self._shown} cannot merge in one query: {exc}") from exc
+            raise
+        return [[merged_from(p, query) for p in r.points] for r in responses]
 
     def close(self) -> None:
         self._client.close()

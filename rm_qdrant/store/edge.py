@@ -31,12 +31,13 @@ from typing import Any
 import numpy as np
 import qdrant_edge as qe
 
-from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError, StoreLocked
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
     Filter,
+    MergedQuery,
     Record,
     ScoredRecord,
     VectorFacts,
@@ -47,6 +48,7 @@ from rm_qdrant.store.base import (
     check_vectors,
     is_missing_point,
     match_values,
+    merged_from,
     normalize_id,
     pick_vector,
     record_from,
@@ -82,9 +84,24 @@ def _edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) ->
     if ids is not None:
         must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
     must += [qe.IsEmptyCondition(k) for k in where.empty]
+    must += [qe.HasVectorCondition(v) for v in where.has_vector]
+    if where.slice is not None:
+        must.append(qe.SliceCondition(index=where.slice[0], total=where.slice[1]))
     must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()]
     must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
+    must_not += [qe.HasVectorCondition(v) for v in where.lacks_vector]
     return qe.Filter(must=must or None, must_not=must_not or None)
+
+
+def _wanted(with_vectors: bool, vector: str) -> Any:
+    # A named vector is asked for by name: a point without it then comes back without it.
+    return ([vector] if vector else True) if with_vectors else False
+
+
+def _run(shard: qe.EdgeShard, requests: list[qe.QueryRequest]) -> list[list[Any]]:
+    if len(requests) == 1:
+        return [shard.query(requests[0])]
+    return list(shard.query_batch(qe.QueryBatchRequest(requests))) if requests else []
 
 
 def _read_specs(folder: Path, name: str) -> _Specs:
@@ -216,6 +233,56 @@ class EdgeStore:
             (folder / "spec.json").unlink(missing_ok=True)
             shutil.rmtree(folder)
 
+    def add_vector(self, name: str, vector: str, *, dim: int, distance: str) -> None:
+        spec = check_spec(name, dim, distance, vector)
+        self._update(
+            name, qe.UpdateOperation.create_dense_vector(vector, spec.dim, _DISTANCES[spec.distance])
+        )
+        self._reread(name)
+
+    def drop_vector(self, name: str, vector: str) -> None:
+        self._update(name, qe.UpdateOperation.delete_vector_name(vector))
+        self._reread(name)
+
+    def _reread(self, name: str) -> None:
+        # The shard rewrites its edge_config.json when its vectors change.
+        with self._mutex:
+            specs, shard = self._shards[name]
+            self._shards[name] = (_read_specs(self._dir(name), name), shard)
+
+    def set_vectors(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        where: Where | None = None,
+    ) -> None:
+        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
+        rows = [(normalize_id(i), {vector: row}) for i, row in zip(ids, matrix.tolist(), strict=True)]
+        condition = _edge_filter(where)
+        shard = self._open(name)[1]
+
+        def write(part: list[tuple[PointId, dict[str, list[float]]]]) -> None:
+            points = [qe.PointVectors(i, v) for i, v in part]
+            shard.update(qe.UpdateOperation.update_vectors(points, condition=condition))
+
+        try:
+            if rows:
+                write(rows)
+        except Exception as exc:
+            if not is_missing_point(exc):
+                raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
+            # A point was deleted meanwhile; the points before it may be written already, which
+            # the condition (or the same value written twice) makes harmless: go one by one.
+            for row in rows:
+                try:
+                    write([row])
+                except Exception as one:
+                    if not is_missing_point(one):
+                        raise StoreError(f"write to collection {name!r} failed: {one}") from one
+
     def _open(self, name: str) -> tuple[_Specs, qe.EdgeShard]:
         with self._mutex:
             opened = self._shards.get(name)
@@ -311,7 +378,7 @@ class EdgeStore:
         with_payload: bool = True,
     ) -> list[Record]:
         shard = self._open(name)[1]
-        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, with_vectors)
+        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, _wanted(with_vectors, vector))
         return [record_from(p, with_vectors, vector) for p in points]
 
     def scroll(
@@ -332,7 +399,7 @@ class EdgeStore:
             offset=start,
             limit=limit,
             with_payload=with_payload,
-            with_vector=with_vectors,
+            with_vector=_wanted(with_vectors, vector),
             filter=_edge_filter(where),
             order_by=qe.OrderBy(order_by) if order_by else None,
         )
@@ -386,11 +453,49 @@ class EdgeStore:
             )
             for row in matrix.tolist()
         ]
-        if len(requests) == 1:
-            results = [shard.query(requests[0])]
-        else:
-            results = shard.query_batch(qe.QueryBatchRequest(requests))
-        return [[scored_from(p) for p in hits] for hits in results]
+        return [[scored_from(p) for p in hits] for hits in _run(shard, requests)]
+
+    def merged_search(
+        self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
+    ) -> list[list[ScoredRecord]]:
+        shard = self._open(name)[1]
+        old = check_vectors(self.collection(name, query.old_vector), old_queries)
+        new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
+        params = qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact)
+        where = as_where(query.filter) or Where()
+        old_filter = _edge_filter(where & Where(lacks_vector=(query.new_vector,)))
+        new_filter = _edge_filter(where)
+        sign = higher_is_closer(query.distance)
+        scores = [qe.Expression.Variable(f"$score[{k}]") for k in (0, 1)]
+        if sign < 0:
+            scores = [qe.Expression.Neg(s) for s in scores]
+        formula = qe.Formula(
+            qe.Expression.Max(scores), defaults={f"$score[{k}]": -sign * UNSEEN for k in (0, 1)}
+        )
+        requests = [
+            qe.QueryRequest(
+                limit=query.limit,
+                prefetches=[
+                    qe.Prefetch(
+                        limit=query.limit,
+                        query=qe.Query.Nearest(o, using=query.old_vector or None),
+                        filter=old_filter,
+                        params=params,
+                    ),
+                    qe.Prefetch(
+                        limit=query.limit,
+                        query=qe.Query.Nearest(n, using=query.new_vector),
+                        filter=new_filter,
+                        params=params,
+                    ),
+                ],
+                query=formula,
+                with_payload=True,
+                with_vector=[query.new_vector],
+            )
+            for o, n in zip(old.tolist(), new.tolist(), strict=True)
+        ]
+        return [[merged_from(p, query) for p in hits] for hits in _run(shard, requests)]
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""
