@@ -6,9 +6,10 @@ searches both and the hits are merged by distance.
 
 from __future__ import annotations
 
+from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
-from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo

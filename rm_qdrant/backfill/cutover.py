@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from rm_qdrant.backfill.create import old_model_ref
 from rm_qdrant.backfill.pair import (
     ModelRef,
     PairRecord,
     active_where,
     clear_bookkeeping,
-    old_model_ref,
     save_pair,
 )
 from rm_qdrant.core.planning import ERROR
@@ -48,10 +48,47 @@ def finalize(
     Raises:
         MigrationError: the pair is finalized or rolled back, or old still serves points.
     """
+    if pair.single:
+        return _finalize_single(store, pair, alias=alias, drop_old=drop_old)
     if pair.state == "finalizing":
         return _complete_finalize(store, pair)
     if pair.state != "backfilling":
         raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
+    _check_all_moved(store, pair)
+    name = alias or pair.alias or pair.name
+    if name != pair.old_collection or not drop_old:
+        _check_alias(store, name)
+    starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
+    save_pair(store, starting)
+    return _complete_finalize(store, starting)
+
+
+def _finalize_single(store: Store, pair: PairRecord, *, alias: str | None, drop_old: bool) -> PairRecord:
+    """One collection: serve the new vector alone; ``drop_old`` deletes the old vector, now
+    or, on a finalized pair, later. The application then searches ``using`` the new vector."""
+    if alias is not None:
+        raise ConfigError(
+            f"pair {pair.name!r} is one collection: there is no alias to move; the application searches "
+            f"{pair.old_collection!r} using the vector {pair.new_using!r} from now on"
+        )
+    if pair.state == "finalized" and drop_old and not pair.drop_old:
+        pair = replace(pair, state="finalizing", drop_old=True)
+    elif pair.state not in ("backfilling", "finalizing"):
+        raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
+    if pair.state == "backfilling":
+        _check_all_moved(store, pair)
+        pair = replace(pair, state="finalizing", drop_old=drop_old)
+    save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
+    if pair.drop_old and pair.vector in store.collection(pair.old_collection, pair.new_using).vectors:
+        store.drop_vector(pair.old_collection, pair.vector)
+    clear_bookkeeping(store, pair)
+    updated = replace(pair, state="finalized")
+    save_pair(store, updated)
+    log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
+    return updated
+
+
+def _check_all_moved(store: Store, pair: PairRecord) -> None:
     remaining = store.count(pair.old_collection, active_where(pair))
     if remaining:
         failed = store.count(pair.old_collection, active_where(pair) & Where(not_empty=(ERROR,)))
@@ -59,12 +96,6 @@ def finalize(
             f"{remaining} points still serve from {pair.old_collection!r} ({failed} of them failed; "
             "see 'rmq status'): finish the migration (rmq migrate --retry-failed) first"
         )
-    name = alias or pair.alias or pair.name
-    if name != pair.old_collection or not drop_old:
-        _check_alias(store, name)
-    starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
-    save_pair(store, starting)
-    return _complete_finalize(store, starting)
 
 
 def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
@@ -87,7 +118,8 @@ def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
 def rollback(
     store: Store, pair: PairRecord, *, alias: str | None = None, old_encoder: OnnxEncoder | None = None
 ) -> PairRecord:
-    """Serve the old model again, from the old collection alone (keep-old pairs only).
+    """Serve the old model again, from the old collection alone (keep-old pairs), or from the
+    old vector alone (single-collection pairs, whose new vectors stay, unserved).
 
     Queries are then encoded by the old model, which the pair records (``rmq init
     --old-encoder``; a pair created without it takes ``old_encoder`` here). Points
@@ -98,13 +130,17 @@ def rollback(
         MigrationError: the pair did not keep old points, or its old collection is gone.
         ConfigError: no old model is recorded or given, or the one given does not fit.
     """
-    if not pair.keep_old:
+    if not (pair.keep_old or pair.single):
         raise MigrationError(
             f"pair {pair.name!r} removed migrated points from old (not --keep-old): "
             "the old model cannot serve the whole gallery again"
         )
     if pair.state == "rolled_back":
         raise MigrationError(f"pair {pair.name!r} is already rolled back")
+    if pair.single and pair.state != "backfilling":
+        raise MigrationError(f"pair {pair.name!r} is {pair.state}: the old vector no longer serves")
+    if pair.single and alias is not None:
+        raise ConfigError(f"pair {pair.name!r} is one collection: there is no alias to move (drop --alias)")
     if not store.has_collection(pair.old_collection):
         raise MigrationError(f"the old collection {pair.old_collection!r} was dropped")
     model = pair.old_encoder
@@ -115,8 +151,8 @@ def rollback(
             f"pair {pair.name!r} has no old model recorded: give it (rmq rollback --old-encoder OLD.onnx) "
             "so that queries are encoded as the old collection's vectors were"
         )
-    name = alias or pair.alias or pair.name
-    if store.alias(name) != pair.old_collection:  # a rerun after a kill may find it moved already
+    name = None if pair.single else alias or pair.alias or pair.name
+    if name is not None and store.alias(name) != pair.old_collection:  # a rerun may find it moved
         store.set_alias(_check_alias(store, name), pair.old_collection)
     clear_bookkeeping(store, pair)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)

@@ -9,17 +9,27 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, load_pair
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.core.planning import MIGRATED, user_payload
-from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.core.planning import user_payload
+from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
-from rm_qdrant.store.base import as_where
+from rm_qdrant.store.base import MergedQuery, as_where
 
 log = logging.getLogger(__name__)
+
+
+def _old_dim(store: Store, pair: PairRecord) -> int | None:
+    """The old vectors' size, or None once they are gone (finalized and dropped)."""
+    if pair.single:
+        if pair.vector not in store.collection(pair.old_collection, pair.new_using).vectors:
+            return None
+    elif not (pair.serves_old or store.has_collection(pair.old_collection)):
+        return None
+    return store.collection(pair.old_collection, pair.vector).dim
 
 
 def _open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
@@ -65,13 +75,13 @@ class DualIndex:
         self.old_encoder = old_encoder
         self.exact = exact
         self.hnsw_ef = hnsw_ef
-        self._new_dim = store.collection(pair.new_collection, pair.vector).dim
-        self._old_dim = (
-            store.collection(pair.old_collection, pair.vector).dim
-            if pair.serves_old or store.has_collection(pair.old_collection)
-            else None  # finalized with the old collection dropped
+        self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
+        self._old_dim = _old_dim(store, pair)
+        # One collection: both searches run as one query (two, in order, where that fails).
+        self._two_queries = not pair.single
+        self._pool = (
+            ThreadPoolExecutor(max_workers=2) if store.concurrent_search and not pair.single else None
         )
-        self._pool = ThreadPoolExecutor(max_workers=2) if store.concurrent_search else None
 
     @classmethod
     def open(
@@ -173,14 +183,20 @@ class DualIndex:
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
+        if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
+            try:
+                return self._merged(old_q, new_q, limit, filter)
+            except Unsupported as exc:
+                log.warning("%s; searching the two vectors one after the other", exc)
+                self._two_queries = True
         args: dict[str, Any] = {
             "limit": limit,
             "filter": filter,
             "exact": self.exact,
             "hnsw_ef": self.hnsw_ef,
-            "vector": pair.vector,
         }
-        old_args = {**args, "filter": self._old_filter(filter)}
+        old_args = {**args, "filter": self._old_filter(filter), "vector": pair.vector}
+        new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
         # A migrating point is written to new before it leaves old, so searching old
         # first and new second can see it twice (merge keeps one), never zero times.
@@ -192,16 +208,40 @@ class DualIndex:
         old_raw: list[list[ScoredRecord]] | None = None
         if pending is None and old_q is not None:
             old_raw = self.store.search(old_name, old_q, **old_args)
-        new_raw = None if new_q is None else self.store.search(new_name, new_q, **args)
+        new_raw = None if new_q is None else self.store.search(new_name, new_q, **new_args)
         if pending is not None:
             old_raw = pending.result()
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 
+    def _merged(
+        self, old_q: np.ndarray, new_q: np.ndarray, limit: int, filter: Filter | None
+    ) -> list[list[Hit]]:
+        pair = self.pair
+        query = MergedQuery(
+            pair.vector, pair.new_using, pair.distance, limit, filter, self.exact, self.hnsw_ef
+        )
+        results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
+        d = pair.distance
+        return [
+            [
+                Hit(
+                    r.id,
+                    r.score,
+                    score_to_distance(r.score, d),
+                    "new" if r.in_new else "old",
+                    user_payload(r.payload),
+                )
+                for r in hits
+            ]
+            for hits in results
+        ]
+
     def _old_filter(self, filter: Filter | None) -> Filter | None:
-        # Keep-old mode: migrated points stay in old but are served from new only.
-        if self.pair.keep_old and self.pair.state == "backfilling":
-            return (as_where(filter) or Where()) & Where(must_not={MIGRATED: 1})
+        # Points that are also in new (keep-old copies, or points with the new vector in one
+        # collection) are served from new only.
+        if self.pair.state == "backfilling" and (self.pair.keep_old or self.pair.single):
+            return (as_where(filter) or Where()) & active_where(self.pair)
         return filter
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
@@ -247,19 +287,25 @@ class DualIndex:
         encoder = self._encoder()
         gallery = encoder.info.gallery_output()
         vectors = encoder.encode(list(images), [gallery])[gallery]
-        self.upsert_vectors(ids, vectors, payloads)
+        old_vectors = None
+        if self.pair.single and self.old_encoder is not None and self._old_dim is not None:
+            old_vectors = self._old_queries(list(images))  # the old model's vectors, for a rollback
+        self.upsert_vectors(ids, vectors, payloads, old_vectors=old_vectors)
 
     def upsert_vectors(
         self,
         ids: Sequence[PointId],
         vectors: np.ndarray,
         payloads: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        old_vectors: np.ndarray | None = None,
     ) -> None:
         """Write new-model vectors to the new collection, then remove those ids from old.
 
         The write to new is complete before the removal starts, so a crash in
         between leaves the point in both collections (search returns it once),
-        never in neither.
+        never in neither. In one collection the point is written with its new vector
+        (and ``old_vectors``, if given, as its old one, which a rollback serves).
         """
         if self.pair.state == "rolled_back":
             raise ConfigError(
@@ -268,13 +314,17 @@ class DualIndex:
         # Bookkeeping fields are rm-qdrant's: a user's write that carried them (a hit's payload
         # written back, say) would pass for a migration copy, which the migration may delete.
         bodies = None if payloads is None else [user_payload(p) for p in payloads]
-        self.store.upsert(self.pair.new_collection, ids, vectors, bodies, vector=self.pair.vector)
-        if self._old_dim is not None:
-            self.store.delete(self.pair.old_collection, ids)
+        pair = self.pair
+        self.store.upsert(pair.new_collection, ids, vectors, bodies, vector=pair.new_using)
+        if pair.single:
+            if old_vectors is not None and self._old_dim is not None:
+                self.store.set_vectors(pair.old_collection, ids, old_vectors, vector=pair.vector)
+        elif self._old_dim is not None:
+            self.store.delete(pair.old_collection, ids)
 
     def delete(self, ids: Sequence[PointId]) -> None:
         """Remove points from the gallery: from both collections."""
-        if self._old_dim is not None:
+        if self._old_dim is not None and not self.pair.single:
             self.store.delete(self.pair.old_collection, ids)
         self.store.delete(self.pair.new_collection, ids)
 

@@ -18,7 +18,7 @@ import numpy as np
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import active_where
+from rm_qdrant.backfill.pair import active_where, count_new, ids_in_new
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
 from rm_qdrant.errors import ConfigError
@@ -41,7 +41,7 @@ def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
     for label in labels:
         where = Where(must={pair.label_field: label})
         old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0
-        counts[label] = old + store.count(pair.new_collection, where)
+        counts[label] = old + (count_new(store, pair, where) if pair.serves_new else 0)
     return counts
 
 
@@ -105,10 +105,10 @@ def served_retrieval(
 
 def _in_gallery(index: DualIndex, query: ImageItem) -> bool:
     pair, store = index.pair, index.store
-    found = store.retrieve(pair.new_collection, [query.point_id])
+    found = bool(ids_in_new(store, pair, [query.point_id])) if pair.serves_new else False
     if not found and pair.serves_old:
-        found = store.retrieve(pair.old_collection, [query.point_id])
-    return bool(found)
+        found = bool(store.retrieve(pair.old_collection, [query.point_id], with_payload=False))
+    return found
 
 
 def evaluate_served(

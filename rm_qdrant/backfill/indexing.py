@@ -75,6 +75,7 @@ def index_images(
     *,
     batch_size: int = 256,
     on_batch: Callable[[int], None] | None = None,
+    vector: str | None = None,
 ) -> IndexReport:
     """Embed images with ``encoder`` and upsert them into ``collection``.
 
@@ -82,19 +83,21 @@ def index_images(
     does not exist, and the encoder is recorded as the model of its vectors. An
     image that cannot be read is skipped and reported; the others are written.
     When the encoder has a ``scores`` output, each point's payload gets
-    ``old_confidence`` (what the ``confidence`` backfill order reads).
+    ``old_confidence`` (what the ``confidence`` backfill order reads). ``vector`` names the
+    vector written where the collection has several (a single-collection pair's old one).
     """
     output = encoder.info.gallery_output()
     dim = encoder.info.outputs[output]
     if store.has_collection(collection):
-        spec = store.collection(collection)
+        spec = store.collection(collection, vector)
+        vector = spec.vector
         if spec.dim != dim:
             raise DimensionMismatch(
                 f"collection {collection!r} holds {spec.dim}-d vectors, {encoder.path} makes {dim}-d"
             )
         check_collection_model(store, collection, encoder)
     else:
-        store.create_collection(collection, dim=dim, distance=encoder.info.distance)
+        store.create_collection(collection, dim=dim, distance=encoder.info.distance, vector=vector or "")
     record_collection_model(store, collection, ModelRef.of(encoder, output))
     wanted = [output] + (["scores"] if "scores" in encoder.info.outputs else [])
     indexed, failed = 0, []
@@ -113,7 +116,7 @@ def index_images(
             if "scores" in out:
                 for body, score in zip(payloads, out["scores"].max(axis=1).tolist(), strict=True):
                     body["old_confidence"] = score
-            store.upsert(collection, [i.point_id for i in good], out[output], payloads)
+            store.upsert(collection, [i.point_id for i in good], out[output], payloads, vector=vector or "")
             indexed += len(good)
         if on_batch is not None:
             on_batch(len(chunk))

@@ -128,7 +128,7 @@ class Migrator:
         self.options = options
         self.encoder = index.encoder
         self.output = index.encoder.info.gallery_output()
-        self.dim = index.store.collection(index.pair.new_collection, index.pair.vector).dim
+        self.dim = index.store.collection(index.pair.new_collection, index.pair.new_using).dim
 
     @property
     def pair(self) -> PairRecord:
@@ -226,10 +226,17 @@ class Migrator:
 
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
         pair = self.pair
-        present = self.store.retrieve(pair.old_collection, list(batch))
+        if pair.single:  # one read: the payloads, and which points have the new vector already
+            present = self.store.retrieve(
+                pair.old_collection, list(batch), with_vectors=True, vector=pair.new_using
+            )
+            done = {r.id for r in present if r.vector is not None}
+        else:
+            present = self.store.retrieve(pair.old_collection, list(batch))
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        done = {r.id for r in self.store.retrieve(pair.new_collection, ids, with_payload=False)}
+        if not pair.single:
+            done = {r.id for r in self.store.retrieve(pair.new_collection, ids, with_payload=False)}
         todo = [i for i in ids if i not in done]
         points = [(i, payloads[i]) for i in todo]
         loaded = load_batch(
@@ -260,6 +267,8 @@ class Migrator:
         return _Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
 
     def _settle(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
+        if self.pair.single:
+            return self._settle_single(prepared, encoded)
         pair, store = self.pair, self.store
         written = encoded.ids
         if written:
@@ -296,6 +305,37 @@ class Migrator:
             failed=failed,
             gone=prepared.gone + len(batch) - len(still_in_old),
             unconfirmed=len(outcome.unconfirmed),
+            failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
+        )
+
+    def _settle_single(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
+        """One collection: add the new vector where the point still lacks it (a user's write
+        that carried one wins; a deleted point stays deleted), read back, record failures."""
+        pair, store = self.pair, self.store
+        written = encoded.ids
+        if written:
+            store.set_vectors(
+                pair.old_collection, written, encoded.vectors, vector=pair.new_using, where=active_where(pair)
+            )
+            log.debug("acknowledged %s", written)
+        back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
+        confirmed = {r.id: r.payload for r in back if r.vector is not None and len(r.vector) == self.dim}
+        retried = [i for i, payload in confirmed.items() if payload.get(ERROR) is not None]
+        if retried:
+            store.mark(pair.old_collection, retried, {ERROR: None})
+        failed = prepared.failed + encoded.failed
+        record_failures(store, pair.old_collection, failed)
+        unconfirmed = len(back) - len(confirmed)  # rewritten meanwhile without the new vector
+        if unconfirmed:
+            log.warning(
+                "%d points were rewritten without the new vector meanwhile; they stay in old", unconfirmed
+            )
+        return BatchResult(
+            moved=len(confirmed),
+            repaired=0,
+            failed=failed,
+            gone=prepared.gone + len(written) - len(back),
+            unconfirmed=unconfirmed,
             failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
         )
 

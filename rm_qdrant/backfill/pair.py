@@ -15,16 +15,19 @@ from typing import Any, Literal
 import numpy as np
 
 from rm_qdrant.core.calibration import Calibration
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import INTERNAL_FIELDS, MIGRATED
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import CollectionNotFound, ConfigError, DimensionMismatch
+from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.store import CollectionSpec, Store, Where
-from rm_qdrant.store.base import resolve
+from rm_qdrant.store import Store, Where
 
 META_COLLECTION = "rmq_meta"
 _NAMESPACE = uuid.UUID("5b0e6a52-8c1f-4a8e-9a43-0f1d2e3c4b5a")
 Mode = Literal["rm", "naive"]
+#: The two layouts of a pair: two collections, or one collection with a second named vector.
+PAIRED, SINGLE = "paired", "single-collection"
+LAYOUTS = (PAIRED, SINGLE)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class PairRecord:
         label_field: the payload field with class labels, where the gallery has them.
         calibration: the calibrated naive merge's map of old distances (``rmq calibrate``;
             :class:`~rm_qdrant.core.calibration.Calibration` as a dict), or None.
+        layout: ``paired`` (two collections), or ``single-collection``: one collection
+            (``old_collection`` and ``new_collection`` are the same) where migrating a point
+            adds its ``new_vector``; ``vector`` is the old model's.
+        new_vector: the new model's vector name in the single-collection layout.
     """
 
     name: str
@@ -95,6 +102,25 @@ class PairRecord:
     uri_template: str | None = None
     label_field: str = "label"
     calibration: dict[str, list[float]] | None = None
+    layout: str = PAIRED
+    new_vector: str | None = None
+
+    @property
+    def single(self) -> bool:
+        """Whether the pair is one collection with the new model as a second named vector."""
+        return self.layout == SINGLE
+
+    @property
+    def arrow(self) -> str:
+        """Where the gallery moves, for messages: ``old -> new``, or ``C: vector OLD -> NEW``."""
+        if self.single:
+            return f"{self.old_collection}: vector {self.vector!r} -> {self.new_using!r}"
+        return f"{self.old_collection} -> {self.new_collection}"
+
+    @property
+    def new_using(self) -> str:
+        """The vector name new-model vectors are stored under."""
+        return self.new_vector if self.single and self.new_vector is not None else self.vector
 
     @property
     def old_distance(self) -> Calibration | None:
@@ -132,8 +158,37 @@ class PairRecord:
 
 
 def active_where(pair: PairRecord) -> Where:
-    """The old points that still serve from old (keep-old mode hides migrated ones)."""
+    """The old points that still serve from old (keep-old mode hides migrated ones; in one
+    collection, the points without the new vector)."""
+    if pair.single:
+        return Where(lacks_vector=(pair.new_using,))
     return Where(must_not={MIGRATED: 1}) if pair.keep_old else Where()
+
+
+def new_where(pair: PairRecord) -> Where:
+    """The points of ``pair.new_collection`` that serve from new (in one collection: those
+    with the new vector)."""
+    return Where(has_vector=(pair.new_using,)) if pair.single else Where()
+
+
+def count_new(store: Store, pair: PairRecord, where: Where | None = None) -> int:
+    """How many points serve from new (that also match ``where``)."""
+    return store.count(pair.new_collection, new_where(pair) & (where or Where()))
+
+
+def ids_in_new(store: Store, pair: PairRecord, ids: list[PointId]) -> set[PointId]:
+    """Which of ``ids`` are in new (in one collection: have the new vector)."""
+    if not pair.single:
+        return {r.id for r in store.retrieve(pair.new_collection, ids, with_payload=False)}
+    found = store.retrieve(
+        pair.new_collection, ids, with_vectors=True, vector=pair.new_using, with_payload=False
+    )
+    return {r.id for r in found if r.vector is not None}
+
+
+def new_model_key(pair: PairRecord) -> str:
+    """Where :func:`record_collection_model` keeps the model of the new vectors."""
+    return f"{pair.new_collection}/{pair.new_using}" if pair.single else pair.new_collection
 
 
 def _key(kind: str, name: str) -> str:
@@ -209,195 +264,8 @@ def list_pairs(store: Store) -> list[PairRecord]:
     return sorted((PairRecord.from_payload(r.payload) for r in page), key=lambda p: p.name)
 
 
-def _check_free(store: Store, collection: str) -> None:
-    for other in list_pairs(store):
-        if collection == other.old_collection or (
-            collection == other.new_collection and other.state != "finalized"
-        ):
-            raise ConfigError(
-                f"collection {collection!r} already belongs to pair {other.name!r} ({other.state}); "
-                f"two pairs on one collection would each serve part of it. See 'rmq pairs', "
-                f"'rmq drop-pair {other.name}'"
-            )
-
-
-def create_pair(
-    store: Store,
-    name: str,
-    *,
-    old_collection: str,
-    encoder: OnnxEncoder,
-    old_encoder: OnnxEncoder | None = None,
-    new_collection: str | None = None,
-    mode: Mode | None = None,
-    keep_old: bool = False,
-    old_vector: str | None = None,
-    uri: UriRule | None = None,
-    label_field: str = "label",
-) -> PairRecord:
-    """Create the new collection and the pair record (what ``rmq init`` does).
-
-    The new collection mirrors the old one: the same vector name and distance, and
-    the same payload indexes. The mode defaults to ``rm`` when ``encoder`` has a
-    ``rev`` output, else ``naive``, which needs ``old_encoder``. Every check runs
-    before anything is written.
-
-    Args:
-        old_vector: the old collection's vector (None: its only one).
-        uri: where each point's image is (default: payload field ``uri``).
-        label_field: the payload field with class labels, if the gallery has them.
-
-    Raises:
-        CollectionNotFound: the old collection does not exist.
-        DimensionMismatch: a query vector would not fit the collection it searches.
-        ConfigError: the pair exists, the old collection belongs to another pair, the
-            distances differ, or the mode lacks a model.
-    """
-    if _get(store, "pair", name) is not None:
-        raise ConfigError(f"pair {name!r} already exists")
-    chosen: Mode = mode or ("rm" if "rm" in encoder.info.query_modes else "naive")
-    if chosen == "rm" and "rm" not in encoder.info.query_modes:
-        raise ConfigError(
-            f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)"
-        )
-    old_collection = resolve(store, old_collection)  # an alias (a finalized upgrade's name): its collection
-    old_spec = store.collection(old_collection, old_vector)
-    if old_spec.others() or old_spec.multivector:
-        raise ConfigError(_cannot_carry(old_spec))
-    if chosen == "naive" and old_encoder is None:
-        raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
-    if keep_old and old_encoder is None:
-        raise ConfigError(
-            "--keep-old needs --old-encoder: a rollback serves the old model again, and it must "
-            "encode the queries"
-        )
-    if chosen == "rm":
-        _check_fits(old_spec, encoder.info.outputs["rev"], f"{encoder.path} output 'rev'")
-    old_ref = old_model_ref(store, old_spec, old_encoder) if old_encoder is not None else None
-    _check_distance(old_spec, encoder)
-    gallery = encoder.info.gallery_output()
-    target = new_collection or f"{name}-new"
-    _check_free(store, old_collection)
-    _check_free(store, target)
-    _prepare_new_collection(store, target, dim=encoder.info.outputs[gallery], old=old_spec)
-    record = PairRecord(
-        name=name,
-        old_collection=old_collection,
-        new_collection=target,
-        mode=chosen,
-        distance=old_spec.distance,
-        encoder=ModelRef.of(encoder, gallery),
-        old_encoder=old_ref,
-        keep_old=keep_old,
-        vector=old_spec.vector,
-        uri_field=(uri or UriRule()).field,
-        uri_template=(uri or UriRule()).template,
-        label_field=label_field,
-    )
-    save_pair(store, record)
-    record_collection_model(store, target, record.encoder)
-    return record
-
-
-def _cannot_carry(spec: CollectionSpec) -> str:
-    if spec.multivector:
-        return (
-            f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
-            "merges single-vector searches"
-        )
-    return (
-        f"collection {spec.name!r} also has the vector(s) {', '.join(spec.others())}: a pair migrates one "
-        f"vector ({spec.vector!r}), so its new collection would lack the others and a migrated point would "
-        "lose them; such collections are not supported yet"
-    )
-
-
-def old_model_ref(store: Store, old: CollectionSpec, encoder: OnnxEncoder) -> ModelRef:
-    """The old model as a pair records it, once it fits the old collection: its size, its
-    distance, and the model recorded for it (if rm-qdrant filled it).
-
-    Raises:
-        DimensionMismatch, ConfigError: it does not fit.
-    """
-    output = encoder.info.gallery_output()
-    _check_fits(old, encoder.info.outputs[output], str(encoder.path))
-    _check_distance(old, encoder)
-    check_collection_model(store, old.name, encoder)
-    return ModelRef.of(encoder, output)
-
-
-def _check_distance(old: CollectionSpec, model: OnnxEncoder) -> None:
-    if model.info.distance != old.distance:
-        raise ConfigError(
-            f"{model.path} is made for {model.info.distance} distance, "
-            f"collection {old.name!r} uses {old.distance}"
-        )
-
-
 def clear_bookkeeping(store: Store, pair: PairRecord) -> None:
     """Remove rm-qdrant's ``rmq_*`` payload fields from both collections (idempotent)."""
     for collection in (pair.old_collection, pair.new_collection):
         if store.has_collection(collection):
             store.clear_fields(collection, INTERNAL_FIELDS)
-
-
-def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
-    if dim != old.dim:
-        named = f" (vector {old.vector!r})" if old.vector else ""
-        raise DimensionMismatch(
-            f"collection {old.name!r}{named} holds {old.dim}-d vectors but {by} makes {dim}-d queries"
-        )
-
-
-def _prepare_new_collection(store: Store, name: str, *, dim: int, old: CollectionSpec) -> None:
-    # An empty collection of the right shape is what a crashed 'init' leaves: reuse it.
-    if not store.has_collection(name):
-        store.create_collection(name, dim=dim, distance=old.distance, vector=old.vector)
-    else:
-        spec = store.collection(name)
-        if (spec.dim, spec.distance, spec.vector) != (dim, old.distance, old.vector) or store.count(name):
-            raise ConfigError(
-                f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} collection"
-            )
-    for field_name, kind in store.payload_indexes(old.name).items():
-        if field_name not in INTERNAL_FIELDS:
-            store.create_index(name, field_name, kind)
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """What ``rmq drop-pair`` did."""
-
-    pair: PairRecord
-    deleted_new: bool  # the new collection was empty and rm-qdrant's own, so it went too
-
-
-def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
-    """Forget a pair. Never deletes the old collection; deletes the new one only when empty.
-
-    rm-qdrant's own payload fields (``rmq_*``: ranks, failure reasons, copy marks) are
-    removed from both collections, which are left as the team's own code expects them.
-
-    Raises:
-        CollectionNotFound: no such pair.
-        ConfigError: the pair is mid-backfill and points live only in its new collection
-            (without ``force``): dropping it would stop serving them through the pair.
-    """
-    pair = load_pair(store, name)
-    has_new = store.has_collection(pair.new_collection)
-    in_new = store.count(pair.new_collection) if has_new else 0
-    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if pair.keep_old and in_new else 0
-    only_in_new = in_new - kept  # keep-old: migrated points are still in old; a user's writes are not
-    if pair.state in ("backfilling", "finalizing") and only_in_new > 0 and not force:
-        raise ConfigError(
-            f"pair {name!r} is {pair.state} and {only_in_new} points live in {pair.new_collection!r} only: "
-            "finish it (rmq migrate, rmq finalize) first, or --force to drop the record "
-            "(both collections stay)"
-        )
-    store.delete(META_COLLECTION, [_key("pair", name)])
-    clear_bookkeeping(store, pair)
-    deleted = has_new and in_new == 0 and pair.state != "finalized"
-    if deleted:
-        store.delete_collection(pair.new_collection)
-        store.delete(META_COLLECTION, [_key("collection", pair.new_collection)])
-    return Dropped(pair, deleted)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.loading import load_batch
-from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.forecast import (
     DIP_TOLERANCE,
@@ -198,7 +198,7 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
 
     A sampled point counts as migrated when the new collection holds it.
     """
-    migrated_ids = {r.id for r in store.retrieve(pair.new_collection, sample.ids)}
+    migrated_ids = ids_in_new(store, pair, list(sample.ids))
     migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
     rm = pair.mode == "rm" and sample.rev is not None
     query_old = sample.rev if rm and sample.rev is not None else sample.old

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import PairRecord, active_where, save_pair
+from rm_qdrant.backfill.pair import PairRecord, active_where, count_new, save_pair
 from rm_qdrant.backfill.status import in_both
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import bucket, needs_payloads, needs_vectors, order_keys, ranks, shard_buckets
 from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK, points_to_move
+from rm_qdrant.errors import StoreError
 from rm_qdrant.store import Store, Where
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def budget(store: Store, pair: PairRecord, options: MigrateOptions) -> Budget:
     """What ``--until``/``--limit`` allow this run, counting a point in both collections once."""
     repairs = in_both(store, pair)
     old_only = store.count(pair.old_collection, active_where(pair)) - len(repairs)
-    new = store.count(pair.new_collection)
+    new = count_new(store, pair)
     moves = points_to_move(old_active=old_only, new=new, until=options.until, limit=options.limit)
     return Budget(old_only, new, moves, repairs)
 
@@ -139,7 +140,7 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     if options.shard is not None:
         owned = set(shard_buckets(*options.shard))
         repairs = [i for i in repairs if bucket(i) in owned]
-        where = where & Where(must={BUCKET: sorted(owned)})
+        where = where & _shard_where(store, pair, options.shard, owned)
         if moves < old_only:  # --until/--limit: each worker takes its share, rounded up
             moves = -(-moves // options.shard[1])
     if not options.retry_failed:
@@ -151,6 +152,19 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     )
     skip = set(repairs)
     return repairs + [r.id for r in page if r.id not in skip][:moves]
+
+
+def _shard_where(store: Store, pair: PairRecord, shard: tuple[int, int], owned: set[int]) -> Where:
+    """A worker's share: Qdrant's own slices of the ids in one collection, where the store
+    takes them, else the buckets written with the ranks (as in the paired layout)."""
+    if pair.single:
+        sliced = Where(slice=shard)
+        try:
+            store.count(pair.old_collection, sliced)
+            return sliced
+        except StoreError as exc:
+            log.info("slices refused (%s): sharding by rank buckets", exc)
+    return Where(must={BUCKET: sorted(owned)})
 
 
 def unranked(store: Store, pair: PairRecord) -> int:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import PairRecord, record_collection_model, save_pair
+from rm_qdrant.backfill.pair import PairRecord, new_model_key, new_where, record_collection_model, save_pair
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.store import Store, open_store
 
@@ -49,9 +49,28 @@ def sandbox(
 ) -> Iterator[tuple[Store, PairRecord]]:
     """A temporary embedded store holding a copy of ``pair``; yields (store, record)."""
     with tempfile.TemporaryDirectory(prefix="rmq-eval-") as folder, open_store(folder) as copy:
-        for name in (pair.old_collection, pair.new_collection):
+        for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
+        if pair.single:
+            _copy_new_vectors(store, copy, pair)
         record = replace(pair, alias=None)
         save_pair(copy, record)
-        record_collection_model(copy, pair.new_collection, pair.encoder)
+        record_collection_model(copy, new_model_key(pair), pair.encoder)
         yield copy, record
+
+
+def _copy_new_vectors(source: Store, target: Store, pair: PairRecord) -> None:
+    """One collection: its new vector too (points that hold only it are not copied)."""
+    name, vector = pair.new_collection, pair.new_using
+    spec = source.collection(name, vector)
+    target.add_vector(name, vector, dim=spec.dim, distance=spec.distance)
+    offset: PointId | None = None
+    while True:
+        page, offset = source.scroll(
+            name, limit=_PAGE, offset=offset, with_vectors=True, vector=vector, where=new_where(pair)
+        )
+        rows = [r for r in page if r.vector is not None]
+        if rows:
+            target.set_vectors(name, [r.id for r in rows], np.stack([r.vector for r in rows]), vector=vector)
+        if offset is None:
+            return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.backfill.pair import PairRecord, active_where, count_new
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR, MIGRATED, MOVING
 from rm_qdrant.errors import SourceError
@@ -23,8 +23,8 @@ def in_both(store: Store, pair: PairRecord) -> list[PointId]:
 
     Only points marked ``rmq_moving`` can be in both, so this reads a few batches at most.
     """
-    if pair.state != "backfilling" or not store.has_collection(pair.old_collection):
-        return []
+    if pair.state != "backfilling" or pair.single or not store.has_collection(pair.old_collection):
+        return []  # (in one collection a point is in old or in new, never both)
     marked: list[PointId] = []
     offset: PointId | None = None
     where = active_where(pair) & Where(not_empty=(MOVING,))
@@ -63,6 +63,9 @@ class PairStatus:
     alias: str | None = None
     failed: int = 0
     failure_sample: list[tuple[PointId, str, str]] = field(default_factory=list)
+    layout: str = "paired"
+    old_vector: str = ""
+    new_vector: str = ""
 
     @property
     def fraction(self) -> float:
@@ -82,6 +85,7 @@ def _uri(pair: PairRecord, point_id: PointId, payload: dict[str, Any]) -> object
 def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     """Both collections' sizes, the failures and the pair's models; needs no encoder."""
     has_old = store.has_collection(pair.old_collection) and pair.state != "finalizing"
+    has_old = has_old and not (pair.single and pair.state == "finalized")  # the old vectors serve no more
     active = active_where(pair) if pair.state == "backfilling" else Where()  # after a rollback: all
     old_count = store.count(pair.old_collection, active) - len(in_both(store, pair)) if has_old else 0
     failed_where = active & Where(not_empty=(ERROR,))
@@ -99,7 +103,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         old_collection=pair.old_collection,
         new_collection=pair.new_collection,
         old_count=old_count,
-        new_count=store.count(pair.new_collection),
+        new_count=count_new(store, pair) if store.has_collection(pair.new_collection) else 0,
         encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
         old_encoder=f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None,
         keep_old=pair.keep_old,
@@ -108,4 +112,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         alias=pair.alias,
         failed=failed,
         failure_sample=sample,
+        layout=pair.layout,
+        old_vector=pair.vector,
+        new_vector=pair.new_using,
     )

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rm_qdrant.backfill.create import old_model_ref
 from rm_qdrant.backfill.pair import (
     ModelRef,
     PairRecord,
-    old_model_ref,
+    count_new,
+    new_model_key,
+    new_where,
     record_collection_model,
     save_pair,
 )
@@ -54,7 +57,7 @@ def switch_encoder(
     if pair.state != "backfilling":
         raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
     gallery = encoder.info.gallery_output()
-    new_dim = store.collection(pair.new_collection, pair.vector).dim
+    new_dim = store.collection(pair.new_collection, pair.new_using).dim
     old_dim = store.collection(pair.old_collection, pair.vector).dim
     if encoder.info.outputs[gallery] != new_dim or encoder.info.distance != pair.distance:
         raise ConfigError(
@@ -72,13 +75,14 @@ def switch_encoder(
     if mode == "naive" and old_model is None:
         raise ConfigError(f"{encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
     measured = None
-    if store.count(pair.new_collection):
+    if count_new(store, pair):
         measured = agreement(
             store,
             pair.new_collection,
             encoder,
             output=gallery,
-            vector=pair.vector,
+            vector=pair.new_using,
+            where=new_where(pair),
             rule=pair.uri_rule,
             sample=sample,
             source=source,
@@ -93,5 +97,5 @@ def switch_encoder(
             )
     updated = replace(pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model)
     save_pair(store, updated)
-    record_collection_model(store, pair.new_collection, updated.encoder)
+    record_collection_model(store, new_model_key(pair), updated.encoder)
     return updated, measured

@@ -129,7 +129,10 @@ def eval_command(
         target = store
         if not in_place:
             with Progress("copying the pair", hidden=silent, unit="points") as bar:
-                bar.start(store.count(pair.old_collection) + store.count(pair.new_collection))
+                bar.start(
+                    store.count(pair.old_collection)
+                    + (0 if pair.single else store.count(pair.new_collection))
+                )
                 target, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
         results = measure(DualIndex.open(target, name, exact=exact))
     totals = summary(results)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.pair import count_new, load_pair
 from rm_qdrant.cli.common import (
     emit,
     holdout_options,
@@ -109,7 +109,7 @@ def fit_command(
     if "rev" in encoder.info.outputs:
         raise ConfigError(f"{backbone} already has heads (a 'rev' output): give the plain backbone")
     role = encoder.info.gallery_output()
-    new_dim = store.collection(pair.new_collection, pair.vector).dim
+    new_dim = store.collection(pair.new_collection, pair.new_using).dim
     if encoder.info.outputs[role] != new_dim:
         raise ConfigError(
             f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
@@ -188,7 +188,7 @@ def fit_command(
     except ExportError as exc:
         raise ConfigError(str(exc)) from exc
     data.update(out=str(path), parity=parity, seconds=round(time.perf_counter() - started, 1))
-    emit(data, as_json, _text(data, forecasts, store.count(pair.new_collection) > 0))
+    emit(data, as_json, _text(data, forecasts, count_new(store, pair) > 0))
 
 
 def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) -> str:

@@ -190,17 +190,30 @@ def migrate(
 @click.command(name="finalize")
 @name_option
 @click.option("--alias", help="Serving alias to point at new [default: the pair's name].")
-@click.option("--drop-old", is_flag=True, help="Delete the old collection (no rollback afterwards).")
+@click.option(
+    "--drop-old",
+    is_flag=True,
+    help="Delete the old collection, or the old vector of one collection (no rollback afterwards).",
+)
 @json_option
 @click.pass_context
 def finalize_command(ctx: click.Context, name: str, alias: str | None, drop_old: bool, as_json: bool) -> None:
-    """Cut over: point the serving alias at new; search then uses new alone."""
+    """Cut over: point the serving alias at new (one collection: serve its new vector); search
+    then uses new alone."""
     store = open_cli_store(ctx)
     record = finalize(store, load_pair(store, name), alias=alias, drop_old=drop_old)
-    text = f"pair {name!r} finalized: alias {record.alias!r} -> {record.new_collection}"
-    emit(
-        dataclasses.asdict(record), as_json, text + (f"; dropped {record.old_collection}" if drop_old else "")
-    )
+    if record.single:
+        text = (
+            f"pair {name!r} finalized: {record.old_collection!r} serves vector {record.new_using!r} "
+            f"(search it with using={record.new_using!r})"
+        )
+        text += (
+            f"; dropped vector {record.vector!r}" if record.drop_old else f"; vector {record.vector!r} kept"
+        )
+    else:
+        text = f"pair {name!r} finalized: alias {record.alias!r} -> {record.new_collection}"
+        text += f"; dropped {record.old_collection}" if drop_old else ""
+    emit(dataclasses.asdict(record), as_json, text)
 
 
 @click.command(name="rollback")
@@ -212,12 +225,18 @@ def finalize_command(ctx: click.Context, name: str, alias: str | None, drop_old:
 def rollback_command(
     ctx: click.Context, name: str, alias: str | None, old_encoder: str | None, as_json: bool
 ) -> None:
-    """Serve the old model again from the old collection (pairs created with --keep-old)."""
+    """Serve the old model again from the old collection (pairs created with --keep-old) or
+    the old vector (single-collection pairs)."""
     store = open_cli_store(ctx)
     model = OnnxEncoder(old_encoder) if old_encoder else None
     record = rollback(store, load_pair(store, name), alias=alias, old_encoder=model)
     emit(
         dataclasses.asdict(record),
         as_json,
-        f"pair {name!r} rolled back: alias {record.alias!r} -> {record.old_collection}",
+        f"pair {name!r} rolled back: "
+        + (
+            f"{record.old_collection!r} serves vector {record.vector!r} again"
+            if record.single
+            else f"alias {record.alias!r} -> {record.old_collection}"
+        ),
     )

@@ -6,7 +6,8 @@ import dataclasses
 
 import click
 
-from rm_qdrant.backfill.pair import drop_pair, list_pairs, load_pair
+from rm_qdrant.backfill.drop import drop_pair
+from rm_qdrant.backfill.pair import list_pairs, load_pair
 from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, source_options
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -21,25 +22,23 @@ def pairs_command(ctx: click.Context, as_json: bool) -> None:
     found = list_pairs(open_cli_store(ctx))
     lines = [f"{'pair':16} {'mode':6} {'state':12} collections (old -> new)          encoder"]
     for p in found:
-        arrow = f"{p.old_collection} -> {p.new_collection}"
-        lines.append(f"{p.name:16} {p.mode:6} {p.state:12} {arrow:34} {p.encoder.name}")
+        lines.append(f"{p.name:16} {p.mode:6} {p.state:12} {p.arrow:34} {p.encoder.name}")
     emit([dataclasses.asdict(p) for p in found], as_json, "\n".join(lines) if found else "no pairs")
 
 
 @click.command(name="drop-pair")
 @click.argument("name")
-@click.option("--force", is_flag=True, help="Drop even while points live only in the new collection.")
+@click.option(
+    "--force", is_flag=True, help="Drop even while points live only in the new collection (or vector)."
+)
 @json_option
 @click.pass_context
 def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
     """Forget a pair. The old collection is never touched; the new one goes only if empty."""
     done = drop_pair(open_cli_store(ctx), name, force=force)
     p = done.pair
-    kept = (
-        f"; {p.new_collection!r} deleted (it was empty)"
-        if done.deleted_new
-        else f"; {p.new_collection!r} kept"
-    )
+    new = f"vector {p.new_using!r}" if p.single else repr(p.new_collection)
+    kept = f"; {new} deleted (it was empty)" if done.deleted_new else f"; {new} kept"
     text = f"dropped pair {name!r} ({p.state}); {p.old_collection!r} kept, its rmq_* fields removed{kept}"
     emit({"pair": name, "state": p.state, "deleted_new": done.deleted_new}, as_json, text)
 

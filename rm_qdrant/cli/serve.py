@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
+from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import index_images, scan_image_folder
-from rm_qdrant.backfill.pair import PairRecord, create_pair, load_pair
+from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
 from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
     Progress,
@@ -46,8 +47,12 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 
 @click.command()
 @name_option
-@click.option("--old-collection", required=True, help="The collection the old model filled (as it is).")
+@click.option("--old-collection", help="The collection the old model filled (as it is).")
+@click.option(
+    "--collection", help="Single-collection layout: the collection (the old model's vectors in it)."
+)
 @click.option("--old-vector", help="Its vector name, if it has named vectors [default: its only vector].")
+@click.option("--new-vector", help="Single-collection layout: the name of the new model's vector.")
 @click.option("--encoder", required=True, type=click.Path(), help="New model graph (.onnx).")
 @click.option(
     "--old-encoder", type=click.Path(), help="Old model graph: the naive mode's, and what a rollback serves."
@@ -55,6 +60,12 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
 @click.option(
     "--mode",
+    type=click.Choice(["paired", "single-collection", "rm", "naive"]),
+    help="Layout: paired (a new collection) [default] or single-collection (a new named vector). "
+    "'rm' and 'naive' are paired with that query mode.",
+)
+@click.option(
+    "--query-mode",
     type=click.Choice(["rm", "naive"]),
     help="Query mode [default: rm if the encoder has a 'rev' output].",
 )
@@ -74,43 +85,67 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 def init(
     ctx: click.Context,
     name: str,
-    old_collection: str,
+    old_collection: str | None,
+    collection: str | None,
     old_vector: str | None,
+    new_vector: str | None,
     encoder: str,
     old_encoder: str | None,
     new_collection: str | None,
     mode: str | None,
+    query_mode: str | None,
     keep_old: bool,
     uri_field: str,
     uri_template: str | None,
     label_field: str,
     as_json: bool,
 ) -> None:
-    """Create the new collection (mirroring the old one's schema) and the pair record."""
+    """Create the new collection (mirroring the old one's schema), or the new vector of a
+    single collection, and the pair record."""
     if (
         uri_template is not None
         and ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
     ):
         raise ConfigError("give --uri-field or --uri-template, not both")
+    layout, query_mode = _layout(mode, query_mode)
+    if layout == SINGLE:
+        if (collection is None) == (old_collection is None):
+            raise ConfigError("--mode single-collection takes the collection as --collection C")
+        if new_vector is None:
+            raise ConfigError("--mode single-collection needs --new-vector NAME (the new model's vector)")
+    elif collection is not None or new_vector is not None or old_collection is None:
+        raise ConfigError(
+            "a paired pair takes --old-collection (and --new-collection); --collection and --new-vector "
+            "are for --mode single-collection"
+        )
     record = create_pair(
         open_cli_store(ctx),
         name,
-        old_collection=old_collection,
+        old_collection=collection or old_collection or "",
         encoder=OnnxEncoder(encoder),
         old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
         new_collection=new_collection,
-        mode=mode,  # type: ignore[arg-type]
+        mode=query_mode,  # type: ignore[arg-type]
         keep_old=keep_old,
         old_vector=old_vector,
         uri=UriRule(uri_field, uri_template),
         label_field=label_field,
+        layout=layout,
+        new_vector=new_vector,
     )
-    vector = f" (vector {record.vector!r})" if record.vector else ""
-    text = (
-        f"pair {record.name!r} ({record.mode}): {record.old_collection} -> {record.new_collection}{vector}; "
-        f"images from {record.uri_rule.describe()}"
-    )
+    vector = f" (vector {record.vector!r})" if record.vector and not record.single else ""
+    images = record.uri_rule.describe()
+    text = f"pair {record.name!r} ({record.mode}): {record.arrow}{vector}; images from {images}"
     emit(dataclasses.asdict(record), as_json, text)
+
+
+def _layout(mode: str | None, query_mode: str | None) -> tuple[str, str | None]:
+    """``--mode`` names the layout, or (as before layouts existed) a paired pair's query mode."""
+    if mode in ("rm", "naive"):
+        if query_mode not in (None, mode):
+            raise ConfigError(f"--mode {mode} and --query-mode {query_mode} disagree")
+        return PAIRED, mode
+    return mode or PAIRED, query_mode
 
 
 @click.command()
@@ -136,12 +171,16 @@ def index(
     if (name is None) == (collection is None):
         raise ConfigError("give exactly one of --name and --collection")
     store = open_cli_store(ctx, create=True)
-    target = collection or load_pair(store, name or "").old_collection
+    pair = None if collection else load_pair(store, name or "")
+    target = collection if pair is None else pair.old_collection
+    vector = pair.vector if pair is not None and pair.single else None
     items = scan_image_folder(data)
     model = OnnxEncoder(encoder)
     with Progress(f"indexing into {target}", hidden=as_json or quiet(ctx), unit="images") as bar:
         bar.start(len(items))
-        report = index_images(store, target, model, items, batch_size=batch, on_batch=bar.advance)
+        report = index_images(
+            store, target, model, items, batch_size=batch, on_batch=bar.advance, vector=vector
+        )
     summary = {"collection": target, "indexed": report.indexed, "failed": report.failed}
     text = f"indexed {report.indexed} images into {target!r}"
     if report.failed:
@@ -214,17 +253,20 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         "calibrated": calibrated,
     }
     rolled_back = state.state == "rolled_back"
+    single = state.layout == SINGLE
+    old_where = f"{state.old_collection} (vector {state.old_vector!r})" if single else state.old_collection
+    new_where = f"{state.new_collection} (vector {state.new_vector!r})" if single else state.new_collection
     text = "\n".join(
         [
-            f"pair          {state.name} ({state.mode}, {state.state})",
-            f"old           {state.old_collection}: {state.old_count} points"
+            f"pair          {state.name} ({state.mode}, {state.layout}, {state.state})",
+            f"old           {old_where}: {state.old_count} points"
             + (
                 f" (+{state.kept_count} migrated, kept for rollback)"
                 if state.keep_old and not rolled_back
                 else ""
             )
             + (" (all served, by the old model)" if rolled_back else ""),
-            f"new           {state.new_collection}: {state.new_count} points"
+            f"new           {new_where}: {state.new_count} points"
             + (" (not served since the rollback)" if rolled_back else ""),
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",

@@ -16,7 +16,7 @@ from rm_qdrant import (
     load_pair,
     scan_image_folder,
 )
-from rm_qdrant.backfill.pair import drop_pair
+from rm_qdrant.backfill.drop import drop_pair
 from tests.conftest import NEW_DIM, OLD_DIM
 
 

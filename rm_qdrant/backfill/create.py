@@ -1,0 +1,214 @@
+"""``rmq init``: checking a pair against its collection and models, and creating it."""
+
+from __future__ import annotations
+
+from rm_qdrant.backfill.pair import (
+    LAYOUTS,
+    PAIRED,
+    SINGLE,
+    Mode,
+    ModelRef,
+    PairRecord,
+    _get,
+    check_collection_model,
+    list_pairs,
+    new_model_key,
+    record_collection_model,
+    save_pair,
+)
+from rm_qdrant.core.planning import INTERNAL_FIELDS
+from rm_qdrant.core.uris import UriRule
+from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.store import CollectionSpec, Store, Where
+from rm_qdrant.store.base import resolve
+
+
+def _check_free(store: Store, collection: str) -> None:
+    for other in list_pairs(store):
+        if collection == other.old_collection or (
+            collection == other.new_collection and other.state != "finalized"
+        ):
+            raise ConfigError(
+                f"collection {collection!r} already belongs to pair {other.name!r} ({other.state}); "
+                f"two pairs on one collection would each serve part of it. See 'rmq pairs', "
+                f"'rmq drop-pair {other.name}'"
+            )
+
+
+def create_pair(
+    store: Store,
+    name: str,
+    *,
+    old_collection: str,
+    encoder: OnnxEncoder,
+    old_encoder: OnnxEncoder | None = None,
+    new_collection: str | None = None,
+    mode: Mode | None = None,
+    keep_old: bool = False,
+    old_vector: str | None = None,
+    uri: UriRule | None = None,
+    label_field: str = "label",
+    layout: str = PAIRED,
+    new_vector: str | None = None,
+) -> PairRecord:
+    """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
+
+    In the paired layout the new collection mirrors the old one: the same vector name
+    and distance, and the same payload indexes. In the single-collection layout the old
+    collection gets a second named vector, ``new_vector``, and nothing else changes. The
+    mode defaults to ``rm`` when ``encoder`` has a ``rev`` output, else ``naive``, which
+    needs ``old_encoder``. Every check runs before anything is written.
+
+    Args:
+        old_vector: the old collection's vector (None: its only one).
+        uri: where each point's image is (default: payload field ``uri``).
+        label_field: the payload field with class labels, if the gallery has them.
+        layout: ``paired`` or ``single-collection``.
+        new_vector: the new vector's name (single-collection layout).
+
+    Raises:
+        CollectionNotFound: the old collection does not exist.
+        DimensionMismatch: a query vector would not fit the collection it searches.
+        ConfigError: the pair exists, the old collection belongs to another pair, the
+            distances differ, or the mode lacks a model.
+    """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    single = layout == SINGLE
+    if _get(store, "pair", name) is not None:
+        raise ConfigError(f"pair {name!r} already exists")
+    chosen: Mode = mode or ("rm" if "rm" in encoder.info.query_modes else "naive")
+    if chosen == "rm" and "rm" not in encoder.info.query_modes:
+        raise ConfigError(
+            f"encoder {encoder.path} has no 'new' and 'rev' outputs; use --old-encoder (naive mode)"
+        )
+    old_collection = resolve(store, old_collection)  # an alias (a finalized upgrade's name): its collection
+    old_spec = store.collection(old_collection, old_vector)
+    if old_spec.multivector or (old_spec.others() and not single):
+        raise ConfigError(_cannot_carry(old_spec))
+    if chosen == "naive" and old_encoder is None:
+        raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
+    if single and (keep_old or new_collection not in (None, old_collection)):
+        raise ConfigError(
+            "the single-collection layout has no new collection and always keeps the old vectors "
+            "until 'rmq finalize': drop --new-collection and --keep-old"
+        )
+    if keep_old and old_encoder is None:
+        raise ConfigError(
+            "--keep-old needs --old-encoder: a rollback serves the old model again, and it must "
+            "encode the queries"
+        )
+    if chosen == "rm":
+        _check_fits(old_spec, encoder.info.outputs["rev"], f"{encoder.path} output 'rev'")
+    old_ref = old_model_ref(store, old_spec, old_encoder) if old_encoder is not None else None
+    _check_distance(old_spec, encoder)
+    gallery = encoder.info.gallery_output()
+    dim = encoder.info.outputs[gallery]
+    _check_free(store, old_collection)
+    if single:
+        target = old_collection
+        _add_new_vector(store, old_spec, new_vector, dim)
+    else:
+        target = new_collection or f"{name}-new"
+        _check_free(store, target)
+        _prepare_new_collection(store, target, dim=dim, old=old_spec)
+    record = PairRecord(
+        name=name,
+        old_collection=old_collection,
+        new_collection=target,
+        mode=chosen,
+        distance=old_spec.distance,
+        encoder=ModelRef.of(encoder, gallery),
+        old_encoder=old_ref,
+        keep_old=keep_old,
+        vector=old_spec.vector,
+        uri_field=(uri or UriRule()).field,
+        uri_template=(uri or UriRule()).template,
+        label_field=label_field,
+        layout=layout,
+        new_vector=new_vector if single else None,
+    )
+    save_pair(store, record)
+    record_collection_model(store, new_model_key(record), record.encoder)
+    return record
+
+
+def _add_new_vector(store: Store, old: CollectionSpec, name: str | None, dim: int) -> None:
+    if not name:
+        raise ConfigError(
+            f"the single-collection layout needs --new-vector NAME: the name the new model's vectors "
+            f"get in {old.name!r}"
+        )
+    if name == old.vector or name in old.sparse:
+        raise ConfigError(
+            f"collection {old.name!r} already has a vector {name!r}: choose another --new-vector"
+        )
+    if name in old.vectors:  # what a crashed 'init' leaves: an empty vector of the right shape
+        spec = store.collection(old.name, name)
+        if (spec.dim, spec.distance) != (dim, old.distance) or store.count(
+            old.name, Where(has_vector=(name,))
+        ):
+            raise ConfigError(
+                f"collection {old.name!r} already has a vector {name!r}: choose another --new-vector"
+            )
+        return
+    store.add_vector(old.name, name, dim=dim, distance=old.distance)
+
+
+def _cannot_carry(spec: CollectionSpec) -> str:
+    if spec.multivector:
+        return (
+            f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
+            "merges single-vector searches"
+        )
+    return (
+        f"collection {spec.name!r} also has the vector(s) {', '.join(spec.others())}: a pair migrates one "
+        f"vector ({spec.vector!r}), so its new collection would lack the others and a migrated point would "
+        "lose them; such collections are not supported yet"
+    )
+
+
+def old_model_ref(store: Store, old: CollectionSpec, encoder: OnnxEncoder) -> ModelRef:
+    """The old model as a pair records it, once it fits the old collection: its size, its
+    distance, and the model recorded for it (if rm-qdrant filled it).
+
+    Raises:
+        DimensionMismatch, ConfigError: it does not fit.
+    """
+    output = encoder.info.gallery_output()
+    _check_fits(old, encoder.info.outputs[output], str(encoder.path))
+    _check_distance(old, encoder)
+    check_collection_model(store, old.name, encoder)
+    return ModelRef.of(encoder, output)
+
+
+def _check_distance(old: CollectionSpec, model: OnnxEncoder) -> None:
+    if model.info.distance != old.distance:
+        raise ConfigError(
+            f"{model.path} is made for {model.info.distance} distance, "
+            f"collection {old.name!r} uses {old.distance}"
+        )
+
+
+def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
+    if dim != old.dim:
+        named = f" (vector {old.vector!r})" if old.vector else ""
+        raise DimensionMismatch(
+            f"collection {old.name!r}{named} holds {old.dim}-d vectors but {by} makes {dim}-d queries"
+        )
+
+
+def _prepare_new_collection(store: Store, name: str, *, dim: int, old: CollectionSpec) -> None:
+    # An empty collection of the right shape is what a crashed 'init' leaves: reuse it.
+    if not store.has_collection(name):
+        store.create_collection(name, dim=dim, distance=old.distance, vector=old.vector)
+    else:
+        spec = store.collection(name)
+        if (spec.dim, spec.distance, spec.vector) != (dim, old.distance, old.vector) or store.count(name):
+            raise ConfigError(
+                f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} collection"
+            )
+    for field_name, kind in store.payload_indexes(old.name).items():
+        if field_name not in INTERNAL_FIELDS:
+            store.create_index(name, field_name, kind)
