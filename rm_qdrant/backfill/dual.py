@@ -107,7 +107,9 @@ class DualIndex:
         pair = load_pair(store, name)
         new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
         old_side = None
-        queries_old = pair.mode == "naive" or pair.state == "rolled_back"
+        # One collection: the old model also embeds a user's writes, for a free rollback.
+        keeps_old = pair.single and pair.state == "backfilling"
+        queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
         return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)

@@ -249,11 +249,13 @@ class ClientStore:
         insert_only: bool = False,
         vector: str = "",
     ) -> None:
-        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
+        spec = self.collection(name, vector)
+        matrix = check_vectors(spec, vectors, rows=len(ids))
         mode = models.UpdateMode.INSERT_ONLY if insert_only else None
+        named = vector or len(spec.vectors) > 1  # the unnamed vector beside named ones goes by name
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
-            models.PointStruct(id=normalize_id(i), vector={vector: row} if vector else row, payload=dict(p))
+            models.PointStruct(id=normalize_id(i), vector={vector: row} if named else row, payload=dict(p))
             for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
         ]
         if points:

@@ -320,7 +320,7 @@ class EdgeStore:
         matrix = check_vectors(spec, vectors, rows=len(ids))
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
-            qe.Point(normalize_id(i), {vector: row} if vector else row, dict(p))
+            qe.Point(normalize_id(i), {vector: row} if vector or len(spec.vectors) > 1 else row, dict(p))
             for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
         ]
         mode = qe.UpdateMode.InsertOnly if insert_only else None

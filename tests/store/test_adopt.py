@@ -19,8 +19,8 @@ from qdrant_client import models as qm
 from exporters.linear import linear_encoder
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, load_pair, open_store, scan_image_folder
 from rm_qdrant.backfill.cutover import rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.drop import drop_pair
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.pair import list_pairs
 from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.backfill.switch import switch_encoder
