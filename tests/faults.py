@@ -6,7 +6,19 @@ from collections.abc import Callable
 
 Step = tuple[str, Callable[[str, tuple, dict], bool], Callable[[], None]]
 WRITES = frozenset(
-    {"upsert", "delete", "mark", "set_payload", "create_collection", "delete_collection", "set_alias"}
+    {
+        "upsert",
+        "delete",
+        "mark",
+        "set_payload",
+        "set_vectors",
+        "clear_fields",
+        "create_collection",
+        "delete_collection",
+        "add_vector",
+        "drop_vector",
+        "set_alias",
+    }
 )
 
 

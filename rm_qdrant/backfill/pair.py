@@ -266,6 +266,6 @@ def list_pairs(store: Store) -> list[PairRecord]:
 
 def clear_bookkeeping(store: Store, pair: PairRecord) -> None:
     """Remove rm-qdrant's ``rmq_*`` payload fields from both collections (idempotent)."""
-    for collection in (pair.old_collection, pair.new_collection):
+    for collection in dict.fromkeys((pair.old_collection, pair.new_collection)):  # one, in one collection
         if store.has_collection(collection):
             store.clear_fields(collection, INTERNAL_FIELDS)
