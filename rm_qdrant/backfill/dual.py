@@ -17,7 +17,8 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
-from rm_qdrant.store.base import MergedQuery, as_where
+from rm_qdrant.store.base import MergedQuery
+from rm_qdrant.store.filters import as_where
 
 log = logging.getLogger(__name__)
 

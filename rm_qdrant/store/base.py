@@ -18,77 +18,10 @@ import numpy as np
 
 from rm_qdrant.core.merge import PointId, check_distance, higher_is_closer
 from rm_qdrant.errors import ConfigError, DimensionMismatch
-
-
-@dataclass(frozen=True)
-class Where:
-    """A payload filter. Every condition must hold.
-
-    Attributes:
-        must: field -> value: the field equals the value (or, for a list, any of them).
-        must_not: field -> value: the field equals none of them.
-        empty: fields that must be absent (or null, or an empty list).
-        not_empty: fields that must be present.
-        has_vector: named vectors the point must have.
-        lacks_vector: named vectors the point must not have.
-        slice: ``(i, n)``: the i-th of n disjoint slices of the points (by id hash).
-    """
-
-    must: Mapping[str, Any] = field(default_factory=dict)
-    must_not: Mapping[str, Any] = field(default_factory=dict)
-    empty: tuple[str, ...] = ()
-    not_empty: tuple[str, ...] = ()
-    has_vector: tuple[str, ...] = ()
-    lacks_vector: tuple[str, ...] = ()
-    slice: tuple[int, int] | None = None
-
-    def __and__(self, other: Where) -> Where:
-        if self.slice is not None and other.slice is not None and self.slice != other.slice:
-            raise ConfigError(f"two slices in one filter: {self.slice} and {other.slice}")
-        return Where(
-            {**self.must, **other.must},
-            {**self.must_not, **other.must_not},
-            self.empty + other.empty,
-            self.not_empty + other.not_empty,
-            self.has_vector + other.has_vector,
-            self.lacks_vector + other.lacks_vector,
-            self.slice or other.slice,
-        )
-
-    def __bool__(self) -> bool:
-        return bool(
-            self.must
-            or self.must_not
-            or self.empty
-            or self.not_empty
-            or self.has_vector
-            or self.lacks_vector
-            or self.slice
-        )
-
-
-#: What the search API takes as a filter: a :class:`Where`, or a plain mapping
-#: (every key must equal its value, a list matching any of its values), for example
-#: ``{"label": "cat", "shard": [0, 1]}``.
-Filter = Where | Mapping[str, Any]
+from rm_qdrant.store.filters import Filter, Where
 
 #: Payload index kinds a store can create (and mirror from a team's collection).
 INDEX_KINDS = ("integer", "float", "keyword", "bool", "datetime", "uuid", "text", "geo")
-
-
-def as_where(filter: Filter | None) -> Where | None:
-    """Turn the public filter forms into a :class:`Where` (None when there is no condition)."""
-    if filter is None:
-        return None
-    where = filter if isinstance(filter, Where) else Where(must=dict(filter))
-    return where if where else None
-
-
-def match_values(value: Any) -> tuple[list[Any] | None, Any]:
-    """Split a filter value into (list for match-any, None) or (None, scalar for match-value)."""
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value), None
-    return None, value
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import CollectionNotFound, StoreError, Unsupported
 from rm_qdrant.store.base import (
@@ -31,17 +31,16 @@ from rm_qdrant.store.base import (
     ScoredRecord,
     VectorFacts,
     Where,
-    as_where,
     check_spec,
     check_vectors,
     is_missing_point,
-    match_values,
     merged_from,
     normalize_id,
     pick_vector,
     record_from,
     scored_from,
 )
+from rm_qdrant.store.client_query import client_filter, merged_requests
 
 log = logging.getLogger(__name__)
 
@@ -56,30 +55,6 @@ _NAMES = {v: k for k, v in _DISTANCES.items()}
 
 _INDEX_KINDS = {kind: getattr(models.PayloadSchemaType, kind.upper()) for kind in INDEX_KINDS}
 _KIND_NAMES = {v: k for k, v in _INDEX_KINDS.items()}
-
-
-def _condition(key: str, value: Any) -> models.FieldCondition:
-    many, one = match_values(value)
-    match: Any = models.MatchAny(any=many) if many is not None else models.MatchValue(value=one)
-    return models.FieldCondition(key=key, match=match)
-
-
-def _client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> models.Filter | None:
-    where = as_where(filter)
-    if where is None and ids is None:
-        return None
-    where = where or Where()
-    by_id = [] if ids is None else [models.HasIdCondition(has_id=[normalize_id(i) for i in ids])]
-    empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.empty]
-    present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
-    must: list[Any] = [_condition(k, v) for k, v in where.must.items()] + empty + by_id
-    must += [models.HasVectorCondition(has_vector=v) for v in where.has_vector]
-    if where.slice is not None:
-        index, total = where.slice
-        must.append(models.SliceCondition(slice=models.Slice(index=index, total=total)))
-    must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()] + present
-    must_not += [models.HasVectorCondition(has_vector=v) for v in where.lacks_vector]
-    return models.Filter(must=must or None, must_not=must_not or None)
 
 
 class ClientStore:
@@ -216,7 +191,7 @@ class ClientStore:
             models.PointVectors(id=normalize_id(i), vector={vector: row})
             for i, row in zip(ids, matrix.tolist(), strict=True)
         ]
-        condition = _client_filter(where)
+        condition = client_filter(where)
 
         def write(part: list[models.PointVectors]) -> None:
             with self._errors(f"vector update in {name!r}", name):
@@ -268,14 +243,14 @@ class ClientStore:
         selector: Any = (
             models.PointIdsList(points=[normalize_id(i) for i in ids])
             if where is None
-            else models.FilterSelector(filter=_client_filter(where, ids))
+            else models.FilterSelector(filter=client_filter(where, ids))
         )
         with self._errors(f"delete from {name!r}", name):
             self._client.delete(name, points_selector=selector, wait=True)
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            selector = models.FilterSelector(filter=_client_filter(None, ids))
+            selector = models.FilterSelector(filter=client_filter(None, ids))
             with self._errors(f"payload update in {name!r}", name):
                 self._client.set_payload(name, dict(payload), points=selector, wait=True)
 
@@ -363,7 +338,7 @@ class ClientStore:
         with self._errors(f"scroll over {name!r}", name):
             points, following = self._client.scroll(
                 name,
-                scroll_filter=_client_filter(where),
+                scroll_filter=client_filter(where),
                 limit=limit,
                 offset=offset,
                 order_by=order_by,
@@ -375,7 +350,7 @@ class ClientStore:
 
     def count(self, name: str, where: Where | None = None) -> int:
         with self._errors(f"count of {name!r}", name):
-            return int(self._client.count(name, count_filter=_client_filter(where), exact=True).count)
+            return int(self._client.count(name, count_filter=client_filter(where), exact=True).count)
 
     def set_alias(self, alias: str, collection: str) -> None:
         self.collection(collection)  # CollectionNotFound before touching the alias
@@ -406,7 +381,7 @@ class ClientStore:
         matrix = check_vectors(self.collection(name, vector), queries)
         # qdrant-client's local mode is always exact and warns about search params.
         params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
-        where = _client_filter(filter)
+        where = client_filter(filter)
         requests = [
             models.QueryRequest(
                 query=row, using=vector or None, limit=limit, filter=where, params=params, with_payload=True
@@ -423,38 +398,7 @@ class ClientStore:
         old = check_vectors(self.collection(name, query.old_vector), old_queries)
         new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
         params = models.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact) if self._remote else None
-        where = as_where(query.filter) or Where()
-        old_filter = _client_filter(where & Where(lacks_vector=(query.new_vector,)))
-        new_filter = _client_filter(where)
-        sign = higher_is_closer(query.distance)
-        scores: list[Any] = [f"$score[{k}]" for k in (0, 1)]
-        if sign < 0:
-            scores = [models.NegExpression(neg=v) for v in scores]
-        formula = models.FormulaQuery(
-            formula=models.MaxExpression(max=scores),
-            defaults={f"$score[{k}]": -sign * UNSEEN for k in (0, 1)},
-        )
-        requests = [
-            models.QueryRequest(
-                prefetch=[
-                    models.Prefetch(
-                        query=o,
-                        using=query.old_vector or None,
-                        filter=old_filter,
-                        limit=query.limit,
-                        params=params,
-                    ),
-                    models.Prefetch(
-                        query=n, using=query.new_vector, filter=new_filter, limit=query.limit, params=params
-                    ),
-                ],
-                query=formula,
-                limit=query.limit,
-                with_payload=True,
-                with_vector=[query.new_vector],
-            )
-            for o, n in zip(old.tolist(), new.tolist(), strict=True)
-        ]
+        requests = merged_requests(query, old.tolist(), new.tolist(), params)
         try:
             with self._errors(f"merged search in {name!r}", name):
                 responses = self._client.query_batch_points(name, requests)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import qdrant_edge as qe
 
-from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
-from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError, StoreLocked
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.errors import CollectionNotFound, StoreError, StoreLocked
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
@@ -40,88 +40,24 @@ from rm_qdrant.store.base import (
     MergedQuery,
     Record,
     ScoredRecord,
-    VectorFacts,
     Where,
-    as_where,
     check_collection_name,
     check_spec,
     check_vectors,
     is_missing_point,
-    match_values,
     merged_from,
     normalize_id,
     pick_vector,
     record_from,
     scored_from,
 )
+from rm_qdrant.store.edge_query import DISTANCES, Specs, edge_filter, merged_requests, read_specs, run, wanted
 
 log = logging.getLogger(__name__)
-
-_DISTANCES = {
-    "cosine": qe.Distance.Cosine,
-    "dot": qe.Distance.Dot,
-    "euclid": qe.Distance.Euclid,
-    "manhattan": qe.Distance.Manhattan,
-}
 
 
 _INDEX_KINDS = {kind: getattr(qe.PayloadSchemaType, kind.capitalize()) for kind in INDEX_KINDS}
 _KIND_NAMES = {str(v): k for k, v in _INDEX_KINDS.items()}
-_Specs = tuple[dict[str, VectorFacts], tuple[str, ...]]  # dense vectors by name, sparse names
-
-
-def _condition(key: str, value: Any) -> qe.FieldCondition:
-    many, one = match_values(value)
-    return qe.FieldCondition(key=key, match=qe.MatchAny(many) if many is not None else qe.MatchValue(one))
-
-
-def _edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> qe.Filter | None:
-    where = as_where(filter)
-    if where is None and ids is None:
-        return None
-    where = where or Where()
-    must: list[Any] = [_condition(k, v) for k, v in where.must.items()]
-    if ids is not None:
-        must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
-    must += [qe.IsEmptyCondition(k) for k in where.empty]
-    must += [qe.HasVectorCondition(v) for v in where.has_vector]
-    if where.slice is not None:
-        must.append(qe.SliceCondition(index=where.slice[0], total=where.slice[1]))
-    must_not: list[Any] = [_condition(k, v) for k, v in where.must_not.items()]
-    must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
-    must_not += [qe.HasVectorCondition(v) for v in where.lacks_vector]
-    return qe.Filter(must=must or None, must_not=must_not or None)
-
-
-def _wanted(with_vectors: bool, vector: str) -> Any:
-    # A named vector is asked for by name: a point without it then comes back without it.
-    return ([vector] if vector else True) if with_vectors else False
-
-
-def _run(shard: qe.EdgeShard, requests: list[qe.QueryRequest]) -> list[list[Any]]:
-    if len(requests) == 1:
-        return [shard.query(requests[0])]
-    return list(shard.query_batch(qe.QueryBatchRequest(requests))) if requests else []
-
-
-def _read_specs(folder: Path, name: str) -> _Specs:
-    """A collection's vectors, from the shard's own config (or an older rm-qdrant spec)."""
-    try:
-        raw = json.loads((folder / "shard" / "edge_config.json").read_text())
-        dense = {
-            str(k): (int(v["size"]), str(v["distance"]).lower(), bool(v.get("multivector_config")))
-            for k, v in raw["vectors"].items()
-        }
-        return dense, tuple(str(k) for k in (raw.get("sparse_vectors") or {}))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    try:
-        raw = json.loads((folder / "spec.json").read_text())
-        if "vectors" in raw:
-            return {k: (int(v[0]), str(v[1]), False) for k, v in raw["vectors"].items()}, ()
-        return {"": (int(raw["dim"]), str(raw["distance"]), False)}, ()
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ConfigError(f"cannot read the vector config of collection {name!r}: {exc}") from exc
 
 
 class EdgeStore:
@@ -148,7 +84,7 @@ class EdgeStore:
         except OSError as exc:
             raise StoreError(f"cannot create embedded store at {self.path}: {exc}") from exc
         self._lock_file = self._acquire_lock()
-        self._shards: dict[str, tuple[_Specs, qe.EdgeShard]] = {}
+        self._shards: dict[str, tuple[Specs, qe.EdgeShard]] = {}
         self._mutex = threading.Lock()
         self._remove_leftovers()
 
@@ -208,7 +144,7 @@ class EdgeStore:
             shutil.rmtree(folder, ignore_errors=True)  # leftovers of a crashed create
             folder.mkdir(parents=True)
             (folder / ".creating").touch()
-            params = qe.EdgeVectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
+            params = qe.EdgeVectorParams(size=spec.dim, distance=DISTANCES[spec.distance])
             config = qe.EdgeConfig(vectors={vector: params} if vector else params)
             try:
                 shard = qe.EdgeShard.create(str(folder / "shard"), config)
@@ -235,9 +171,7 @@ class EdgeStore:
 
     def add_vector(self, name: str, vector: str, *, dim: int, distance: str) -> None:
         spec = check_spec(name, dim, distance, vector)
-        self._update(
-            name, qe.UpdateOperation.create_dense_vector(vector, spec.dim, _DISTANCES[spec.distance])
-        )
+        self._update(name, qe.UpdateOperation.create_dense_vector(vector, spec.dim, DISTANCES[spec.distance]))
         self._reread(name)
 
     def drop_vector(self, name: str, vector: str) -> None:
@@ -248,7 +182,7 @@ class EdgeStore:
         # The shard rewrites its edge_config.json when its vectors change.
         with self._mutex:
             specs, shard = self._shards[name]
-            self._shards[name] = (_read_specs(self._dir(name), name), shard)
+            self._shards[name] = (read_specs(self._dir(name), name), shard)
 
     def set_vectors(
         self,
@@ -261,7 +195,7 @@ class EdgeStore:
     ) -> None:
         matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
         rows = [(normalize_id(i), {vector: row}) for i, row in zip(ids, matrix.tolist(), strict=True)]
-        condition = _edge_filter(where)
+        condition = edge_filter(where)
         shard = self._open(name)[1]
 
         def write(part: list[tuple[PointId, dict[str, list[float]]]]) -> None:
@@ -283,7 +217,7 @@ class EdgeStore:
                     if not is_missing_point(one):
                         raise StoreError(f"write to collection {name!r} failed: {one}") from one
 
-    def _open(self, name: str) -> tuple[_Specs, qe.EdgeShard]:
+    def _open(self, name: str) -> tuple[Specs, qe.EdgeShard]:
         with self._mutex:
             opened = self._shards.get(name)
             if opened is not None:
@@ -295,7 +229,7 @@ class EdgeStore:
                 shard = qe.EdgeShard.load(str(folder / "shard"))
             except Exception as exc:
                 raise StoreError(f"cannot open collection {name!r}: {exc}") from exc
-            specs = _read_specs(folder, name)
+            specs = read_specs(folder, name)
             self._shards[name] = (specs, shard)
             return specs, shard
 
@@ -333,11 +267,11 @@ class EdgeStore:
         if where is None:
             self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
         else:
-            self._update(name, qe.UpdateOperation.delete_points_by_filter(_edge_filter(where, ids)))
+            self._update(name, qe.UpdateOperation.delete_points_by_filter(edge_filter(where, ids)))
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            by_id = _edge_filter(None, ids)
+            by_id = edge_filter(None, ids)
             self._update(name, qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload)))
 
     def clear_fields(self, name: str, fields: Sequence[str]) -> None:
@@ -378,7 +312,7 @@ class EdgeStore:
         with_payload: bool = True,
     ) -> list[Record]:
         shard = self._open(name)[1]
-        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, _wanted(with_vectors, vector))
+        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, wanted(with_vectors, vector))
         return [record_from(p, with_vectors, vector) for p in points]
 
     def scroll(
@@ -399,8 +333,8 @@ class EdgeStore:
             offset=start,
             limit=limit,
             with_payload=with_payload,
-            with_vector=_wanted(with_vectors, vector),
-            filter=_edge_filter(where),
+            with_vector=wanted(with_vectors, vector),
+            filter=edge_filter(where),
             order_by=qe.OrderBy(order_by) if order_by else None,
         )
         points, next_offset = shard.scroll(request)
@@ -408,7 +342,7 @@ class EdgeStore:
         return [record_from(p, with_vectors, vector) for p in points], following
 
     def count(self, name: str, where: Where | None = None) -> int:
-        request = qe.CountRequest(filter=_edge_filter(where), exact=True)
+        request = qe.CountRequest(filter=edge_filter(where), exact=True)
         return int(self._open(name)[1].count(request))
 
     def set_alias(self, alias: str, collection: str) -> None:
@@ -442,7 +376,7 @@ class EdgeStore:
         spec, shard = self.collection(name, vector), self._open(name)[1]
         matrix = check_vectors(spec, queries)
         params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact)
-        where = _edge_filter(filter)
+        where = edge_filter(filter)
         requests = [
             qe.QueryRequest(
                 limit=limit,
@@ -453,7 +387,7 @@ class EdgeStore:
             )
             for row in matrix.tolist()
         ]
-        return [[scored_from(p) for p in hits] for hits in _run(shard, requests)]
+        return [[scored_from(p) for p in hits] for hits in run(shard, requests)]
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
@@ -461,41 +395,8 @@ class EdgeStore:
         shard = self._open(name)[1]
         old = check_vectors(self.collection(name, query.old_vector), old_queries)
         new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
-        params = qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact)
-        where = as_where(query.filter) or Where()
-        old_filter = _edge_filter(where & Where(lacks_vector=(query.new_vector,)))
-        new_filter = _edge_filter(where)
-        sign = higher_is_closer(query.distance)
-        scores = [qe.Expression.Variable(f"$score[{k}]") for k in (0, 1)]
-        if sign < 0:
-            scores = [qe.Expression.Neg(s) for s in scores]
-        formula = qe.Formula(
-            qe.Expression.Max(scores), defaults={f"$score[{k}]": -sign * UNSEEN for k in (0, 1)}
-        )
-        requests = [
-            qe.QueryRequest(
-                limit=query.limit,
-                prefetches=[
-                    qe.Prefetch(
-                        limit=query.limit,
-                        query=qe.Query.Nearest(o, using=query.old_vector or None),
-                        filter=old_filter,
-                        params=params,
-                    ),
-                    qe.Prefetch(
-                        limit=query.limit,
-                        query=qe.Query.Nearest(n, using=query.new_vector),
-                        filter=new_filter,
-                        params=params,
-                    ),
-                ],
-                query=formula,
-                with_payload=True,
-                with_vector=[query.new_vector],
-            )
-            for o, n in zip(old.tolist(), new.tolist(), strict=True)
-        ]
-        return [[merged_from(p, query) for p in hits] for hits in _run(shard, requests)]
+        requests = merged_requests(query, old.tolist(), new.tolist())
+        return [[merged_from(p, query) for p in hits] for hits in run(shard, requests)]
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""

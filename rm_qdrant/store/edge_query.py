@@ -1,0 +1,118 @@
+"""qdrant-edge's side of the embedded store: its vector config, filters and queries."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import qdrant_edge as qe
+
+from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.store.base import Filter, MergedQuery, VectorFacts, Where, normalize_id
+from rm_qdrant.store.filters import as_where, match_values
+
+DISTANCES = {
+    "cosine": qe.Distance.Cosine,
+    "dot": qe.Distance.Dot,
+    "euclid": qe.Distance.Euclid,
+    "manhattan": qe.Distance.Manhattan,
+}
+
+
+def condition(key: str, value: Any) -> qe.FieldCondition:
+    many, one = match_values(value)
+    return qe.FieldCondition(key=key, match=qe.MatchAny(many) if many is not None else qe.MatchValue(one))
+
+
+def edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> qe.Filter | None:
+    where = as_where(filter)
+    if where is None and ids is None:
+        return None
+    where = where or Where()
+    must: list[Any] = [condition(k, v) for k, v in where.must.items()]
+    if ids is not None:
+        must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
+    must += [qe.IsEmptyCondition(k) for k in where.empty]
+    must += [qe.HasVectorCondition(v) for v in where.has_vector]
+    if where.slice is not None:
+        must.append(qe.SliceCondition(index=where.slice[0], total=where.slice[1]))
+    must_not: list[Any] = [condition(k, v) for k, v in where.must_not.items()]
+    must_not += [qe.IsEmptyCondition(k) for k in where.not_empty]
+    must_not += [qe.HasVectorCondition(v) for v in where.lacks_vector]
+    return qe.Filter(must=must or None, must_not=must_not or None)
+
+
+def wanted(with_vectors: bool, vector: str) -> Any:
+    # A named vector is asked for by name: a point without it then comes back without it.
+    return ([vector] if vector else True) if with_vectors else False
+
+
+def run(shard: qe.EdgeShard, requests: list[qe.QueryRequest]) -> list[list[Any]]:
+    if len(requests) == 1:
+        return [shard.query(requests[0])]
+    return list(shard.query_batch(qe.QueryBatchRequest(requests))) if requests else []
+
+
+def merged_requests(
+    query: MergedQuery, old: list[list[float]], new: list[list[float]]
+) -> list[qe.QueryRequest]:
+    """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores."""
+    params = qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact)
+    where = as_where(query.filter) or Where()
+    old_filter = edge_filter(where & Where(lacks_vector=(query.new_vector,)))
+    new_filter = edge_filter(where)
+    sign = higher_is_closer(query.distance)
+    scores = [qe.Expression.Variable(f"$score[{k}]") for k in (0, 1)]
+    if sign < 0:
+        scores = [qe.Expression.Neg(s) for s in scores]
+    formula = qe.Formula(qe.Expression.Max(scores), defaults={f"$score[{k}]": -sign * UNSEEN for k in (0, 1)})
+    requests = [
+        qe.QueryRequest(
+            limit=query.limit,
+            prefetches=[
+                qe.Prefetch(
+                    limit=query.limit,
+                    query=qe.Query.Nearest(o, using=query.old_vector or None),
+                    filter=old_filter,
+                    params=params,
+                ),
+                qe.Prefetch(
+                    limit=query.limit,
+                    query=qe.Query.Nearest(n, using=query.new_vector),
+                    filter=new_filter,
+                    params=params,
+                ),
+            ],
+            query=formula,
+            with_payload=True,
+            with_vector=[query.new_vector],
+        )
+        for o, n in zip(old, new, strict=True)
+    ]
+    return requests
+
+
+Specs = tuple[dict[str, VectorFacts], tuple[str, ...]]  # dense vectors by name, sparse names
+
+
+def read_specs(folder: Path, name: str) -> Specs:
+    """A collection's vectors, from the shard's own config (or an older rm-qdrant spec)."""
+    try:
+        raw = json.loads((folder / "shard" / "edge_config.json").read_text())
+        dense = {
+            str(k): (int(v["size"]), str(v["distance"]).lower(), bool(v.get("multivector_config")))
+            for k, v in raw["vectors"].items()
+        }
+        return dense, tuple(str(k) for k in (raw.get("sparse_vectors") or {}))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    try:
+        raw = json.loads((folder / "spec.json").read_text())
+        if "vectors" in raw:
+            return {k: (int(v[0]), str(v[1]), False) for k, v in raw["vectors"].items()}, ()
+        return {"": (int(raw["dim"]), str(raw["distance"]), False)}, ()
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ConfigError(f"cannot read the vector config of collection {name!r}: {exc}") from exc
