@@ -314,3 +314,24 @@ def test_init_refuses_what_a_single_collection_pair_cannot_be(store, models, tmp
     with pytest.raises(ConfigError, match="unknown layout"):
         create_pair(store, "p", old_collection="photos", encoder=rm, layout="sideways")
     assert store.collection("photos").vectors == ("",)  # nothing written by a refused init
+
+
+def test_a_naive_pair_in_one_collection_merges_the_two_models(store, models, tmp_path):
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=6))
+    index_images(store, "photos", OnnxEncoder(models.old), items)
+    create_pair(
+        store,
+        "p",
+        old_collection="photos",
+        encoder=OnnxEncoder(models.new_only),
+        old_encoder=OnnxEncoder(models.old),
+        mode="naive",
+        layout="single-collection",
+        new_vector="new",
+    )
+    index = DualIndex.open(store, "p", exact=True)
+    run_migration(index, MigrateOptions(batch=5, until=0.5))
+    new_q, old_q = index.query_vectors([i.uri for i in items[::2]])
+    merged = index.search_vectors_batch(new_q, old_q, limit=len(items))
+    assert_same_hits(merged, two_searches(store, new_q, old_q, len(items)))
+    assert all(len({h.id for h in row}) == len(items) for row in merged)
