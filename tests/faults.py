@@ -73,3 +73,39 @@ def nth_write(n: int) -> Callable[[str, tuple, dict], bool]:
         return seen[0] == n + 1
 
     return test
+
+
+def hammer_migration(store, ids, user_vector, **migrate):
+    """Run a migration of pair ``p`` while a thread writes and deletes random points through
+    DualIndex (400 writes at most, paced to spread over the run). Returns (report, last),
+    ``last`` mapping each touched id to ``"deleted"`` or the version the user wrote last."""
+    import random
+    import threading
+
+    from rm_qdrant import DualIndex
+    from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+
+    last: dict[object, object] = {}
+    done = threading.Event()
+
+    def user() -> None:
+        rng, index, version = random.Random(5), DualIndex.open(store, "p"), 0
+        while not done.wait(0.001) and len(last) < 400:
+            point = rng.choice(ids)
+            if rng.random() < 0.7:
+                version += 1
+                index.upsert_vectors([point], user_vector(version), [{"version": version}])
+                last[point] = version
+            else:
+                index.delete([point])
+                last[point] = "deleted"
+
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        options = MigrateOptions(batch=50, fetch_workers=2)
+        report = run_migration(DualIndex.open(store, "p"), options, **migrate)
+    finally:
+        done.set()
+        thread.join()
+    return report, last

@@ -7,16 +7,13 @@ hammer lets them collide at random and then accounts for every id.
 
 from __future__ import annotations
 
-import random
-import threading
-
 import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from tests.conftest import NEW_DIM, make_image_folder
-from tests.faults import Scripted, Step
+from tests.faults import Scripted, Step, hammer_migration
 
 
 @pytest.fixture
@@ -105,30 +102,7 @@ def test_hammer_user_writes_during_a_migration_every_id_accounted_for(store, mod
     index_images(store, "old", OnnxEncoder(models.old), items)
     create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm))
     ids = [i.point_id for i in items]
-    last: dict[str, object] = {}  # id -> "deleted" or the user's version number
-    done = threading.Event()
-
-    def user() -> None:  # 400 writes at most, paced to spread over the migration
-        rng, index, version = random.Random(5), DualIndex.open(store, "p"), 0
-        while not done.wait(0.001) and len(last) < 400:
-            point = rng.choice(ids)
-            if rng.random() < 0.7:
-                version += 1
-                index.upsert_vectors([point], user_vector(version), [{"version": version}])
-                last[point] = version
-            else:
-                index.delete([point])
-                last[point] = "deleted"
-
-    thread = threading.Thread(target=user)
-    thread.start()
-    try:
-        report = run_migration(
-            DualIndex.open(store, "p"), MigrateOptions(batch=50, fetch_workers=2), workers=workers
-        )
-    finally:
-        done.set()
-        thread.join()
+    report, last = hammer_migration(store, ids, user_vector, workers=workers)
     run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=20))  # finish any point left in old
     assert report.moved > 100 and len(last) >= 20
     new = {r.id: r.payload for r in store.scroll("p-new", limit=10_000)[0]}

@@ -5,9 +5,6 @@ Each test runs on qdrant-edge and on qdrant-client's local mode (the ``store`` f
 
 from __future__ import annotations
 
-import random
-import threading
-
 import numpy as np
 import pytest
 
@@ -22,7 +19,7 @@ from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, MigrationError, Unsupported
 from rm_qdrant.store import Where
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
-from tests.faults import Scripted
+from tests.faults import Scripted, hammer_migration
 
 HAS_NEW = Where(has_vector=("new",))
 
@@ -195,30 +192,7 @@ def test_hammer_user_writes_during_a_migration_every_id_accounted_for(store, mod
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=150))
     make_pair(store, models, items)
     ids = [i.point_id for i in items]
-    last: dict[str, object] = {}  # id -> "deleted" or the user's version number
-    done = threading.Event()
-
-    def user() -> None:  # 400 writes at most, paced to spread over the migration
-        rng, index, version = random.Random(5), DualIndex.open(store, "p"), 0
-        while not done.wait(0.001) and len(last) < 400:
-            point = rng.choice(ids)
-            if rng.random() < 0.7:
-                version += 1
-                index.upsert_vectors([point], user_vector(version), [{"version": version}])
-                last[point] = version
-            else:
-                index.delete([point])
-                last[point] = "deleted"
-
-    thread = threading.Thread(target=user)
-    thread.start()
-    try:
-        report = run_migration(
-            DualIndex.open(store, "p"), MigrateOptions(batch=50, fetch_workers=2), workers=workers
-        )
-    finally:
-        done.set()
-        thread.join()
+    report, last = hammer_migration(store, ids, user_vector, workers=workers)
     assert report.moved > 100 and len(last) >= 20
     stored = {r.id: r for r in store.scroll("photos", limit=10_000, with_vectors=True, vector="new")[0]}
     assert store.count("photos", Where(lacks_vector=("new",))) == 0

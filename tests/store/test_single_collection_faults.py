@@ -16,9 +16,6 @@ from click.testing import CliRunner
 
 from rm_qdrant import (
     DualIndex,
-    OnnxEncoder,
-    create_pair,
-    index_images,
     load_pair,
     open_store,
     scan_image_folder,
@@ -29,6 +26,7 @@ from rm_qdrant.cli import cli
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
+from tests.store.test_single_collection import make_pair
 
 KILLS = 10
 HAS_NEW, LACKS_NEW = Where(has_vector=("new",)), Where(lacks_vector=("new",))
@@ -160,15 +158,7 @@ def test_finalize_killed_at_any_write_is_completed_by_running_it_again(
     n = 0
     while True:
         store = open_store(":memory:" if backend == "memory" else tmp_path / f"q{n}")
-        index_images(store, "photos", OnnxEncoder(models.old), items)
-        create_pair(
-            store,
-            "p",
-            old_collection="photos",
-            encoder=OnnxEncoder(models.rm),
-            layout="single-collection",
-            new_vector="new",
-        )
+        make_pair(store, models, items)
         run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
         killed = Scripted(store, [(when, nth_write(n), crash)])
         with contextlib.suppress(Crash):
