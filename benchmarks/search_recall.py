@@ -3,20 +3,27 @@
     python benchmarks/search_recall.py --data cifar
     python benchmarks/search_recall.py --data gaussian
 
-A gallery halfway through a backfill: a random ``--new-share`` of its points in the new
-collection (new-model vectors), the rest in the old one (old-model vectors), served by a
-DualIndex in ``rm`` mode; beside it one collection of every point's new vector (what serves
-once the backfill is done). All three HNSW-indexed (``store.optimize``), embedded EdgeStore.
-``cifar``: benchmarks/cifar_features.py's vectors, N train images as the gallery, held-out
-test images as queries; dual sends a query's ``new`` vector to new and ``rev`` (ψ) to old,
-single sends ``new``. ``gaussian``: search_overhead.py's setup (N standard normal vectors,
-the same on both sides, the same query vector to both).
+A gallery halfway through a backfill: a random ``--new-share`` of its points migrated, the
+rest not, served by a DualIndex in ``rm`` mode in both layouts of a pair: ``paired`` (new
+points in a new collection with their new-model vectors, the rest in old with their old-model
+vectors) and ``single-collection`` (one collection holding every point's old vector as the
+unnamed vector and, for the same migrated points, the new one as the named vector ``new``;
+DualIndex sends one query: a prefetch per vector and a ``max`` formula). Beside them one
+collection of every point's new vector (what serves once the backfill is done). All
+HNSW-indexed (``store.optimize``), embedded EdgeStore. ``cifar``: benchmarks/cifar_features.py's
+vectors, N train images as the gallery, held-out test images as queries; dual sends a query's
+``new`` vector to new and ``rev`` (ψ) to old, single sends ``new``. ``gaussian``:
+search_overhead.py's setup (N standard normal vectors, the same on both sides, the same query
+vector to both).
 
-Truth: each one's exact top-k (``exact=True``; the dual's checked against numpy over the
-union), timed head to head for the exact ratio. The sweep runs each searcher alone over the
-queries at each ``hnsw_ef``: single, DualIndex as it is (``same ef``) and per-side variants
-(a store wrapper rewrites each side's ef). At each recall target, each dual's cheapest ef
-and single's run head to head. Writes benchmarks/results/search_recall-<data>.md and .json.
+Truth: each one's exact top-k (``exact=True``; the paired dual's checked against numpy over
+the union, the single-collection one against the paired one), timed head to head for the
+exact ratios. The sweep runs each searcher alone over the queries at each ``hnsw_ef``: single,
+the paired DualIndex as it is (``same ef``) and per-side variants (a store wrapper rewrites
+each side's ef), the single-collection DualIndex (both prefetches get hnsw_ef). At each recall
+target, each dual's cheapest ef and single's run head to head (the paired ``same ef``, the
+single-collection one and single interleaved in one run). Writes
+benchmarks/results/search_recall-<data>.md and .json.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.search_overhead import indexed, load, machine  # noqa: E402
 from rm_qdrant import DualIndex, open_store  # noqa: E402
-from rm_qdrant.backfill.pair import ModelRef, PairRecord  # noqa: E402
+from rm_qdrant.backfill.pair import SINGLE, ModelRef, PairRecord  # noqa: E402
+from rm_qdrant.store import Where  # noqa: E402
 
-OLD, NEW, ALL = "bench-old", "bench-new", "bench-all"
+OLD, NEW, ALL, ONE = "bench-old", "bench-new", "bench-all", "bench-one"
+SAME, SC = "same ef", "single-collection"  # the paired DualIndex as it is; the one-collection one
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = (0.95, 0.99)
 
@@ -58,7 +67,7 @@ class SideEf:
 def variants(limit, share):
     """Per-side ef rules: name -> (ef, collection) -> that side's ef (None: DualIndex as it is)."""
     return {
-        "same ef": None,
+        SAME: None,
         "ef x share": lambda ef, name: max(limit, round(ef * share[name])),
         "old at limit": lambda ef, name: limit if name == OLD else ef,
         "old at ef/2": lambda ef, name: max(limit, ef // 2) if name == OLD else ef,
@@ -79,6 +88,30 @@ def dataset(args, rng):
     g = np.sort(rng.choice(train, args.n, replace=False)) if args.n < len(train) else train
     q = rng.choice(held_out, args.warmup + args.queries, replace=False)
     return f.old[g], f.new[g], f.new[q], f.rev[q]
+
+
+def build(store, g_old, g_new, in_new, batch=5_000):
+    """The four collections, HNSW-built; a note on the build."""
+    ids = np.arange(len(g_new))
+    olds, news = ids[~in_new], ids[in_new]
+    load(store, OLD, olds, g_old[olds], batch)
+    load(store, NEW, news, g_new[news], batch)
+    load(store, ALL, ids, g_new, batch)
+    load(store, ONE, ids, g_old, batch)  # every point's old vector (unnamed) ...
+    store.add_vector(ONE, "new", dim=g_new.shape[1], distance="cosine")
+    for i in range(0, len(news), batch):  # ... and the migrated points' new one, as migration adds it
+        part = news[i : i + batch]
+        store.set_vectors(ONE, part.tolist(), g_new[part], vector="new", where=Where(lacks_vector=("new",)))
+    t0 = time.perf_counter()
+    for name in (OLD, NEW, ALL, ONE):
+        store.optimize(name)
+    # indexed_vectors_count counts each vector: ONE holds the old one of every point, and the new one
+    held = {c: store.count(c) for c in (OLD, NEW, ALL)} | {ONE: len(ids) + len(news)}
+    built = [(c, indexed(store, c), held[c]) for c in held]
+    warn = "" if all(i == c for _, i, c in built) else "WARNING, not all indexed (plain search): "
+    return f"HNSW built in {time.perf_counter() - t0:.1f} s; {warn}vectors indexed/held: " + ", ".join(
+        f"{name} {i:,}/{c:,}" for name, i, c in built
+    )
 
 
 def union_truth(g_old, g_new, in_new, q_new, q_old, k):
@@ -120,6 +153,37 @@ def summary(times, found, truth, k):
     return {"recall": float(rec), "p50_ms": float(p50), "p99_ms": float(p99)}
 
 
+def equal_recall(rows, labels, make, args):
+    """At each target, each dual's cheapest ef and single's, timed head to head: the paired
+    ``same ef`` and the single-collection DualIndex in one interleaved run with single, each
+    per-side variant in its own run with single."""
+    equal = []
+    for target in TARGETS:
+        best = {}
+        for s in ["single", *labels]:
+            hit = [r for r in rows if r["searcher"] == s and r["recall"] >= target]
+            best[s] = min(hit, key=lambda r: r["ef"]) if hit else None
+        base = best.pop("single")
+        for group in [[SAME, SC]] + [[s] for s in best if s not in (SAME, SC)]:
+            entries = {s: {"target": target, "searcher": s, "ef": best[s] and best[s]["ef"]} for s in group}
+            timed = [s for s in group if best[s] is not None]
+            if base is not None and timed:
+                fns = {s: make(s, best[s]["ef"]) for s in timed} | {"single": make("single", base["ef"])}
+                times, _ = timed_rounds(fns, args.queries, args.warmup)
+                pct = {s: np.percentile(t, [50, 99]).tolist() for s, t in times.items()}
+                for s in timed:
+                    e = entries[s] | {"dual_recall": best[s]["recall"], "single_recall": base["recall"]}
+                    for i, p in enumerate((50, 99)):
+                        e[f"dual_p{p}_ms"], e[f"single_p{p}_ms"] = pct[s][i], pct["single"][i]
+                        e[f"p{p}_ratio"] = pct[s][i] / pct["single"][i]
+                        if s == SC and SAME in timed:
+                            e[f"p{p}_vs_paired"] = pct[SC][i] / pct[SAME][i]
+                    entries[s] = e
+            for e in entries.values():
+                equal.append(e | {"single_ef": base and base["ef"]})
+    return equal
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", choices=["cifar", "gaussian"], default="cifar")
@@ -139,108 +203,75 @@ def main() -> None:
     n = len(g_new)
     in_new = np.zeros(n, bool)
     in_new[rng.choice(n, round(n * args.new_share), replace=False)] = True
-    ids = np.arange(n)
-    olds, news = ids[~in_new], ids[in_new]
-    share = {OLD: len(olds) / n, NEW: len(news) / n}
+    share = {OLD: 1 - in_new.mean(), NEW: in_new.mean()}
     rows, exact, notes = [], {}, []
     with tempfile.TemporaryDirectory(prefix="rmq-recall-") as tmp:
         store = open_store(tmp)
-        load(store, OLD, olds, g_old[olds], 5_000)
-        load(store, NEW, news, g_new[news], 5_000)
-        load(store, ALL, ids, g_new, 5_000)
-        t0 = time.perf_counter()
-        for name in (OLD, NEW, ALL):
-            store.optimize(name)
-        built = [(c, indexed(store, c), store.count(c)) for c in (OLD, NEW, ALL)]
-        warn = "" if all(i == c for _, i, c in built) else "WARNING, not all indexed (plain search): "
-        notes.append(
-            f"HNSW built in {time.perf_counter() - t0:.1f} s; {warn}vectors indexed/held: "
-            + ", ".join(f"{name} {i:,}/{c:,}" for name, i, c in built)
-        )
-        pair = PairRecord("bench", OLD, NEW, "rm", "cosine", ModelRef("bench", "0", 128, "-"))
+        notes.append(build(store, g_old, g_new, in_new))
+        model = ModelRef("bench", "0", 128, "-")
+        pairs = {
+            "paired": PairRecord("bench", OLD, NEW, "rm", "cosine", model),
+            SC: PairRecord("bench-one", ONE, ONE, "rm", "cosine", model, layout=SINGLE, new_vector="new"),
+        }
+        rules, indexes = variants(k, share), []
 
-        def dual_fn(index):
+        def make(label, ef, exact_=False):
+            """A searcher: query number -> top-k ids."""
+            if label == "single":
+                return lambda i: [
+                    h.id for h in store.search(ALL, q_new[i : i + 1], limit=k, exact=exact_, hnsw_ef=ef)[0]
+                ]
+            pick = rules.get(label)
+            pair = pairs[SC if label == SC else "paired"]
+            index = DualIndex(store if pick is None else SideEf(store, pick), pair, exact=exact_, hnsw_ef=ef)
+            indexes.append(index)
             return lambda i: [h.id for h in index.search_vectors(q_new[i], q_old[i], limit=k)]
 
-        def single_fn(exact_, ef):
-            def run(i):
-                hits = store.search(ALL, q_new[i : i + 1], limit=k, exact=exact_, hnsw_ef=ef)
-                return [h.id for h in hits[0]]
-
-            return run
-
-        # Exact: the truth, and the exact latency ratio.
-        with DualIndex(store, pair, exact=True) as dual:
-            times, found = timed_rounds(
-                {"dual": dual_fn(dual), "single": single_fn(True, None)}, args.queries, args.warmup
-            )
+        # Exact: the truth, and the exact latency ratios (the three interleaved).
+        exact_fns = {s: make(s, None, True) for s in (SAME, SC, "single")}
+        times, found = timed_rounds(exact_fns, args.queries, args.warmup)
         truth = {s: [f[:k] for f in found[s]] for s in found}
-        for s in found:
-            exact[s] = summary(times[s], found[s], truth[s], k)
+        exact = {"dual" if s == SAME else s: summary(times[s], found[s], truth[s], k) for s in found}
         brute, kth = union_truth(g_old, g_new, in_new, q_new[args.warmup :], q_old[args.warmup :], k)
-        same = sum(f == b.tolist() for f, b in zip(truth["dual"], brute, strict=True))
-        from_old = np.mean([[not in_new[i] for i in f] for f in truth["dual"]])
-        notes.append(
-            f"exact dual top-{k} = numpy top-{k} over the union (ids, in order) for {same}/{args.queries} "
-            f"queries; {from_old:.1%} of its hits come from old ({share[OLD]:.0%} of the gallery); "
+        same = sum(f == b.tolist() for f, b in zip(truth[SAME], brute, strict=True))
+        layouts = sum(a == b for a, b in zip(truth[SC], truth[SAME], strict=True))
+        exact["single_collection_equal_to_paired"] = layouts
+        from_old = np.mean([[not in_new[i] for i in f] for f in truth[SAME]])
+        notes += [
+            f"exact paired dual top-{k} = numpy top-{k} over the union (ids, in order) for "
+            f"{same}/{args.queries} queries; {from_old:.1%} of its hits come from old "
+            f"({share[OLD]:.0%} of the gallery); "
             f"median cosine distance of each side's own {k}th nearest: old {kth['old']:.3f}, "
-            f"new {kth['new']:.3f}"
-        )
-
-        rules = variants(k, share)
+            f"new {kth['new']:.3f}",
+            f"exact single-collection dual top-{k} = exact paired dual top-{k} (ids, in order) for "
+            f"{layouts}/{args.queries} queries",
+        ]
         if share[OLD] == share[NEW]:
             notes.append(
                 "`ef x share` at 2 ef makes the very searches of `same ef` at ef: their gap is noise"
             )
-        indexes = []
-
-        def searcher(label, ef):
-            if label == "single":
-                return single_fn(False, ef)
-            pick = rules[label]
-            indexes.append(DualIndex(store if pick is None else SideEf(store, pick), pair, hnsw_ef=ef))
-            return dual_fn(indexes[-1])
 
         # The sweep: one searcher at a time over all queries (a searcher run twice on a query
         # finds its graph path in cache, so variants are not interleaved with each other).
         for ef in efs:
-            for s in ["single", *rules]:
-                times, found = timed_rounds({s: searcher(s, ef)}, args.queries, args.warmup)
-                ref = truth["single" if s == "single" else "dual"]
+            for s in ["single", *rules, SC]:
+                times, found = timed_rounds({s: make(s, ef)}, args.queries, args.warmup)
+                ref = truth[s if s in (SC, "single") else SAME]
                 rows.append({"searcher": s, "ef": ef, **summary(times[s], found[s], ref, k)})
             print(f"  ef {ef}: done", file=sys.stderr, flush=True)
 
-        # Equal recall: each dual variant's cheapest ef against single's, head to head, interleaved.
-        equal = []
-        for target in TARGETS:
-            best = {}
-            for s in ["single", *rules]:
-                hit = [r for r in rows if r["searcher"] == s and r["recall"] >= target]
-                best[s] = min(hit, key=lambda r: r["ef"]) if hit else None
-            base = best.pop("single")
-            for s, r in best.items():
-                e = {"target": target, "searcher": s, "ef": r and r["ef"], "single_ef": base and base["ef"]}
-                if r is not None and base is not None:
-                    fns = {"dual": searcher(s, r["ef"]), "single": searcher("single", base["ef"])}
-                    times, _ = timed_rounds(fns, args.queries, args.warmup)
-                    for side in fns:
-                        e[f"{side}_p50_ms"], e[f"{side}_p99_ms"] = np.percentile(
-                            times[side], [50, 99]
-                        ).tolist()
-                    e |= {"dual_recall": r["recall"], "single_recall": base["recall"]}
-                    e |= {f"p{p}_ratio": e[f"dual_p{p}_ms"] / e[f"single_p{p}_ms"] for p in (50, 99)}
-                equal.append(e)
+        equal = equal_recall(rows, [*rules, SC], make, args)
         for index in indexes:
             index.close()
         store.close()
-    exact["p50_ratio"], exact["p99_ratio"] = (
-        exact["dual"][p] / exact["single"][p] for p in ("p50_ms", "p99_ms")
-    )
+    for p in ("p50", "p99"):
+        exact[f"{p}_ratio"] = exact["dual"][f"{p}_ms"] / exact["single"][f"{p}_ms"]
+        exact[f"single_collection_{p}_ratio"] = exact[SC][f"{p}_ms"] / exact["single"][f"{p}_ms"]
+        exact[f"single_collection_{p}_vs_paired"] = exact[SC][f"{p}_ms"] / exact["dual"][f"{p}_ms"]
     notes.append(f"total wall time: {time.perf_counter() - wall:.0f} s")
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    text = markdown(
-        date, args, f"N={n:,} ({len(olds):,} in old, {len(news):,} in new", rules, rows, equal, exact, notes
-    )
+    sizes = f"N={n:,} ({n - in_new.sum():,} old-only, {in_new.sum():,} migrated"
+    text = markdown(date, args, sizes, rules, rows, equal, exact, notes)
     print(text)
     out = RESULTS / f"search_recall-{args.data}"
     out.with_suffix(".md").write_text(text)
@@ -249,13 +280,22 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps({**record, "notes": notes}, indent=1) + "\n")
 
 
-def markdown(date, args, sizes, rules, rows, equal, exact, notes):
-    """The report: goals, the equal-recall table, the sweep, the exact ratio."""
-    k, efs = args.limit, sorted({r["ef"] for r in rows})
-    ours = [e for e in equal if e["searcher"] == "same ef" and "p50_ratio" in e]
+def goals(equal, exact, searcher, key):
+    """Issue 13's goals line for one DualIndex (``key``: its exact ratios' prefix)."""
+    ours = [e for e in equal if e["searcher"] == searcher and "p50_ratio" in e]
     ratios = [e[f"p{p}_ratio"] for e in ours for p in (50, 99)]
     at_equal = "; ".join(f"{e['target']}: p50 {e['p50_ratio']:.2f}x, p99 {e['p99_ratio']:.2f}x" for e in ours)
-    exact_ok = max(exact["p50_ratio"], exact["p99_ratio"]) <= 1.1
+    p50, p99 = exact[f"{key}p50_ratio"], exact[f"{key}p99_ratio"]
+    return (
+        f"dual/single <= 1.3 at equal recall: {at_equal or 'no target reached'} "
+        f"({'met' if ratios and max(ratios) <= 1.3 else 'missed'}); exact <= 1.1: p50 {p50:.2f}x, "
+        f"p99 {p99:.2f}x ({'met' if max(p50, p99) <= 1.1 else 'missed'})."
+    )
+
+
+def markdown(date, args, sizes, rules, rows, equal, exact, notes):
+    """The report: goals, the equal-recall table, the sweep, the exact ratios."""
+    k, efs = args.limit, sorted({r["ef"] for r in rows})
     side = "; ".join(f"{s}: old {pick(32, OLD)}, new {pick(32, NEW)}" for s, pick in rules.items() if pick)
     lines = [
         f"# Dual search at equal recall ({args.data})",
@@ -264,32 +304,39 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
         f"Machine: {machine()}  ",
         f"Date: {date}",
         "",
-        f"Setup: {sizes}; single: all in one collection as new vectors), 128-d, cosine, rm pair, "
-        f"limit {k}, {args.queries} queries after {args.warmup} warm-up, embedded EdgeStore "
-        f"(DualIndex searches old then new). Recall@{k} against each one's exact top-{k}.",
+        f"Setup: {sizes}; paired: old-only points in an old collection, migrated ones in new; "
+        "single-collection: one collection, every point's old vector (unnamed) and the migrated "
+        "points' new vector (`new`); single: all in one collection as new vectors), 128-d, cosine, "
+        f"rm pair, limit {k}, {args.queries} queries after {args.warmup} warm-up, embedded EdgeStore "
+        "(the paired DualIndex searches old then new; the single-collection one sends one query, "
+        f"two prefetches and a max formula). Recall@{k} against each one's exact top-{k}.",
         "",
-        f"Issue 13 goals, DualIndex as it is (`same ef`): dual/single <= 1.3 at equal recall: "
-        f"{at_equal or 'no target reached'} ({'met' if ratios and max(ratios) <= 1.3 else 'missed'}); "
-        f"exact <= 1.1: p50 {exact['p50_ratio']:.2f}x, p99 {exact['p99_ratio']:.2f}x "
-        f"({'met' if exact_ok else 'missed'}).",
+        f"Issue 13 goals, paired DualIndex as it is (`same ef`): {goals(equal, exact, SAME, '')}  ",
+        f"Single-collection DualIndex: {goals(equal, exact, SC, 'single_collection_')}",
         "",
         "## At equal recall: each one's cheapest hnsw_ef reaching the target, timed head to head",
         "",
-        "Dual and single alternate per query (who goes first alternates too). `same ef` is DualIndex "
-        f"as it is (both sides get hnsw_ef); the others rewrite each side's ef (at 32: {side}).",
+        "`same ef` (paired DualIndex as it is: both sides get hnsw_ef), `single-collection` (both "
+        "prefetches get hnsw_ef) and single run in one interleaved run (who goes first rotates per "
+        "query); each other paired variant runs alone against single. Those rewrite each side's ef "
+        f"(at 32: {side}). `vs paired`: single-collection / `same ef`, from the same run.",
         "",
         "| target | dual | dual ef | dual recall | single ef | single recall | dual p50 ms "
-        "| single p50 ms | p50 dual/single | dual p99 ms | single p99 ms | p99 dual/single |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| single p50 ms | p50 dual/single | dual p99 ms | single p99 ms | p99 dual/single "
+        "| p50 vs paired | p99 vs paired |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for e in equal:
         if "p50_ratio" not in e:
-            cells = f"{e['ef'] or 'not reached'} | | {e['single_ef'] or 'not reached'} | | | | | | | |"
+            cells = f"{e['ef'] or 'not reached'} | | {e['single_ef'] or 'not reached'} | | | | | | | | | |"
         else:
+            vs = " | ".join(
+                f"{e[f'p{p}_vs_paired']:.2f}x" if f"p{p}_vs_paired" in e else "" for p in (50, 99)
+            )
             cells = (
                 f"{e['ef']} | {e['dual_recall']:.4f} | {e['single_ef']} | {e['single_recall']:.4f} "
                 f"| {e['dual_p50_ms']:.3f} | {e['single_p50_ms']:.3f} | {e['p50_ratio']:.2f}x "
-                f"| {e['dual_p99_ms']:.3f} | {e['single_p99_ms']:.3f} | {e['p99_ratio']:.2f}x |"
+                f"| {e['dual_p99_ms']:.3f} | {e['single_p99_ms']:.3f} | {e['p99_ratio']:.2f}x | {vs} |"
             )
         lines.append(f"| {e['target']} | {e['searcher']} | {cells}")
     lines += [
@@ -299,21 +346,26 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
         f"| searcher | {' | '.join(str(e) for e in efs)} |",
         "|---|" + "--:|" * len(efs),
     ]
-    for s in ["single", *rules]:
+    for s in ["single", *rules, SC]:
         mine = [r for r in rows if r["searcher"] == s]
         for key, fmt in (("recall", "{:.4f}"), ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}")):
             lines.append(
                 f"| {s} {key.replace('_ms', ' ms')} | {' | '.join(fmt.format(r[key]) for r in mine)} |"
             )
-    d, s1 = exact["dual"], exact["single"]
+    d, one, s1 = exact["dual"], exact[SC], exact["single"]
     lines += [
         "",
-        "## Exact search (exact=True), head to head",
+        "## Exact search (exact=True), the three interleaved",
         "",
         "| searcher | p50 ms | p99 ms |\n|---|--:|--:|",
-        f"| dual | {d['p50_ms']:.3f} | {d['p99_ms']:.3f} |",
+        f"| paired dual | {d['p50_ms']:.3f} | {d['p99_ms']:.3f} |",
+        f"| single-collection dual | {one['p50_ms']:.3f} | {one['p99_ms']:.3f} |",
         f"| single | {s1['p50_ms']:.3f} | {s1['p99_ms']:.3f} |",
-        f"| dual / single | {exact['p50_ratio']:.2f}x | {exact['p99_ratio']:.2f}x |",
+        f"| paired dual / single | {exact['p50_ratio']:.2f}x | {exact['p99_ratio']:.2f}x |",
+        f"| single-collection dual / single | {exact['single_collection_p50_ratio']:.2f}x "
+        f"| {exact['single_collection_p99_ratio']:.2f}x |",
+        f"| single-collection / paired dual | {exact['single_collection_p50_vs_paired']:.2f}x "
+        f"| {exact['single_collection_p99_vs_paired']:.2f}x |",
         "",
         *[f"- {note}" for note in notes],
     ]
