@@ -5,7 +5,10 @@ embedded store, then, for each encoder, on the same images and batch size:
 
 - the encoder alone: ONNX Runtime over pre-decoded batches (no I/O at all);
 - ``rmq migrate``'s engine on a fresh pair of that gallery: fetch + decode + encode +
-  Qdrant writes, end to end.
+  Qdrant writes, end to end, in each ``--layout``: ``paired`` (a copy of the old collection,
+  points moved to a new collection) and ``single-collection`` (a copy of the old collection
+  that gets the named vector ``new``; migrating a point adds it). With both, each repeat
+  migrates in both layouts, one after the other, who goes first alternating per repeat.
 
 Encoders (benchmarks/convnet.py, random weights): a CNN of ResNet-18's cost (~300 M
 multiply-adds per 32x32 image), a tiny CNN (~6 M), and for the pipeline's ceiling one
@@ -14,7 +17,8 @@ backfill sees when the model runs on a GPU. Each figure is the median of ``--rep
 runs; the encoder alone is measured right before and after each migration and averaged,
 so drift on a shared machine hits both sides alike.
 
-Run: ``python benchmarks/migration_throughput.py [--n 20000] [--batch 1000] [--repeats 3]``
+Run: ``python benchmarks/migration_throughput.py [--n 20000] [--batch 1000] [--repeats 3]
+[--layout paired|single-collection|both]``
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from benchmarks.convnet import NULL, RESNET18_SIZE, SMALL, convnet_encoder  # no
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
 from rm_qdrant.backfill.migrate import MigrateOptions, Migrator, run_migration  # noqa: E402
+from rm_qdrant.backfill.pair import LAYOUTS, PAIRED, SINGLE  # noqa: E402
 from rm_qdrant.backfill.ranking import plan, prepare_order, read_all  # noqa: E402
 from rm_qdrant.sources import ImageSource, SourceConfig  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
@@ -58,20 +63,25 @@ def encoder_alone(encoder: OnnxEncoder, pixels: np.ndarray, batch: int) -> float
     return len(pixels) / (time.perf_counter() - start)
 
 
-def copy_gallery(store, model: Path, name: str) -> DualIndex:
-    """A fresh copy of the gallery's old collection, paired with ``model``, its order prepared (untimed)."""
+def copy_gallery(store, model: Path, name: str, layout: str = PAIRED) -> DualIndex:
+    """A fresh copy of the gallery's old collection, paired with ``model`` in ``layout`` (in one
+    collection: the new vector ``new`` added to the copy), its order prepared (untimed)."""
     ids, payloads, vectors = read_all(store, "gallery", Where(), True)
     store.create_collection(f"{name}-old", dim=vectors.shape[1], distance="cosine")
     store.upsert(f"{name}-old", ids, vectors, payloads)
-    create_pair(store, name, old_collection=f"{name}-old", encoder=OnnxEncoder(model))
+    new_vector = "new" if layout == SINGLE else None
+    encoder = OnnxEncoder(model)
+    create_pair(
+        store, name, old_collection=f"{name}-old", encoder=encoder, layout=layout, new_vector=new_vector
+    )
     index = DualIndex.open(store, name)
     index.pair = prepare_order(store, index.pair, "random")  # `rmq migrate --prepare`
     return index
 
 
-def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Namespace) -> dict:
-    """The gallery migrated whole on a fresh pair; the encoder alone measured around it."""
-    index = copy_gallery(store, model, name)
+def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Namespace, layout: str) -> dict:
+    """The gallery migrated whole on a fresh pair in ``layout``; the encoder alone measured around it."""
+    index = copy_gallery(store, model, name, layout)
     alone = OnnxEncoder(model, spin=True)  # ONNX Runtime's defaults: its best with the machine to itself
     before = encoder_alone(alone, pixels, args.batch)
     report = run_migration(index, MigrateOptions(batch=args.batch, fetch_workers=args.fetch_workers))
@@ -80,9 +90,9 @@ def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Na
     return {"encoder": (before + after) / 2, "migration": report.moved / report.seconds}
 
 
-def stage_costs(store, model: Path, name: str, args: argparse.Namespace) -> dict[str, float]:
+def stage_costs(store, model: Path, name: str, args: argparse.Namespace, layout: str) -> dict[str, float]:
     """Microseconds a point spends in each stage when they run one after another, on one thread each."""
-    index = copy_gallery(store, model, name)
+    index = copy_gallery(store, model, name, layout)
     migrator = Migrator(index, MigrateOptions(batch=args.batch, fetch_workers=1))
     ids = plan(store, index.pair, migrator.options)
     spent = dict.fromkeys(STAGES, 0.0)
@@ -107,9 +117,12 @@ def main() -> None:
     parser.add_argument("--fetch-workers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both")
     args = parser.parse_args()
+    layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
     items = scan_image_folder(cifar_root() / "train")[: args.n]
-    figures: dict[str, list[dict]] = {}
+    figures: dict[str, dict[str, list[dict]]] = {}
+    stages: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rmq-migbench-") as tmp:
         folder = Path(tmp)
         old = OnnxEncoder(convnet_encoder(folder / "old.onnx", heads={"embedding": ("features", 64)}, seed=1))
@@ -120,45 +133,64 @@ def main() -> None:
             model = convnet_encoder(folder / f"{key}.onnx", heads=heads, stages=MODELS[key][1], seed=2)
             decoder = OnnxEncoder(model)
             pixels = np.stack([decoder.decode(item.uri) for item in items])
-            figures[key] = []
+            figures[key] = {layout: [] for layout in layouts}
             for repeat in range(args.repeats):
-                figures[key].append(one_run(store, model, f"{key}-{repeat}", pixels, args))
-                print(f"  {key} run {repeat + 1}: {figures[key][-1]}", flush=True)
+                turn = layouts[repeat % len(layouts) :] + layouts[: repeat % len(layouts)]  # who goes first
+                for layout in turn:
+                    name = f"{key}-{repeat}" + ("-one" if layout == SINGLE else "")
+                    figures[key][layout].append(one_run(store, model, name, pixels, args, layout))
+                    print(f"  {key} {layout} run {repeat + 1}: {figures[key][layout][-1]}", flush=True)
             if key == "ceiling":
-                stages = stage_costs(store, model, "stages", args)
+                for layout in layouts:
+                    stages[layout] = stage_costs(store, model, f"stages-{layout}", args, layout)
         store.close()
-    report(args, figures, stages if "ceiling" in figures else None)
+    report(args, figures, stages)
 
 
-def report(args: argparse.Namespace, figures: dict[str, list[dict]], stages: dict | None) -> None:
+def report(args: argparse.Namespace, figures: dict[str, dict[str, list[dict]]], stages: dict) -> None:
     lines = [
         f"command: python {' '.join(sys.argv)}",
         f"machine: {machine()}; date: {date.today()}",
         f"images: {args.n:,} CIFAR-10 train JPEGs (32x32), batch {args.batch}, "
-        f"fetch workers {args.fetch_workers}, embedded store; median of {args.repeats} runs",
+        f"fetch workers {args.fetch_workers}, embedded store; median of {args.repeats} runs; "
+        "with both layouts, each repeat runs both (who goes first alternates); `vs paired`: the "
+        "median of single-collection / paired migration throughput over the repeats",
         "",
-        "| encoder (random weights, ONNX Runtime, CPU) | encoder alone | migration | ratio |",
-        "|---|--:|--:|--:|",
+        "| encoder (random weights, ONNX Runtime, CPU) | layout | encoder alone | migration | ratio "
+        "| vs paired |",
+        "|---|---|--:|--:|--:|--:|",
     ]
-    summary = {}
-    for key, runs in figures.items():
-        encoder = statistics.median(r["encoder"] for r in runs)
-        migration = statistics.median(r["migration"] for r in runs)
-        ratio = statistics.median(r["migration"] / r["encoder"] for r in runs)
-        summary[key] = {"encoder": encoder, "migration": migration, "ratio": ratio, "runs": runs}
-        shown = "—" if key == "ceiling" else f"**{ratio:.2f}**"
-        lines.append(f"| {MODELS[key][0]} | {encoder:,.0f} points/s | {migration:,.0f} points/s | {shown} |")
-    if stages is not None:
+    summary: dict = {}
+    for key, by_layout in figures.items():
+        summary[key] = {}
+        for layout, runs in by_layout.items():
+            encoder = statistics.median(r["encoder"] for r in runs)
+            migration = statistics.median(r["migration"] for r in runs)
+            ratio = statistics.median(r["migration"] / r["encoder"] for r in runs)
+            summary[key][layout] = {"encoder": encoder, "migration": migration, "ratio": ratio, "runs": runs}
+            vs = ""
+            if layout == SINGLE and PAIRED in by_layout:
+                pairs = zip(runs, by_layout[PAIRED], strict=True)
+                summary[key][layout]["vs_paired"] = statistics.median(
+                    s["migration"] / p["migration"] for s, p in pairs
+                )
+                vs = f"{summary[key][layout]['vs_paired']:.2f}x"
+            shown = "—" if key == "ceiling" else f"**{ratio:.2f}**"
+            lines.append(
+                f"| {MODELS[key][0]} | {layout} | {encoder:,.0f} points/s | {migration:,.0f} points/s "
+                f"| {shown} | {vs} |"
+            )
+    if stages:
         summary["stages_us_per_point"] = stages
         lines += [
             "",
             "Where a point's time goes with the ceiling encoder, the stages one after another "
             "(one thread each, microseconds a point):",
             "",
-            "| stage | µs a point |",
-            "|---|--:|",
-            *(f"| {stage} | {us:.0f} |" for stage, us in stages.items()),
-            f"| all (serial) | {sum(stages.values()):.0f} |",
+            f"| stage | {' | '.join(stages)} |",
+            "|---|" + "--:|" * len(stages),
+            *(f"| {stage} | {' | '.join(f'{s[stage]:.0f}' for s in stages.values())} |" for stage in STAGES),
+            f"| all (serial) | {' | '.join(f'{sum(s.values()):.0f}' for s in stages.values())} |",
         ]
     text = "\n".join(lines)
     print("\n" + text)
