@@ -11,6 +11,7 @@ import numpy as np
 
 from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
+from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
 from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
@@ -225,20 +226,7 @@ class DualIndex:
             pair.vector, pair.new_using, pair.distance, limit, filter, self.exact, self.hnsw_ef
         )
         results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
-        d = pair.distance
-        return [
-            [
-                Hit(
-                    r.id,
-                    r.score,
-                    score_to_distance(r.score, d),
-                    "new" if r.in_new else "old",
-                    user_payload(r.payload),
-                )
-                for r in hits
-            ]
-            for hits in results
-        ]
+        return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
 
     def _old_filter(self, filter: Filter | None) -> Filter | None:
         # Points that are also in new (keep-old copies, or points with the new vector in one
@@ -260,17 +248,14 @@ class DualIndex:
     def _hits(self, results: list[list[ScoredRecord]] | None, source: Source, rows: int) -> list[list[Hit]]:
         if results is None:
             return [[] for _ in range(rows)]
-        d = self.pair.distance
         scale = self.pair.old_distance if source == "old" else None
+        return [[self._hit(r, source, scale) for r in hits] for hits in results]
 
-        def distance(score: float) -> float:
-            value = score_to_distance(score, d)
-            return float(scale(np.array(value))) if scale is not None else value
-
-        return [
-            [Hit(r.id, r.score, distance(r.score), source, user_payload(r.payload)) for r in hits]
-            for hits in results
-        ]
+    def _hit(self, record: ScoredRecord, source: Source, scale: Calibration | None = None) -> Hit:
+        distance = score_to_distance(record.score, self.pair.distance)
+        if scale is not None:
+            distance = float(scale(np.array(distance)))
+        return Hit(record.id, record.score, distance, source, user_payload(record.payload))
 
     # -- writes ----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import numpy as np
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.loading import load_batch
 from rm_qdrant.backfill.outcome import BatchResult, MigrationReport, record_failures, unusable_rows
-from rm_qdrant.backfill.pair import PairRecord, active_where
+from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
 from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import (
@@ -226,17 +226,16 @@ class Migrator:
 
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
         pair = self.pair
-        if pair.single:  # one read: the payloads, and which points have the new vector already
-            present = self.store.retrieve(
-                pair.old_collection, list(batch), with_vectors=True, vector=pair.new_using
-            )
-            done = {r.id for r in present if r.vector is not None}
-        else:
-            present = self.store.retrieve(pair.old_collection, list(batch))
+        # One collection: the same read says which points have the new vector already.
+        present = self.store.retrieve(
+            pair.old_collection, list(batch), with_vectors=pair.single, vector=pair.new_using
+        )
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        if not pair.single:
-            done = {r.id for r in self.store.retrieve(pair.new_collection, ids, with_payload=False)}
+        if pair.single:
+            done = {r.id for r in present if r.vector is not None}
+        else:
+            done = ids_in_new(self.store, pair, ids)
         todo = [i for i in ids if i not in done]
         points = [(i, payloads[i]) for i in todo]
         loaded = load_batch(

@@ -84,8 +84,9 @@ def _uri(pair: PairRecord, point_id: PointId, payload: dict[str, Any]) -> object
 
 def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     """Both collections' sizes, the failures and the pair's models; needs no encoder."""
-    has_old = store.has_collection(pair.old_collection) and pair.state != "finalizing"
-    has_old = has_old and not (pair.single and pair.state == "finalized")  # the old vectors serve no more
+    # (once a single-collection pair is finalized, its old vectors serve no more)
+    ended = ("finalizing", "finalized") if pair.single else ("finalizing",)
+    has_old = store.has_collection(pair.old_collection) and pair.state not in ended
     active = active_where(pair) if pair.state == "backfilling" else Where()  # after a rollback: all
     old_count = store.count(pair.old_collection, active) - len(in_both(store, pair)) if has_old else 0
     failed_where = active & Where(not_empty=(ERROR,))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -344,6 +344,28 @@ def merged_from(point: Any, query: MergedQuery) -> ScoredRecord:
 def is_missing_point(exc: BaseException) -> bool:
     """Whether a backend error says a point id does not exist."""
     return "no point with id" in str(exc).lower()
+
+
+def write_skipping_missing(
+    write: Callable[[list[Any]], None], rows: list[Any], missing: Callable[[BaseException], bool]
+) -> None:
+    """``write(rows)`` at once; if a point was deleted meanwhile (``missing`` says so of the
+    error), once per row, skipping the missing ones. A batch write that failed on one id may
+    have written the rows before it, so ``write`` must be harmless to repeat (a conditional
+    write, or the same values written twice)."""
+    if not rows:
+        return
+    try:
+        write(rows)
+    except Exception as exc:
+        if not missing(exc):
+            raise
+        for row in rows:
+            try:
+                write([row])
+            except Exception as one:
+                if not missing(one):
+                    raise
 
 
 def check_collection_name(name: str) -> str:

@@ -39,6 +39,7 @@ from rm_qdrant.store.base import (
     pick_vector,
     record_from,
     scored_from,
+    write_skipping_missing,
 )
 from rm_qdrant.store.client_query import client_filter, merged_requests
 
@@ -197,22 +198,8 @@ class ClientStore:
             with self._errors(f"vector update in {name!r}", name):
                 self._client.update_vectors(name, part, wait=True, update_filter=condition)
 
-        try:
-            if rows:
-                write(rows)
-        except (KeyError, StoreError) as exc:  # KeyError: the local mode's word for a missing point
-            if isinstance(exc, StoreError) and not is_missing_point(exc):
-                raise
-            # A point was deleted meanwhile; those before it may be written already, which the
-            # condition (or the same value written twice) makes harmless: go one by one.
-            for row in rows:
-                try:
-                    write([row])
-                except KeyError:
-                    continue
-                except StoreError as one:
-                    if not is_missing_point(one):
-                        raise
+        # KeyError: the local mode's word for a missing point
+        write_skipping_missing(write, rows, lambda e: isinstance(e, KeyError) or is_missing_point(e))
 
     def upsert(
         self,

@@ -50,6 +50,7 @@ from rm_qdrant.store.base import (
     pick_vector,
     record_from,
     scored_from,
+    write_skipping_missing,
 )
 from rm_qdrant.store.edge_query import DISTANCES, Specs, edge_filter, merged_requests, read_specs, run, wanted
 
@@ -181,7 +182,7 @@ class EdgeStore:
     def _reread(self, name: str) -> None:
         # The shard rewrites its edge_config.json when its vectors change.
         with self._mutex:
-            specs, shard = self._shards[name]
+            shard = self._shards[name][1]
             self._shards[name] = (read_specs(self._dir(name), name), shard)
 
     def set_vectors(
@@ -200,22 +201,12 @@ class EdgeStore:
 
         def write(part: list[tuple[PointId, dict[str, list[float]]]]) -> None:
             points = [qe.PointVectors(i, v) for i, v in part]
-            shard.update(qe.UpdateOperation.update_vectors(points, condition=condition))
-
-        try:
-            if rows:
-                write(rows)
-        except Exception as exc:
-            if not is_missing_point(exc):
+            try:
+                shard.update(qe.UpdateOperation.update_vectors(points, condition=condition))
+            except Exception as exc:  # qdrant-edge raises plain Exception
                 raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
-            # A point was deleted meanwhile; the points before it may be written already, which
-            # the condition (or the same value written twice) makes harmless: go one by one.
-            for row in rows:
-                try:
-                    write([row])
-                except Exception as one:
-                    if not is_missing_point(one):
-                        raise StoreError(f"write to collection {name!r} failed: {one}") from one
+
+        write_skipping_missing(write, rows, is_missing_point)
 
     def _open(self, name: str) -> tuple[Specs, qe.EdgeShard]:
         with self._mutex:
