@@ -17,7 +17,7 @@ import numpy as np
 
 from rm_qdrant.backfill.pair import PairRecord, new_model_key, new_where, record_collection_model, save_pair
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.store import Store, open_store
+from rm_qdrant.store import Record, Store, Where, open_store
 
 _PAGE = 2_000
 
@@ -30,15 +30,24 @@ def copy_collection(
     target.create_collection(name, dim=spec.dim, distance=spec.distance, vector=vector)
     for field, kind in source.payload_indexes(name).items():
         target.create_index(name, field, kind)
-    offset: PointId | None = None
-    while True:
-        page, offset = source.scroll(name, limit=_PAGE, offset=offset, with_vectors=True, vector=vector)
-        rows = [r for r in page if r.vector is not None]
+    for page, rows in _pages(source, name, vector):
         if rows:
             vectors = np.stack([r.vector for r in rows])
             target.upsert(name, [r.id for r in rows], vectors, [r.payload for r in rows], vector=vector)
         if on_points is not None:
             on_points(len(page))
+
+
+def _pages(
+    source: Store, name: str, vector: str, where: Where | None = None
+) -> Iterator[tuple[list[Record], list[Record]]]:
+    """Each page of ``name`` with ``vector``: (every record, those that have the vector)."""
+    offset: PointId | None = None
+    while True:
+        page, offset = source.scroll(
+            name, limit=_PAGE, offset=offset, with_vectors=True, vector=vector, where=where
+        )
+        yield page, [r for r in page if r.vector is not None]
         if offset is None:
             return
 
@@ -64,13 +73,6 @@ def _copy_new_vectors(source: Store, target: Store, pair: PairRecord) -> None:
     name, vector = pair.new_collection, pair.new_using
     spec = source.collection(name, vector)
     target.add_vector(name, vector, dim=spec.dim, distance=spec.distance)
-    offset: PointId | None = None
-    while True:
-        page, offset = source.scroll(
-            name, limit=_PAGE, offset=offset, with_vectors=True, vector=vector, where=new_where(pair)
-        )
-        rows = [r for r in page if r.vector is not None]
+    for _, rows in _pages(source, name, vector, new_where(pair)):
         if rows:
             target.set_vectors(name, [r.id for r in rows], np.stack([r.vector for r in rows]), vector=vector)
-        if offset is None:
-            return
