@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-from click.testing import CliRunner
 
 from rm_qdrant import (
     DualIndex,
@@ -22,21 +21,14 @@ from rm_qdrant import (
 )
 from rm_qdrant.backfill.cutover import finalize
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.cli import cli
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
+from tests.store.test_fault_injection import rmq
 from tests.store.test_single_collection import make_pair
 
 KILLS = 10
 HAS_NEW, LACKS_NEW = Where(has_vector=("new",)), Where(lacks_vector=("new",))
-
-
-def rmq(store_path, *args, ok=True):
-    result = CliRunner().invoke(cli, ["--qdrant", str(store_path), *map(str, args)])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
 
 
 def build(store_path, images, models):
