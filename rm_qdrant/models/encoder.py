@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from rm_qdrant.core.modelinfo import check_input_shape, parse_metadata
-from rm_qdrant.errors import EncoderError
+from rm_qdrant.errors import EncoderError, RmqError
 from rm_qdrant.models.images import MAX_PIXELS, ImageLike, as_batch, pixels
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,83 @@ log = logging.getLogger(__name__)
 def fingerprint_bytes(data: bytes) -> str:
     """The fingerprint rm-qdrant records for a graph: the first 16 hex digits of its SHA-256."""
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def external_data(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Every tensor in ``model`` whose bytes are kept in another file: ``(tensor name, file named)``.
+
+    Looks everywhere ONNX Runtime reads tensors from: initializers and sparse
+    initializers, tensor attributes (``Constant`` nodes), the subgraphs of control-flow
+    nodes (``If``, ``Loop``, ``Scan``) at any depth, model-local functions and training
+    graphs. ONNX Runtime would read such a file from the current directory when a
+    graph is loaded from bytes.
+    """
+    found: list[tuple[str, str]] = []
+    graphs = [model.graph, *(g for t in model.training_info for g in (t.initialization, t.algorithm))]
+    nodes = [n for f in model.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            graph = graphs.pop()
+            tensors = [*graph.initializer, *_sparse(graph.sparse_initializer)]
+            found.extend(_external(tensors))
+            nodes.extend(graph.node)
+            continue
+        for attribute in nodes.pop().attribute:
+            tensors = [*attribute.tensors, *_sparse(attribute.sparse_tensors)]
+            if attribute.HasField("t"):
+                tensors.append(attribute.t)
+            if attribute.HasField("sparse_tensor"):
+                tensors.extend(_sparse([attribute.sparse_tensor]))
+            found.extend(_external(tensors))
+            graphs.extend(attribute.graphs)
+            if attribute.HasField("g"):
+                graphs.append(attribute.g)
+    return found
+
+
+def _sparse(tensors: Sequence[onnx.SparseTensorProto]) -> list[onnx.TensorProto]:
+    return [part for t in tensors for part in (t.values, t.indices)]
+
+
+def _external(tensors: Sequence[onnx.TensorProto]) -> list[tuple[str, str]]:
+    found = []
+    for tensor in tensors:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data):
+            entries = {e.key: e.value for e in tensor.external_data}
+            found.append((tensor.name, entries.get("location", "")))
+    return found
+
+
+def refuse_external_data(model: onnx.ModelProto, source: str, error: type[RmqError] = EncoderError) -> None:
+    """Refuse a graph that keeps any tensor in another file (see :func:`external_data`).
+
+    Raises:
+        EncoderError (or ``error``): one line naming the graph, the first such tensor and its file.
+    """
+    found = external_data(model)
+    if found:
+        name, location = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise error(
+            f"{source}: tensor {_short(name)} keeps its data in an external file, {_short(location)}{more}; "
+            "rm-qdrant loads only self-contained graphs, which never read other files: save it as one "
+            "file (onnx.save(model, path, save_as_external_data=False))"
+        )
+
+
+def _short(text: str) -> str:
+    """A name from a graph as it appears in a message: quoted, one line, bounded."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _parse(data: bytes, source: str) -> None:
+    """Check ``data`` is an ONNX graph that reads no other file, before ONNX Runtime sees it."""
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise EncoderError(f"{source} is not a loadable ONNX graph: {type(exc).__name__}: {exc}") from exc
+    refuse_external_data(model, source)
 
 
 def _providers() -> list[str]:
@@ -97,8 +175,8 @@ class OnnxEncoder:
             an encoder that has the machine to itself, slower beside other work.
 
     Raises:
-        EncoderError: the file is missing, not an ONNX graph, or lacks the
-            metadata or outputs rm-qdrant needs.
+        EncoderError: the file is missing, not an ONNX graph, keeps tensors in external
+            data files, or lacks the metadata or outputs rm-qdrant needs.
 
     Example:
         >>> enc = OnnxEncoder("model.onnx")  # doctest: +SKIP
@@ -114,6 +192,7 @@ class OnnxEncoder:
             data = self.path.read_bytes()
         except OSError as exc:
             raise EncoderError(f"cannot read encoder {self.path}: {exc.strerror or exc}") from exc
+        _parse(data, str(self.path))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3

@@ -23,7 +23,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto
-from onnx.external_data_helper import uses_external_data
 
 from rm_qdrant.core.modelinfo import (
     METADATA_KEY,
@@ -34,7 +33,7 @@ from rm_qdrant.core.modelinfo import (
     parse_metadata,
 )
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.encoder import OnnxEncoder, refuse_external_data
 
 #: ONNX element types rm-qdrant can feed, by the metadata's ``input.dtype`` name.
 INPUT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.UINT8: "uint8"}
@@ -169,11 +168,7 @@ def _load(source: Path) -> onnx.ModelProto:
         raise EncoderError(f"{source} is not a loadable ONNX graph: {type(exc).__name__}: {exc}") from exc
     if not model.graph.node:
         raise EncoderError(f"{source} is not an ONNX graph (it holds no operations)")
-    if any(uses_external_data(t) for t in model.graph.initializer):
-        raise ConfigError(
-            f"{source} keeps its weights in external data files, which rm-qdrant's encoder cannot load; "
-            "save it as one file first (onnx.save(model, path, save_as_external_data=False))"
-        )
+    refuse_external_data(model, str(source), ConfigError)
     return model
 
 
