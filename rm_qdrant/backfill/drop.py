@@ -1,13 +1,22 @@
-"""``rmq drop-pair``: forget a pair, leaving the team's data as its own code expects it."""
+"""``rmq drop-pair``: forget a pair, leaving the team's data as its own code expects it.
+
+A drop is recorded before it starts: its first write sets the pair's state to
+``dropping`` and records the plan (the state it dropped from, whether the new
+collection or vector goes). Every later step is idempotent and the pair record goes
+last, so a drop killed at any point is finished by running ``rmq drop-pair`` again.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from rm_qdrant.backfill.pair import (
     META_COLLECTION,
     PairRecord,
+    _get,
     _key,
+    _put,
     clear_bookkeeping,
     count_new,
     load_pair,
@@ -17,12 +26,14 @@ from rm_qdrant.core.planning import MIGRATED
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Store, Where
 
+DROPPING = "dropping"
+
 
 @dataclass(frozen=True)
 class Dropped:
     """What ``rmq drop-pair`` did."""
 
-    pair: PairRecord
+    pair: PairRecord  # as it was before the drop began
     deleted_new: bool  # the new collection (or vector) was empty or unserved, so it went too
 
 
@@ -31,6 +42,7 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
 
     rm-qdrant's own payload fields (``rmq_*``: ranks, failure reasons, copy marks) are
     removed from both collections, which are left as the team's own code expects them.
+    A pair whose drop was interrupted (state ``dropping``) is dropped as first planned.
 
     Raises:
         CollectionNotFound: no such pair.
@@ -38,43 +50,76 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
             (without ``force``): dropping it would stop serving them through the pair.
     """
     pair = load_pair(store, name)
-    if pair.single:
-        return _drop_single(store, pair, force)
-    has_new = store.has_collection(pair.new_collection)
-    in_new = store.count(pair.new_collection) if has_new else 0
-    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if pair.keep_old and in_new else 0
-    only_in_new = in_new - kept  # keep-old: migrated points are still in old; a user's writes are not
-    if pair.state in ("backfilling", "finalizing") and only_in_new > 0 and not force:
-        raise ConfigError(
-            f"pair {name!r} is {pair.state} and {only_in_new} points live in {pair.new_collection!r} only: "
-            "finish it (rmq migrate, rmq finalize) first, or --force to drop the record "
-            "(both collections stay)"
+    if pair.state == DROPPING:
+        pair, delete_new = _resume(store, pair)
+    else:
+        delete_new = _plan(store, pair, force)
+        _put(
+            store,
+            "pair",
+            name,
+            {**replace(pair, state=DROPPING).to_payload(), "drop": _plan_payload(pair, delete_new)},
         )
-    store.delete(META_COLLECTION, [_key("pair", name)])
     clear_bookkeeping(store, pair)
-    deleted = has_new and in_new == 0 and pair.state != "finalized"
-    if deleted:
-        store.delete_collection(pair.new_collection)
-        store.delete(META_COLLECTION, [_key("collection", pair.new_collection)])
+    deleted = delete_new and _delete_new(store, pair)
+    store.delete(META_COLLECTION, [_key("pair", name)])
     return Dropped(pair, deleted)
 
 
-def _drop_single(store: Store, pair: PairRecord, force: bool) -> Dropped:
-    """One collection: the new vector goes when no point has it, as an empty new collection does."""
-    collection, new = pair.old_collection, pair.new_using
-    has_vector = store.has_collection(collection) and new in store.collection(collection, pair.vector).vectors
-    in_new = count_new(store, pair) if has_vector else 0
-    only_new = store.count(collection, Where(lacks_vector=(pair.vector,))) if in_new else 0
+def _plan_payload(pair: PairRecord, delete_new: bool) -> dict[str, Any]:
+    return {"from": pair.state, "delete_new": delete_new}
+
+
+def _resume(store: Store, pair: PairRecord) -> tuple[PairRecord, bool]:
+    """The pair as it was before its interrupted drop, and whether that drop deletes new."""
+    plan = (_get(store, "pair", pair.name) or {}).get("drop") or {}
+    return replace(pair, state=str(plan.get("from", "backfilling"))), bool(plan.get("delete_new", False))
+
+
+def _plan(store: Store, pair: PairRecord, force: bool) -> bool:
+    """Whether the drop deletes the new collection (or vector): it is there, empty, and not serving alone.
+
+    Raises:
+        ConfigError: points live only in new and ``force`` is not given.
+    """
+    if pair.single:
+        collection, new = pair.old_collection, pair.new_using
+        has_new = (
+            store.has_collection(collection) and new in store.collection(collection, pair.vector).vectors
+        )
+        in_new = count_new(store, pair) if has_new else 0
+        only_new = store.count(collection, Where(lacks_vector=(pair.vector,))) if in_new else 0
+        where = f"points of {collection!r} hold only the new vector {new!r}"
+        stays = "the collection and both vectors stay"
+    else:
+        has_new = store.has_collection(pair.new_collection)
+        in_new = store.count(pair.new_collection) if has_new else 0
+        kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if pair.keep_old and in_new else 0
+        only_new = in_new - kept  # keep-old: migrated points are still in old; a user's writes are not
+        where = f"points live in {pair.new_collection!r} only"
+        stays = "both collections stay"
     if pair.state in ("backfilling", "finalizing") and only_new > 0 and not force:
         raise ConfigError(
-            f"pair {pair.name!r} is {pair.state} and {only_new} points of {collection!r} hold only the new "
-            f"vector {new!r}: finish it (rmq migrate, rmq finalize) first, or --force to drop the record "
-            "(the collection and both vectors stay)"
+            f"pair {pair.name!r} is {pair.state} and {only_new} {where}: finish it (rmq migrate, "
+            f"rmq finalize) first, or --force to drop the record ({stays})"
         )
-    store.delete(META_COLLECTION, [_key("pair", pair.name)])
-    clear_bookkeeping(store, pair)
-    deleted = has_vector and in_new == 0 and pair.state != "finalized"
-    if deleted:
-        store.drop_vector(collection, new)
-        store.delete(META_COLLECTION, [_key("collection", new_model_key(pair))])
-    return Dropped(pair, deleted)
+    return has_new and in_new == 0 and pair.state != "finalized"
+
+
+def _delete_new(store: Store, pair: PairRecord) -> bool:
+    """Delete the new collection (or vector) and its model record; False if it now holds points.
+
+    Each step is skipped when done already, so a rerun after a kill goes on from where it stopped.
+    """
+    if pair.single:
+        collection, new = pair.old_collection, pair.new_using
+        if store.has_collection(collection) and new in store.collection(collection, pair.vector).vectors:
+            if count_new(store, pair):  # written to since the drop began: keep it
+                return False
+            store.drop_vector(collection, new)
+    elif store.has_collection(pair.new_collection):
+        if store.count(pair.new_collection):
+            return False
+        store.delete_collection(pair.new_collection)
+    store.delete(META_COLLECTION, [_key("collection", new_model_key(pair))])
+    return True
