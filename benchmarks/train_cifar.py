@@ -50,7 +50,7 @@ def backbones(args: argparse.Namespace, runs: Path) -> tuple[Path, Path, dict[st
             train_backbone(cfg)
             print(f"trained {role} backbone in {time.perf_counter() - started:.0f} s", flush=True)
         paths[role] = path
-        top1[role] = torch.load(path, map_location="cpu", weights_only=False)["metric"]["top1"]
+        top1[role] = torch.load(path, map_location="cpu", weights_only=True)["metric"]["top1"]
     return paths["old"], paths["new"], top1
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from train.adapters import Adapter, build_adapter, fit_adapter
 from train.cache import embeddings, file_hash
-from train.checkpoints import description, load_checkpoint, save_checkpoint
+from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
 from train.config import AdapterConfig
 
 
@@ -38,7 +37,7 @@ def train_adapter_job(cfg: AdapterConfig) -> Path:
             "old_checkpoint": file_hash(cfg.old),
             "new_checkpoint": file_hash(cfg.new),
             "metric": {"loss": adapter.losses[-1] if adapter.losses else None},
-            "config": dataclasses.asdict(cfg),
+            "config": plain_config(cfg),
             "state_dict": adapter.state_dict(),
         },
         cfg.out,
@@ -51,10 +50,10 @@ def load_adapter(path: str | Path) -> tuple[Adapter, dict[str, Any]]:
     Raises:
         ValueError: the file is not an adapter checkpoint.
     """
-    checkpoint = load_checkpoint(path, "adapter")
+    checkpoint = load_checkpoint(path, "adapter", needs=("adapter", "d_in", "d_out", "config"))
     cfg = checkpoint["config"]
     adapter = build_adapter(
         checkpoint["adapter"], checkpoint["d_in"], checkpoint["d_out"], rank=cfg["rank"], hidden=cfg["hidden"]
     )
-    adapter.load_state_dict(checkpoint["state_dict"])
+    restore(adapter, checkpoint, path)
     return adapter.eval(), description(checkpoint)

@@ -8,7 +8,6 @@ model with nothing else (:func:`load_backbone`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from train.backbones import Backbone, build_backbone
-from train.checkpoints import description, load_checkpoint, save_checkpoint
+from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
 from train.config import BackboneConfig
 from train.data import (
     MEAN,
@@ -237,10 +236,14 @@ def save_backbone(
         "classes": classes,
         "epoch": epoch,
         "metric": metric,
-        "config": dataclasses.asdict(cfg),
+        "config": plain_config(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
     return save_checkpoint(checkpoint, cfg.out)
+
+
+# What load_backbone reads of a checkpoint (exporters read mean/std and classes too).
+BACKBONE_FIELDS = ("arch", "stem", "embed_dim", "image_size", "classes")
 
 
 def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tuple[Backbone, dict[str, Any]]:
@@ -249,7 +252,7 @@ def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tu
     Raises:
         ValueError: the file is not a backbone checkpoint.
     """
-    checkpoint = load_checkpoint(path, "backbone")
+    checkpoint = load_checkpoint(path, "backbone", needs=BACKBONE_FIELDS)
     model = build_backbone(
         checkpoint["arch"],
         num_classes=len(checkpoint["classes"]),
@@ -257,5 +260,5 @@ def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tu
         stem=checkpoint["stem"],
         image_size=checkpoint["image_size"],
     )
-    model.load_state_dict(checkpoint["state_dict"])
+    restore(model, checkpoint, path)
     return model.to(device).eval(), description(checkpoint)

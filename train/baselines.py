@@ -29,7 +29,6 @@ backbones must have the same embedding size.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from rm_qdrant.core.offline import BackfillEmbeddings
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
 from train.cache import Embedded, cache_folder, embeddings, file_hash
-from train.checkpoints import load_checkpoint, save_checkpoint
+from train.checkpoints import load_checkpoint, plain_config, restore, save_checkpoint
 from train.config import BackboneConfig, load_config
 from train.data import augment, batches, folder_key, load_image_folder, to_tensor
 from train.heads import mlp
@@ -218,7 +217,7 @@ def train_side_info(cfg: BaselineConfig) -> tuple[Path, list[float]]:
         "image_size": model.image_size,
         "epoch": cfg.side_epochs,
         "metric": {"mse": history[-1] if history else float("nan")},
-        "config": dataclasses.asdict(cfg),
+        "config": plain_config(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
     return save_checkpoint(checkpoint, cfg.side), history
@@ -228,7 +227,7 @@ def side_embeddings(
     checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None | bool = True
 ) -> np.ndarray:
     """Bottleneck vectors of every image of ``folder`` (cached like :func:`train.cache.embeddings`)."""
-    stored = load_checkpoint(checkpoint, "side-info")
+    stored = load_checkpoint(checkpoint, "side-info", needs=("dim", "image_size"))
     size = stored["image_size"]
     folder_cache = cache_folder() if cache is True else (cache or None)
     key = f"side-{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz"
@@ -237,7 +236,7 @@ def side_embeddings(
         with np.load(target) as saved:
             return saved["emb"]
     model = AutoEncoder(stored["dim"], image_size=size)
-    model.load_state_dict(stored["state_dict"])
+    restore(model, stored, checkpoint)
     model = model.to(pick_device(device)).eval()
     images = load_image_folder(folder, size=size).images
     with torch.no_grad():
@@ -302,7 +301,7 @@ def train_transformation(cfg: BaselineConfig, *, side: str | None) -> tuple[Path
         "side_checkpoint": file_hash(side) if side else "",
         "epoch": cfg.epochs,
         "metric": {"loss": history[-1] if history else float("nan")},
-        "config": dataclasses.asdict(cfg),
+        "config": plain_config(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
     return save_checkpoint(checkpoint, cfg.out), history
@@ -314,13 +313,16 @@ def _inputs(old: Embedded, side: str | Path | None, folder: Path, *, device: str
     return np.concatenate([old.emb, side_embeddings(side, folder, device=device)], axis=1).astype(np.float32)
 
 
+TRANSFORMATION_FIELDS = ("d_in", "d_out", "blocks", "hidden", "old_checkpoint", "new_checkpoint", "side")
+
+
 def transform(
     checkpoint: str | Path, old: Embedded, folder: str | Path, *, device: str = "auto"
 ) -> np.ndarray:
     """h applied to the old embeddings of ``folder`` (with the side-info h was trained on)."""
-    stored = load_checkpoint(checkpoint, "transformation")
+    stored = load_checkpoint(checkpoint, "transformation", needs=TRANSFORMATION_FIELDS)
     model = mlp(stored["d_in"], stored["d_out"], blocks=stored["blocks"], hidden=stored["hidden"])
-    model.load_state_dict(stored["state_dict"])
+    restore(model, stored, checkpoint)
     if stored["side"] and file_hash(stored["side"]) != stored["side_checkpoint"]:
         raise ValueError(f"{checkpoint} was trained with another side-info model than {stored['side']}")
     x = torch.from_numpy(_inputs(old, stored["side"], Path(folder), device=device))
@@ -352,10 +354,14 @@ def train_baseline(method: str, cfg: BaselineConfig) -> Path:
             {"influence": cfg.old} if method == "bct" else {"compat": "ract", "compat_old": cfg.old}
         )
         backbone = load_config(BackboneConfig, **settings)
-        _same_width(load_checkpoint(cfg.old, "backbone")["embed_dim"], backbone.embed_dim, method)
+        _same_width(
+            load_checkpoint(cfg.old, "backbone", needs=("embed_dim",))["embed_dim"],
+            backbone.embed_dim,
+            method,
+        )
         return train_backbone(backbone)
     if method == "bict":
-        trained = load_checkpoint(cfg.new, "backbone")["config"]
+        trained = load_checkpoint(cfg.new, "backbone", needs=("config",))["config"]
         if not (trained.get("influence") or trained.get("compat")):
             raise ValueError(f"bict needs a backward-compatible new backbone; {cfg.new} was trained without")
         return train_transformation(cfg, side=None)[0]
@@ -399,7 +405,7 @@ def baseline_embeddings(
         return BackfillEmbeddings(q, q, q, e_old.emb, e_new.labels)
     if transformation is None:
         raise ValueError(f"{method} needs the transformation checkpoint")
-    stored = load_checkpoint(transformation, "transformation")
+    stored = load_checkpoint(transformation, "transformation", needs=TRANSFORMATION_FIELDS)
     if (stored["old_checkpoint"], stored["new_checkpoint"]) != (file_hash(old), file_hash(new)):
         raise ValueError(f"{transformation} was trained for other backbones than {old} and {new}")
     # Before migration each gallery item holds h of its old vector: FCT upgrades the whole gallery at once.

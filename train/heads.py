@@ -10,7 +10,6 @@ not under-trained.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 from train.adapters import procrustes
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
-from train.checkpoints import description, load_checkpoint, save_checkpoint
+from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
 from train.config import HeadsConfig, heads_steps, rho_is_learned
 from train.data import batches
 from train.losses import LOSSES, contrastive_loss, rqt_loss
@@ -222,7 +221,7 @@ def save_heads(model: Heads, cfg: HeadsConfig, *, epoch: int, loss: float, steps
         "epoch": epoch,
         "steps": steps,
         "metric": {"loss": loss},
-        "config": dataclasses.asdict(cfg),
+        "config": plain_config(cfg),
         "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
     }
     return save_checkpoint(checkpoint, cfg.out)
@@ -234,7 +233,9 @@ def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
     Raises:
         ValueError: the file is not a heads checkpoint.
     """
-    checkpoint = load_checkpoint(path, "heads")
+    checkpoint = load_checkpoint(
+        path, "heads", needs=("d_new", "d_old", "learn_rho", "rho_blocks", "psi_blocks", "hidden")
+    )
     model = Heads(
         checkpoint["d_new"],
         checkpoint["d_old"],
@@ -243,5 +244,5 @@ def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
         psi_blocks=checkpoint["psi_blocks"],
         hidden=checkpoint["hidden"],
     )
-    model.load_state_dict(checkpoint["state_dict"])
+    restore(model, checkpoint, path)
     return model.eval(), description(checkpoint)

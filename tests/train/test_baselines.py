@@ -113,7 +113,7 @@ def test_ract_loss_matches_its_formula_and_falls_while_training():
 def test_backward_compatible_methods_serve_old_vectors_until_migrated(world: World, method: str):
     cfg = config(world, f"runs/{method}.pt", backbone={**TINY, "embed_dim": 16})
     trained = train_baseline(method, cfg)
-    stored = torch.load(trained, map_location="cpu", weights_only=False)
+    stored = torch.load(trained, map_location="cpu", weights_only=True)
     assert stored["config"]["influence" if method == "bct" else "compat_old"] == str(world.old)
 
     e = baseline_embeddings(method, world.test, old=world.old, new=trained, device="cpu")
@@ -178,7 +178,7 @@ def test_bict_transforms_the_old_gallery_into_a_backward_compatible_space(world:
         train_baseline("bict", config(world, "runs/bict.pt"))
     bct = train_baseline("bct", config(world, "runs/bct-for-bict.pt", backbone={**TINY, "embed_dim": 16}))
     path = train_baseline("bict", config(world, "runs/bict.pt", new=str(bct)))
-    stored = torch.load(path, map_location="cpu", weights_only=False)
+    stored = torch.load(path, map_location="cpu", weights_only=True)
     assert stored["side"] == "" and stored["d_in"] == 16  # φ_old alone
 
     e = baseline_embeddings("bict", world.test, old=world.old, new=bct, transformation=path, device="cpu")

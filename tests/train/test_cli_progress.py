@@ -30,7 +30,7 @@ def test_training_shows_progress_keeps_caches_out_of_the_cwd_and_takes_its_setti
     )
     assert sorted(p.name for p in work.iterdir()) == ["old.pt"]  # nothing else in the working directory
     assert (cache / "rm-qdrant" / "decoded").is_dir()
-    saved = torch.load(work / "old.pt", weights_only=False)
+    saved = torch.load(work / "old.pt", weights_only=True)
     assert saved["image_size"] == 16 and saved["mean"] != (0.4914, 0.4822, 0.4465)
     assert (saved["config"]["flip"], saved["config"]["crop_padding"]) == (False, 0)
     quiet = rmq(
