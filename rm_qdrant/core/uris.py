@@ -7,7 +7,8 @@ A pair knows it in one of two ways, given to ``rmq init``:
 - ``--uri-template TEMPLATE``: a URI built from payload fields, e.g.
   ``s3://bucket/{sku}.jpg`` or ``https://cdn.example.com/{category}/{sku}.jpg``;
   ``{id}`` is the point's id when the payload has no ``id`` field. Format specs work
-  (``{n:06d}``); attribute and index access do not.
+  (``{n:06d}``); attribute and index access do not. A value with a ``..`` path
+  segment is refused: it would reach another folder than the template names.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError, SourceError
@@ -60,9 +62,15 @@ class UriRule:
                     f"payload {name!r} is a {kind}, not a value for the uri template {self.template!r}"
                 )
             try:
-                parts.append(format(value, spec or ""))
+                text = format(value, spec or "")
             except (ValueError, TypeError) as exc:
                 raise SourceError(f"payload {name!r} = {value!r} does not fit {{{name}:{spec}}}") from exc
+            if climbs(text):
+                raise SourceError(
+                    f"payload {name!r} = {_short(text)} climbs out of the uri template {self.template!r} "
+                    "with '..'; refused"
+                )
+            parts.append(text)
         return "".join(parts)
 
     def find(self, point_id: PointId, payload: Mapping[str, Any]) -> Any:
@@ -74,6 +82,24 @@ class UriRule:
 
     def describe(self) -> str:
         return f"template {self.template}" if self.template else f"payload field {self.field!r}"
+
+
+def climbs(value: str) -> bool:
+    """Whether a value put into a template has a ``..`` path segment (also percent-encoded).
+
+    A payload field fills one place in a URI; ``..`` would move the URI to another
+    folder than the template names (``g1500/{sku}`` with ``sku = "../other/x.jpg"``).
+
+    >>> climbs("../data/x.jpg"), climbs("a/%2E%2E/x.jpg"), climbs("x..y.jpg")
+    (True, True, False)
+    """
+    text = unquote(value).replace("\\", "/")
+    return ".." in text.split("/")
+
+
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 120 else shown[:117] + "..."
 
 
 def template_fields(template: str) -> list[str]:

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import ConfigError, SourceError
-from rm_qdrant.sources.files import read_file
+from rm_qdrant.sources.files import confine, read_file
 from rm_qdrant.sources.http import HttpFetcher
 from rm_qdrant.sources.s3 import S3Fetcher
 
@@ -35,7 +35,10 @@ class SourceConfig:
     """How images are fetched.
 
     Attributes:
-        root: Folder that relative paths are resolved against (None: as given).
+        root: Folder that local image paths are confined to (None: any path, as given).
+            A relative path is taken under it; every local path (relative, absolute or
+            ``file://``) must resolve, symbolic links and ``..`` included, to a file
+            under it, else the fetch is refused.
         schemes: URI schemes allowed; a plain path counts as ``file``.
         timeout: Seconds one network fetch may take in all (connect, redirects, body).
         retries: Extra attempts after a timeout, a refused connection, a 5xx/429 or
@@ -91,6 +94,7 @@ class ImageSource:
     def __init__(self, config: SourceConfig | None = None, *, stop: threading.Event | None = None) -> None:
         self.config = config or SourceConfig()
         self._stop = stop
+        self._root = None if self.config.root is None else Path(self.config.root).resolve()
         self._http: HttpFetcher | None = None
         self._objects: S3Fetcher | None = None
         self._lock = threading.Lock()
@@ -99,8 +103,9 @@ class ImageSource:
         """The bytes at ``uri``.
 
         Raises:
-            SourceError: the URI is malformed or its scheme not allowed, the file, URL
-                or object cannot be read, or the image is larger than ``max_bytes``.
+            SourceError: the URI is malformed or its scheme not allowed, a local path
+                resolves outside ``root``, the file, URL or object cannot be read, or the
+                image is larger than ``max_bytes``.
         """
         if not isinstance(uri, str) or not uri:
             raise SourceError(f"no image URI (got {shown(repr(uri))})")
@@ -115,7 +120,8 @@ class ImageSource:
             raise SourceError(f"{name}: not fetched, the run is stopping")
         if scheme == "file":
             target = self._path(uri, explicit, name)
-            return read_file(target, max_bytes=self.config.max_bytes, shown=name)
+            confined = self._root is not None
+            return read_file(target, max_bytes=self.config.max_bytes, shown=name, follow=not confined)
         if scheme in ("http", "https"):
             return self._fetcher().get(uri, shown=name, stop=self._stop)
         if scheme in ("s3", "gs"):
@@ -129,9 +135,7 @@ class ImageSource:
             except ValueError as exc:
                 raise SourceError(f"{name}: malformed URI: {exc}") from exc
         target = Path(uri)
-        if not target.is_absolute() and self.config.root is not None:
-            target = self.config.root / target
-        return target
+        return target if self._root is None else confine(target, self._root, shown=name)
 
     def _fetcher(self) -> HttpFetcher:
         with self._lock:

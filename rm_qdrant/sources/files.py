@@ -9,21 +9,44 @@ from pathlib import Path
 from rm_qdrant.errors import SourceError
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 1 << 20
 
 
-def read_file(target: Path, *, max_bytes: int, shown: str) -> bytes:
+def confine(target: Path, root: Path, *, shown: str) -> Path:
+    """``target`` with every symbolic link and ``..`` resolved, if that lies under ``root``.
+
+    A relative ``target`` is taken under ``root``, an absolute one as it is; either way
+    the path it resolves to must be ``root`` or below it, so ``..``, an absolute path or
+    a symbolic link (inside ``root``) that points outside it is refused. ``root`` is
+    already resolved. Open the result with ``follow=False`` (:func:`read_file`) so that
+    its last component cannot become a link between this check and the open.
+
+    Raises:
+        SourceError: the path resolves outside ``root``, or cannot be resolved.
+    """
+    try:
+        resolved = (root / target).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a link loop; a NUL byte in the path
+        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+    if not resolved.is_relative_to(root):
+        raise SourceError(f"{shown}: resolves outside --root ({root}); refused")
+    return resolved
+
+
+def read_file(target: Path, *, max_bytes: int, shown: str, follow: bool = True) -> bytes:
     """The bytes of the regular file ``target``, at most ``max_bytes`` of them.
 
     Opened without blocking (a FIFO would otherwise wait forever for a writer) and
     read with a bound (``/dev/zero`` reports a size of 0 and never ends); anything
     but a regular file is refused. ``shown`` is how the file appears in errors.
+    ``follow=False``: a symbolic link as the last component is refused, not followed.
 
     Raises:
         SourceError: the file is missing, unreadable, not a regular file or too large.
     """
     try:
-        fd = os.open(target, _FLAGS)
+        fd = os.open(target, _FLAGS if follow else _FLAGS | _NOFOLLOW)
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise SourceError(f"{shown}: {_reason(exc)}") from exc
     try:
