@@ -13,7 +13,7 @@ from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, load_pai
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.core.planning import user_payload
+from rm_qdrant.core.planning import MIGRATED, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -109,8 +109,8 @@ class DualIndex:
         pair = load_pair(store, name)
         new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
         old_side = None
-        # One collection: the old model also embeds a user's writes, for a free rollback.
-        keeps_old = pair.single and pair.state == "backfilling"
+        # While a rollback is possible, the old model also embeds a user's writes.
+        keeps_old = pair.keeps_writes_in_old
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
@@ -276,7 +276,7 @@ class DualIndex:
         gallery = encoder.info.gallery_output()
         vectors = encoder.encode(list(images), [gallery])[gallery]
         old_vectors = None
-        if self.pair.single and self.old_encoder is not None and self._old_dim is not None:
+        if self.pair.keeps_writes_in_old and self.old_encoder is not None and self._old_dim is not None:
             old_vectors = self._old_queries(list(images))  # the old model's vectors, for a rollback
         self.upsert_vectors(ids, vectors, payloads, old_vectors=old_vectors)
 
@@ -292,8 +292,10 @@ class DualIndex:
 
         The write to new is complete before the removal starts, so a crash in
         between leaves the point in both collections (search returns it once),
-        never in neither. In one collection the point is written with its new vector
-        (and ``old_vectors``, if given, as its old one, which a rollback serves).
+        never in neither. While a rollback is possible (a ``--keep-old`` pair, or one
+        collection, backfilling) ``old_vectors``, the old model's vectors of the same
+        images, are written to old instead of the removal: hidden there until a
+        rollback serves them. Without them such a point lives in new only.
         """
         if self.pair.state == "rolled_back":
             raise ConfigError(
@@ -304,10 +306,24 @@ class DualIndex:
         bodies = None if payloads is None else [user_payload(p) for p in payloads]
         pair = self.pair
         self.store.upsert(pair.new_collection, ids, vectors, bodies, vector=pair.new_using)
-        if pair.single:
-            if old_vectors is not None and self._old_dim is not None:
+        if self._old_dim is None:
+            return
+        if old_vectors is not None and pair.keeps_writes_in_old:
+            old_vectors = self._check(old_vectors, self._old_dim, "old")
+            if pair.single:
                 self.store.set_vectors(pair.old_collection, ids, old_vectors, vector=pair.vector)
-        elif self._old_dim is not None:
+            else:  # hidden from search as migrated points are; a rollback serves it
+                hidden = [{**body, MIGRATED: 1} for body in bodies or [{} for _ in ids]]
+                self.store.upsert(pair.old_collection, ids, old_vectors, hidden, vector=pair.vector)
+            return
+        if pair.keeps_writes_in_old:
+            log.warning(
+                "pair %r: %d points written without their old vectors live in new only: a rollback "
+                "will not serve them (pass old_vectors=, or use upsert with images)",
+                pair.name,
+                len(ids),
+            )
+        if not pair.single:
             self.store.delete(pair.old_collection, ids)
 
     def delete(self, ids: Sequence[PointId]) -> None:

@@ -144,6 +144,12 @@ class PairRecord:
         """Whether search reads the new collection (not after a rollback)."""
         return self.state != "rolled_back"
 
+    @property
+    def keeps_writes_in_old(self) -> bool:
+        """Whether a user's write goes to old too (by the old model), for a rollback to serve:
+        while backfilling a ``--keep-old`` pair or one collection."""
+        return self.state == "backfilling" and (self.keep_old or self.single)
+
     def to_payload(self) -> dict[str, Any]:
         return {"kind": "pair", "name": self.name, "record": asdict(self)}
 
