@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from rm_qdrant.backfill.create import old_model_ref
+from rm_qdrant.backfill.dual import _open_encoder
+from rm_qdrant.backfill.migrate import MigrateOptions, Migrator
 from rm_qdrant.backfill.pair import (
     ModelRef,
     PairRecord,
@@ -13,9 +15,11 @@ from rm_qdrant.backfill.pair import (
     clear_bookkeeping,
     save_pair,
 )
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
-from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
@@ -31,7 +35,13 @@ def _check_alias(store: Store, alias: str) -> str:
 
 
 def finalize(
-    store: Store, pair: PairRecord, *, alias: str | None = None, drop_old: bool = False
+    store: Store,
+    pair: PairRecord,
+    *,
+    alias: str | None = None,
+    drop_old: bool = False,
+    encoder: OnnxEncoder | str | None = None,
+    source: SourceConfig | None = None,
 ) -> PairRecord:
     """Point the serving alias at the new collection and serve from it alone.
 
@@ -44,12 +54,18 @@ def finalize(
         drop_old: delete the old collection (no rollback is possible then). If the
             alias is the old collection's own name, the collection is dropped first
             so that the application's name now serves new.
+        encoder: one collection: the pair's encoder (default: the file it recorded), which
+            embeds the points written without the new vector while the cutover runs.
+        source: how their images are fetched.
 
     Raises:
-        MigrationError: the pair is finalized or rolled back, or old still serves points.
+        MigrationError: the pair is finalized or rolled back, or old still serves points,
+            or (one collection) a point written meanwhile without the new vector could not
+            be embedded (the pair stays ``finalizing``; a rerun completes it).
     """
     if pair.single:
-        return _finalize_single(store, pair, alias=alias, drop_old=drop_old)
+        late = _Late(encoder, source or SourceConfig())
+        return _finalize_single(store, pair, alias=alias, drop_old=drop_old, late=late)
     if pair.state == "finalizing":
         return _complete_finalize(store, pair)
     if pair.state != "backfilling":
@@ -63,9 +79,17 @@ def finalize(
     return _complete_finalize(store, starting)
 
 
-def _finalize_single(store: Store, pair: PairRecord, *, alias: str | None, drop_old: bool) -> PairRecord:
+def _finalize_single(
+    store: Store, pair: PairRecord, *, alias: str | None, drop_old: bool, late: _Late
+) -> PairRecord:
     """One collection: serve the new vector alone; ``drop_old`` deletes the old vector, now
-    or, on a finalized pair, later. The application then searches ``using`` the new vector."""
+    or, on a finalized pair, later. The application then searches ``using`` the new vector.
+
+    Code that still writes only the old vector may rewrite or add a point after the count
+    that lets the cutover start: such points lack the new vector, and lose every vector when
+    the old one is dropped. They are embedded with the new model before the drop (a point
+    that cannot be stops the cutover with its old vector kept) and again after it (from then
+    on such a write is refused: the old vector no longer exists)."""
     if alias is not None:
         raise ConfigError(
             f"pair {pair.name!r} is one collection: there is no alias to move; the application searches "
@@ -79,13 +103,91 @@ def _finalize_single(store: Store, pair: PairRecord, *, alias: str | None, drop_
         _check_all_moved(store, pair)
         pair = replace(pair, state="finalizing", drop_old=drop_old)
     save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
+    _embed_late_writes(store, pair, late)
     if pair.drop_old and pair.vector in store.collection(pair.old_collection, pair.new_using).vectors:
         store.drop_vector(pair.old_collection, pair.vector)
+        _embed_late_writes(store, pair, late)
     clear_bookkeeping(store, pair)
     updated = replace(pair, state="finalized")
     save_pair(store, updated)
     log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
     return updated
+
+
+@dataclass(frozen=True)
+class _Late:
+    """How a single-collection cutover embeds points written without the new vector meanwhile."""
+
+    encoder: OnnxEncoder | str | None
+    source: SourceConfig
+
+
+@dataclass
+class _Sweep:
+    """What :class:`Migrator` works on (a :class:`DualIndex`'s parts, without its query models)."""
+
+    store: Store
+    pair: PairRecord
+    encoder: OnnxEncoder
+
+
+#: Passes over the points lacking the new vector (writes may keep adding some while they run).
+_PASSES = 5
+
+
+def _embed_late_writes(store: Store, pair: PairRecord, late: _Late) -> None:
+    """Give the new vector, as a migration would, to every point that lacks it.
+
+    Raises:
+        MigrationError: some points still lack it (their image could not be read, say).
+    """
+    if not store.count(pair.old_collection, active_where(pair)):
+        return  # the usual case: nothing written meanwhile
+    try:
+        encoder = _open_encoder(late.encoder, pair.encoder, pair.name, "encoder")
+    except RmqError as exc:
+        why = f"embedding needs the pair's encoder: {exc}"
+        raise _stranded(store, pair, _lacking(store, pair), {}, why) from exc
+    sweep = _Sweep(store, pair, encoder)
+    options = MigrateOptions(batch=256, retry_failed=True, max_failure_share=1.0, source=late.source)
+    failed: dict[PointId, str] = {}
+    for _ in range(_PASSES):
+        todo = [i for i in _lacking(store, pair) if i not in failed]
+        if not todo:
+            break
+        Migrator(sweep, options, finishing=True).run(ids=todo, on_batch=lambda r: failed.update(r.failed))
+    left = _lacking(store, pair)
+    if left:
+        raise _stranded(
+            store, pair, left, failed, "written meanwhile by code that writes only the old vector"
+        )
+
+
+def _lacking(store: Store, pair: PairRecord) -> list[PointId]:
+    ids: list[PointId] = []
+    offset: PointId | None = None
+    while True:
+        page, offset = store.scroll(
+            pair.old_collection, limit=10_000, offset=offset, where=active_where(pair), with_payload=False
+        )
+        ids += [r.id for r in page]
+        if offset is None:
+            return ids
+
+
+def _stranded(
+    store: Store, pair: PairRecord, left: list[PointId], failed: dict[PointId, str], why: str
+) -> MigrationError:
+    """The one-line refusal: how many points lack the new vector, why, and what they keep."""
+    first = next((f"; first: {i}: {failed[i]}" for i in left if i in failed), "")
+    old = pair.vector in store.collection(pair.old_collection, pair.new_using).vectors
+    many = len(left) != 1
+    kept = "payload and old vector" if old else "payload"
+    return MigrationError(
+        f"{len(left)} point{'s' if many else ''} of {pair.old_collection!r} {'have' if many else 'has'} "
+        f"no vector {pair.new_using!r} and could not be embedded ({why}{first}); the cutover stays under "
+        f"way (each point's {kept} kept): fix the cause, then run 'rmq finalize --name {pair.name}' again"
+    )
 
 
 def _check_all_moved(store: Store, pair: PairRecord) -> None:

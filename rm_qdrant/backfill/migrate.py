@@ -15,6 +15,11 @@ All state lives in Qdrant: the ranks of the backfill order and the failures are
 payload fields of the old points, the order's name is in the pair record, and
 what is done is simply what is no longer (or no longer unmarked) in old. A run
 killed at any moment is resumed by running it again.
+
+In one collection the new vectors are written to the points that still lack one and still
+carry the token the batch put on them before reading their payloads: a user's rewrite of a
+point (old vector only, a new image, say) replaces the token too, so no vector of the previous
+image lands, and the next run embeds the point from its new image.
 """
 
 from __future__ import annotations
@@ -22,20 +27,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.loading import load_batch
-from rm_qdrant.backfill.outcome import BatchResult, MigrationReport, record_failures, unusable_rows
+from rm_qdrant.backfill.outcome import (
+    BatchResult,
+    Gallery,
+    MigrateOptions,
+    MigrationReport,
+    record_failures,
+    unusable_rows,
+)
 from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
 from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import (
+    BATCH,
     ERROR,
     MIGRATED,
     MOVING,
@@ -47,42 +61,13 @@ from rm_qdrant.core.planning import (
     settle,
 )
 from rm_qdrant.errors import ConfigError, MigrationError
-from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.sources import ImageSource
 from rm_qdrant.store import Where
 
 log = logging.getLogger(__name__)
 #: Seconds between a batch's write to new and its removal from old where the store
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
-
-
-@dataclass(frozen=True)
-class MigrateOptions:
-    """What one ``rmq migrate`` run does.
-
-    Attributes:
-        batch: points per batch (each batch is one write to new and one to old).
-        until: stop once this fraction of the gallery is in new.
-        limit: move at most this many points in this run.
-        order: backfill order; None keeps the pair's order (``random`` for a new pair).
-        seed: seed of the ``random`` and ``centroid-unsupervised`` orders.
-        shard: ``(i, n)``: move only the points of worker i of n.
-        retry_failed: also try points whose last attempt failed.
-        max_failure_share: stop when more than this share of a batch fails.
-        fetch_workers: threads fetching and decoding images.
-        source: how images are fetched.
-    """
-
-    batch: int = 10_000
-    until: float | None = None
-    limit: int | None = None
-    order: str | None = None
-    seed: int = 0
-    shard: tuple[int, int] | None = None
-    retry_failed: bool = False
-    max_failure_share: float = 0.5
-    fetch_workers: int = 8
-    source: SourceConfig = field(default_factory=SourceConfig)
 
 
 @dataclass(frozen=True)
@@ -101,6 +86,7 @@ class _Prepared:
     pixels: np.ndarray
     failed: list[tuple[PointId, str]]
     gone: int
+    token: str | None  # one collection: the batch's token (see BATCH)
 
 
 class Migrator:
@@ -111,13 +97,15 @@ class Migrator:
         >>> report = Migrator(index, MigrateOptions(batch=1000, until=0.5)).run()  # doctest: +SKIP
     """
 
-    def __init__(self, index: DualIndex, options: MigrateOptions) -> None:
+    def __init__(self, index: Gallery, options: MigrateOptions, *, finishing: bool = False) -> None:
+        """``finishing``: the cutover of a single-collection pair embeds the points written
+        without the new vector since it counted them (see cutover.py), in state ``finalizing``."""
         name, state = index.pair.name, index.pair.state
-        if state == "finalizing":
+        if state == "finalizing" and not (finishing and index.pair.single):
             raise MigrationError(
                 f"a cutover of pair {name!r} is under way: 'rmq finalize --name {name}' completes it"
             )
-        if state != "backfilling":
+        if state not in ("backfilling", "finalizing"):
             raise MigrationError(f"pair {name!r} is {state}: nothing to migrate")
         if index.encoder is None:
             raise MigrationError("a migration needs the pair's encoder")
@@ -225,7 +213,10 @@ class Migrator:
             )
 
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
-        pair = self.pair
+        pair, token = self.pair, None
+        if pair.single:  # before the read: a rewrite from here on removes it (see the module's doc)
+            token = uuid.uuid4().hex
+            self.store.mark(pair.old_collection, batch, {BATCH: token})
         # One collection: the same read says which points have the new vector already.
         present = self.store.retrieve(
             pair.old_collection, list(batch), with_vectors=pair.single, vector=pair.new_using
@@ -250,6 +241,7 @@ class Migrator:
             loaded.pixels,
             [(todo[row], reason) for row, reason in loaded.failed],
             len(batch) - len(ids),
+            token,
         )
 
     def _encode(self, prepared: _Prepared) -> _Encoded:
@@ -308,13 +300,14 @@ class Migrator:
         )
 
     def _settle_single(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
-        """One collection: add the new vector where the point still lacks it (a user's write
-        that carried one wins; a deleted point stays deleted), read back, record failures."""
+        """One collection: add the new vector where the point still lacks it and still has the
+        batch's token (a user's write wins; a deleted point stays deleted), read back, record failures."""
         pair, store = self.pair, self.store
         written = encoded.ids
         if written:
+            ours = active_where(pair) & Where(must={BATCH: prepared.token})
             store.set_vectors(
-                pair.old_collection, written, encoded.vectors, vector=pair.new_using, where=active_where(pair)
+                pair.old_collection, written, encoded.vectors, vector=pair.new_using, where=ours
             )
             log.debug("acknowledged %s", written)
         back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
@@ -326,9 +319,7 @@ class Migrator:
         record_failures(store, pair.old_collection, failed)
         unconfirmed = len(back) - len(confirmed)  # rewritten meanwhile without the new vector
         if unconfirmed:
-            log.warning(
-                "%d points were rewritten without the new vector meanwhile; they stay in old", unconfirmed
-            )
+            log.warning("%d points were rewritten meanwhile without the new vector", unconfirmed)
         return BatchResult(
             moved=len(confirmed),
             repaired=0,
@@ -396,12 +387,5 @@ def run_migration(
         reports = [f.result() for f in futures]
     total = MigrationReport(seconds=time.perf_counter() - started, skipped_failed=skipped)
     for part in reports:
-        total.planned += part.planned
-        total.moved += part.moved
-        total.repaired += part.repaired
-        total.failed += part.failed
-        total.gone += part.gone
-        total.unconfirmed += part.unconfirmed
-        total.stopped_early |= part.stopped_early
-        total.failure_sample = (total.failure_sample + part.failure_sample)[:5]
+        total.merge(part)
     return total

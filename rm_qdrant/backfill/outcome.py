@@ -1,15 +1,57 @@
-"""What a migration did: each settled batch, a run's report, and the per-point failures it records."""
+"""What a migration is asked to do and what it did: the options of a run, each settled batch, a run's
+report, and the per-point failures it records."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
+
+
+@dataclass(frozen=True)
+class MigrateOptions:
+    """What one ``rmq migrate`` run does.
+
+    Attributes:
+        batch: points per batch (each batch is one write to new and one to old).
+        until: stop once this fraction of the gallery is in new.
+        limit: move at most this many points in this run.
+        order: backfill order; None keeps the pair's order (``random`` for a new pair).
+        seed: seed of the ``random`` and ``centroid-unsupervised`` orders.
+        shard: ``(i, n)``: move only the points of worker i of n.
+        retry_failed: also try points whose last attempt failed.
+        max_failure_share: stop when more than this share of a batch fails.
+        fetch_workers: threads fetching and decoding images.
+        source: how images are fetched.
+    """
+
+    batch: int = 10_000
+    until: float | None = None
+    limit: int | None = None
+    order: str | None = None
+    seed: int = 0
+    shard: tuple[int, int] | None = None
+    retry_failed: bool = False
+    max_failure_share: float = 0.5
+    fetch_workers: int = 8
+    source: SourceConfig = field(default_factory=SourceConfig)
+
+
+class Gallery(Protocol):
+    """What a migration works on: a :class:`DualIndex`, or anything with its store, pair and encoder."""
+
+    store: Store
+    pair: PairRecord
+    encoder: OnnxEncoder | None
 
 
 @dataclass(frozen=True)
@@ -51,6 +93,17 @@ class MigrationReport:
         self.gone += result.gone
         self.unconfirmed += result.unconfirmed
         self.failure_sample = (self.failure_sample + result.failed)[:5]
+
+    def merge(self, part: MigrationReport) -> None:
+        """Add another worker's report to this one."""
+        self.planned += part.planned
+        self.moved += part.moved
+        self.repaired += part.repaired
+        self.failed += part.failed
+        self.gone += part.gone
+        self.unconfirmed += part.unconfirmed
+        self.stopped_early |= part.stopped_early
+        self.failure_sample = (self.failure_sample + part.failure_sample)[:5]
 
 
 def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:

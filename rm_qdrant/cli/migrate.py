@@ -195,13 +195,29 @@ def migrate(
     is_flag=True,
     help="Delete the old collection, or the old vector of one collection (no rollback afterwards).",
 )
+@click.option(
+    "--encoder",
+    type=click.Path(),
+    help="One collection: override the encoder path the pair recorded (it embeds points written "
+    "with the old vector only while the cutover runs).",
+)
+@source_options
 @json_option
 @click.pass_context
-def finalize_command(ctx: click.Context, name: str, alias: str | None, drop_old: bool, as_json: bool) -> None:
+def finalize_command(
+    ctx: click.Context,
+    name: str,
+    alias: str | None,
+    drop_old: bool,
+    encoder: str | None,
+    source: SourceConfig,
+    as_json: bool,
+) -> None:
     """Cut over: point the serving alias at new (one collection: serve its new vector); search
     then uses new alone."""
     store = open_cli_store(ctx)
-    record = finalize(store, load_pair(store, name), alias=alias, drop_old=drop_old)
+    pair = load_pair(store, name)
+    record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
     if record.single:
         text = (
             f"pair {name!r} finalized: {record.old_collection!r} serves vector {record.new_using!r} "

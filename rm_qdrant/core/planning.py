@@ -23,7 +23,9 @@ MOVING = "rmq_moving"  # 1 on old points whose batch is being written to new (a 
 # leave them in both collections: counts subtract those found in new)
 ORIGIN = "rmq_origin"  # "migrate" on new points the migration wrote
 ORIGIN_MIGRATE = "migrate"
-INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, MOVING, ORIGIN)
+BATCH = "rmq_batch"  # one collection: the token of the batch that read this point's payload; the
+# write of its new vector requires it, and a user's rewrite of the point (a new payload) removes it
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, MOVING, ORIGIN, BATCH)
 
 
 def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:
