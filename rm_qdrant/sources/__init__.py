@@ -73,6 +73,13 @@ class SourceConfig:
                 raise ConfigError(f"{name} out of range: {getattr(self, name)}")
 
 
+def _resolved(root: Path) -> Path:
+    try:
+        return root.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a link loop; a NUL byte
+        raise ConfigError(f"--root {shown(root)} cannot be resolved: {exc}") from exc
+
+
 def shown(uri: object) -> str:
     """How a URI appears in messages, logs and payloads: credentials redacted, length bounded."""
     text = redact(str(uri))
@@ -94,7 +101,7 @@ class ImageSource:
     def __init__(self, config: SourceConfig | None = None, *, stop: threading.Event | None = None) -> None:
         self.config = config or SourceConfig()
         self._stop = stop
-        self._root = None if self.config.root is None else Path(self.config.root).resolve()
+        self._root = None if self.config.root is None else _resolved(Path(self.config.root))
         self._http: HttpFetcher | None = None
         self._objects: S3Fetcher | None = None
         self._lock = threading.Lock()

@@ -16,7 +16,7 @@ from rm_qdrant import open_store
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import SourceError
+from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.sources import ImageSource, SourceConfig
 from tests.conftest import make_image_folder
 
@@ -88,6 +88,12 @@ def test_the_root_may_itself_be_a_link(tree):
     assert fetch(tree / "link-to-root", "g1500/a001.png") == (tree / "root/g1500/a001.png").read_bytes()
     with pytest.raises(SourceError, match=OUTSIDE):
         fetch(tree / "link-to-root", "g1500/escape.jpg")
+
+
+def test_a_root_that_cannot_be_resolved_is_a_config_error(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ConfigError, match=r"^--root .*loop cannot be resolved: "):
+        ImageSource(SourceConfig(root=tmp_path / "loop"))
 
 
 def test_without_a_root_a_path_is_read_as_given(tree):
