@@ -11,6 +11,10 @@ class ConfigError(RmqError):
     """Bad configuration: a malformed option, a pair that does not fit its models."""
 
 
+class Refused(ConfigError):
+    """A measured check said no: the command ran as asked and kept nothing (``rmq`` exits 3)."""
+
+
 class StoreError(RmqError):
     """Qdrant could not be reached or refused an operation."""
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -69,9 +70,19 @@ def progress_options(command: Any) -> Any:
 def _run(fn: Any, cls: type, config: str | None, pairs: tuple[str, ...], **options: Any) -> Any:
     try:
         cfg = load_config(cls, config, **{**options, **_settings(pairs)})
+        _check_numbers(cfg)
         return cfg, fn(cfg)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _check_numbers(cfg: Any) -> None:
+    """Refuse nan and infinite numbers (nan passes every bound) and negative seeds, before training."""
+    for name, value in dataclasses.asdict(cfg).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"setting {name}: expected a finite number, got {value}")
+        if name == "seed" and not 0 <= value < 2**32:
+            raise ValueError(f"setting seed: expected 0 to {2**32 - 1}, got {value}")
 
 
 config_option = click.option("--config", type=click.Path(exists=True, dir_okay=False), help="YAML settings.")

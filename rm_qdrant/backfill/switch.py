@@ -22,7 +22,7 @@ from rm_qdrant.backfill.pair import (
     save_pair,
 )
 from rm_qdrant.backfill.verify import Agreement, agreement
-from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.errors import ConfigError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -51,8 +51,8 @@ def switch_encoder(
 
     Raises:
         MigrationError: the pair is not backfilling.
-        ConfigError: sizes or distance do not fit, or the candidate's output differs from
-            the vectors already in new.
+        ConfigError: sizes or distance do not fit.
+        Refused: the candidate's output differs from the vectors already in new.
     """
     if pair.state != "backfilling":
         raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
@@ -88,8 +88,8 @@ def switch_encoder(
             source=source,
         )
         if measured.min < SAME_OUTPUT:
-            raise ConfigError(
-                f"refused: {encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
+            raise Refused(
+                f"{encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
                 f"(cosine min {measured.min:.4f}, median {measured.median:.4f}, "
                 f"{measured.checked} points); "
                 "they would mix two embedding spaces. Switch only to a graph whose gallery output is "

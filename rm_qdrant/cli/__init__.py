@@ -9,7 +9,7 @@ import click
 from PIL import Image
 
 from rm_qdrant.cli.calibrate import calibrate_command
-from rm_qdrant.cli.common import Group
+from rm_qdrant.cli.common import Group, RedactingFilter
 from rm_qdrant.cli.evaluate import eval_command
 from rm_qdrant.cli.fit import fit_command
 from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
@@ -31,18 +31,40 @@ __all__ = ["cli", "main"]
     help="Embedded store folder, ':memory:', or a server URL (http(s)://host:6333).",
 )
 @click.option("--api-key", envvar="QDRANT_API_KEY", default=None, help="Qdrant server API key.")
-@click.option("-v", "--verbose", count=True, help="Log what happens (-v), and every batch's ids (-vv).")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Log what happens (-v), and every batch's ids (-vv). Log lines are redacted; HTTP and AWS "
+    "libraries (botocore, urllib3, httpx...) log warnings only, whatever -v says.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars or progress lines; errors only.")
 @click.pass_context
 def cli(ctx: click.Context, qdrant: str, api_key: str | None, verbose: int, quiet: bool) -> None:
     """Online backfilling for Qdrant: serve the new embedding model while the gallery migrates."""
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    for chatty in ("httpx", "httpcore"):  # they log whole URLs, credentials included
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+    _logging((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
     # rm-qdrant refuses oversized images itself (--max-pixels), with the point's id and reason.
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    if api_key and qdrant.lower().startswith("http://"):
+        # qdrant-client warns on every connection, with a source line: one line of ours instead.
+        warnings.filterwarnings("ignore", message="Api key is used with an insecure connection")
+        if not quiet:
+            click.echo("Warning: --api-key is sent in clear over http://; use https://", err=True)
     ctx.obj = {"qdrant": qdrant, "api_key": api_key, "store": None, "quiet": quiet, "verbose": verbose}
+
+
+#: Loggers that write request headers or whole URLs at DEBUG (botocore: the Authorization
+#: header with the access key id, x-amz-security-token): never below WARNING in rmq.
+CHATTY = ("botocore", "boto3", "s3transfer", "urllib3", "httpx", "httpcore", "hpack")
+
+
+def _logging(level: int) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    for chatty in CHATTY:
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 cli.add_command(

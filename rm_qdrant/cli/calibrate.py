@@ -17,6 +17,7 @@ import numpy as np
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.pair import load_pair, save_pair
 from rm_qdrant.cli.common import (
+    EXIT_STATUS_HELP,
     emit,
     holdout_options,
     json_option,
@@ -28,11 +29,11 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.core.calibration import fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.sources import SourceConfig
 
 
-@click.command(name="calibrate")
+@click.command(name="calibrate", epilog=EXIT_STATUS_HELP)
 @name_option
 @holdout_options
 @click.option("--force", is_flag=True, help="Keep the map even when it forecasts worse than the plain merge.")
@@ -55,7 +56,8 @@ def calibrate_command(
     """Map the old model's distances onto the new model's scale for a naive pair's merge.
 
     A sample of the old collection is re-embedded with the pair's new model; the map is
-    fitted on part of it and kept only if it forecasts better than the plain merge on the rest.
+    fitted on part of it and kept only if it forecasts better than the plain merge on the rest
+    (or with --force); otherwise the pair is left as it was and rmq exits 3.
     """
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
@@ -117,4 +119,8 @@ def calibrate_command(
     )
     emit(data, as_json, text)
     if not data["kept"]:
-        ctx.exit(1)
+        raise Refused(
+            f"the map forecasts no better than the plain merge on the {len(held_idx)} held-out points "
+            f"(area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain); pair {name!r} still merges "
+            "plain distances (--force keeps the map anyway)"
+        )

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
+import logging
+import math
 import sys
 import threading
 import time
@@ -14,25 +17,95 @@ from typing import Any
 
 import click
 
-from rm_qdrant.errors import ConfigError, RmqError
+from rm_qdrant.core.redact import redact
+from rm_qdrant.errors import ConfigError, Refused, RmqError
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, open_store
 
-name_option = click.option("--name", required=True, help="The pair's name.")
+
+class CollectionName(click.ParamType):
+    """A collection or pair name: 1 to 255 characters, as Qdrant takes (and file systems hold)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not str(value):
+            self.fail("a name cannot be empty.", param, ctx)
+        if len(str(value)) > 255:
+            self.fail(f"too long ({len(str(value))} characters): a name takes 1 to 255.", param, ctx)
+        return str(value)
+
+
+COLLECTION = CollectionName()
+name_option = click.option("--name", required=True, type=COLLECTION, help="The pair's name.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
+#: The exit status of a command that ran as asked but kept nothing (``calibrate``, ``fit``,
+#: ``switch-encoder``); 1 is a failure, 0 a result kept.
+NOT_KEPT = 3
+EXIT_STATUS_HELP = (
+    "Exit status: 0 kept; 3 ran but kept nothing (one 'Not kept: REASON' line on stderr, "
+    "nothing changed); 1 error."
+)
+
+
+class NotKept(click.ClickException):
+    """A command that ran and refused to keep its result: exit 3 and one ``Not kept:`` line."""
+
+    exit_code = NOT_KEPT
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"Not kept: {self.format_message()}", err=True)
+
+
 class Group(click.Group):
-    """Turns library errors and bad options into one line on stderr and exit code 1."""
+    """Turns library errors and bad options into one line on stderr and exit code 1.
+
+    Every message is shown with credentials redacted and control characters escaped; a
+    name too long for the file system is an error like any other, not a traceback.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except Refused as exc:
+            raise NotKept(safe_text(str(exc))) from exc
         except RmqError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(safe_text(str(exc))) from exc
         except click.UsageError as exc:  # click would print the usage too, and exit 2
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            raise click.ClickException(exc.format_message() + hint) from exc
+            raise click.ClickException(safe_text(exc.format_message() + hint)) from exc
+        except click.ClickException as exc:
+            exc.message = safe_text(exc.message)
+            raise
+        except OSError as exc:
+            raise click.ClickException(safe_text(os_error(exc))) from exc
+
+
+def os_error(exc: OSError) -> str:
+    """One line for an OSError that reached the command line, its file name shortened."""
+    name = exc.filename if isinstance(exc.filename, str) else None
+    if name is None:
+        return str(exc)
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"name too long for the file system: {shown}"
+    return f"{exc.strerror or exc}: {shown}"
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that refuses nan and infinities (nan passes any bound, 1e309 is inf)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+#: Seeds: numpy, random and torch all take 0 to 2**32 - 1.
+SEED = click.IntRange(0, 2**32 - 1)
 
 
 def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,7 +124,7 @@ def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--timeout",
             default=10.0,
             show_default=True,
-            type=click.FloatRange(min=0, min_open=True, max=3600),
+            type=FiniteFloat(min=0, min_open=True, max=3600),
             help="Seconds one attempt at fetching an image may take in all (connect, redirects, "
             "body); a timed-out attempt is retried twice.",
         ),
@@ -114,12 +187,43 @@ def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
 
 
 def plain(value: object) -> str:
-    """Text from a payload made safe for a terminal: control characters shown escaped."""
+    """Text from a payload made safe for a terminal: control characters shown escaped.
+
+    ESC, CR, BEL, DEL, the C1 controls, line and paragraph separators and bidi overrides
+    are written as Python escapes (``\\x1b``), so a stored name can neither drive the
+    terminal nor forge a line of output.
+    """
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 
+def safe_text(text: str) -> str:
+    """Output text as ``rmq`` prints it: each line redacted (:func:`redact`) and :func:`plain`."""
+    return "\n".join(plain(redact(line)) for line in text.split("\n"))
+
+
+def public(data: Any) -> Any:
+    """JSON-ready ``data`` with every string (keys too) redacted; json.dumps escapes the rest."""
+    if isinstance(data, dict):
+        return {public(k): public(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [public(v) for v in data]
+    return redact(data) if isinstance(data, str) else data
+
+
 def emit(data: Any, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+    """Print a command's result: JSON (ASCII, control characters escaped) or text, redacted."""
+    if as_json:
+        click.echo(json.dumps(public(json.loads(json.dumps(data, default=str))), indent=2))
+    else:
+        click.echo(safe_text(text))
+
+
+class RedactingFilter(logging.Filter):
+    """Log lines as ``rmq`` shows them: credentials redacted, control characters escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = safe_text(record.getMessage()), None
+        return True
 
 
 def quiet(ctx: click.Context) -> bool:
@@ -143,7 +247,11 @@ class Progress:
 
     def start(self, total: int) -> None:
         bar = click.progressbar(
-            length=total, label=self.label, hidden=self.hidden, item_show_func=self._rate, file=sys.stderr
+            length=total,
+            label=safe_text(self.label),
+            hidden=self.hidden,
+            item_show_func=self._rate,
+            file=sys.stderr,
         )
         self._bar = self._stack.enter_context(bar)
 
@@ -179,14 +287,18 @@ def holdout_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--holdout",
             default=0.1,
             show_default=True,
-            type=click.FloatRange(min=0, max=0.5, min_open=True),
+            type=FiniteFloat(min=0, max=0.5, min_open=True),
             help="Share of the sample kept out of the fit for the forecast.",
         ),
         click.option(
             "--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared."
         ),
         click.option(
-            "--seed", default=0, show_default=True, help="Seed of the sample, the split and training."
+            "--seed",
+            default=0,
+            show_default=True,
+            type=SEED,
+            help="Seed of the sample, the split and training.",
         ),
     ]
     for option in reversed(options):

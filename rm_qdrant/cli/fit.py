@@ -15,6 +15,8 @@ import click
 
 from rm_qdrant.backfill.pair import count_new, load_pair
 from rm_qdrant.cli.common import (
+    EXIT_STATUS_HELP,
+    FiniteFloat,
     emit,
     holdout_options,
     json_option,
@@ -26,14 +28,14 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 
 FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 
 
-@click.command(name="fit")
+@click.command(name="fit", epilog=EXIT_STATUS_HELP)
 @name_option
 @holdout_options
 @click.option(
@@ -53,7 +55,7 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps [default: 2000].")
 @click.option("--epochs", type=click.IntRange(min=1), help="Or: passes over the training part of the sample.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), help="Adam learning rate [default: 1e-3].")
 @click.option("--batch", type=click.IntRange(min=2), help="Pairs per step [default: 256].")
 @click.option(
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
@@ -83,7 +85,8 @@ def fit_command(
     """Train ψ (and ρ) on pairs from the gallery: stored old vectors and the backbone's embeddings.
 
     No old model is needed, and no labels unless --label-field. Part of the sample is held
-    out: the fitted graph is written only if its forecast beats the naive merge there.
+    out: the fitted graph is written only if its forecast beats the naive merge there
+    (or with --force); otherwise nothing is written and rmq exits 3.
     """
     try:
         from exporters.compose import attach_model
@@ -173,9 +176,9 @@ def fit_command(
     if not ok and not force:
         if as_json:
             emit(data, True, "")
-        raise ConfigError(
-            f"not written: on the {len(held_idx)} held-out points the fitted graph forecasts worse than "
-            f"the naive merge ({measure}); try another --loss, a larger --sample, or --force"
+        raise Refused(
+            f"on the {len(held_idx)} held-out points the fitted graph forecasts worse than the naive "
+            f"merge ({measure}); not written to {out} (try another --loss, a larger --sample, or --force)"
         )
     try:
         path, parity = attach_model(

@@ -17,6 +17,8 @@ from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migr
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget
 from rm_qdrant.cli.common import (
+    SEED,
+    FiniteFloat,
     Progress,
     emit,
     json_option,
@@ -96,12 +98,12 @@ def _summary(report: MigrationReport) -> str:
 @click.option(
     "--batch", default=10_000, show_default=True, type=click.IntRange(min=1), help="Points per batch."
 )
-@click.option(
-    "--until", type=click.FloatRange(0, 1), help="Stop once this fraction of the gallery is in new."
-)
+@click.option("--until", type=FiniteFloat(0, 1), help="Stop once this fraction of the gallery is in new.")
 @click.option("--limit", type=click.IntRange(min=0), help="Move at most this many points in this run.")
 @click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random and k-means orders.")
+@click.option(
+    "--seed", default=0, show_default=True, type=SEED, help="Seed of the random and k-means orders."
+)
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), help="Worker threads.")
 @click.option("--shard", help="This process's share, i/n (with other processes on a server).")
 @click.option("--retry-failed", is_flag=True, help="Also try points whose last attempt failed.")
@@ -109,7 +111,7 @@ def _summary(report: MigrationReport) -> str:
     "--max-failures",
     default=0.5,
     show_default=True,
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     help="Stop when more than this share of a batch fails.",
 )
 @source_options

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rm_qdrant.cli.common import Group, emit, json_option, open_cli_store, parse_floats, source_options
+from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store, parse_floats, source_options
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -132,7 +132,7 @@ def _as_text(report: StampReport) -> str:
 @click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Points compared.")
 @click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
 @click.option("--uri-template", help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg'.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the sample.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the sample.")
 @source_options
 @json_option
 @click.pass_context

@@ -9,7 +9,15 @@ import click
 from rm_qdrant.backfill.drop import drop_pair
 from rm_qdrant.backfill.pair import list_pairs, load_pair
 from rm_qdrant.backfill.switch import switch_encoder
-from rm_qdrant.cli.common import emit, json_option, name_option, open_cli_store, source_options
+from rm_qdrant.cli.common import (
+    EXIT_STATUS_HELP,
+    emit,
+    json_option,
+    name_option,
+    open_cli_store,
+    plain,
+    source_options,
+)
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 
@@ -22,7 +30,9 @@ def pairs_command(ctx: click.Context, as_json: bool) -> None:
     found = list_pairs(open_cli_store(ctx))
     lines = [f"{'pair':16} {'mode':6} {'state':12} collections (old -> new)          encoder"]
     for p in found:
-        lines.append(f"{p.name:16} {p.mode:6} {p.state:12} {p.arrow:34} {p.encoder.name}")
+        lines.append(
+            f"{plain(p.name):16} {p.mode:6} {p.state:12} {plain(p.arrow):34} {plain(p.encoder.name)}"
+        )
     emit([dataclasses.asdict(p) for p in found], as_json, "\n".join(lines) if found else "no pairs")
 
 
@@ -43,7 +53,7 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
     emit({"pair": name, "state": p.state, "deleted_new": done.deleted_new}, as_json, text)
 
 
-@click.command(name="switch-encoder")
+@click.command(name="switch-encoder", epilog=EXIT_STATUS_HELP)
 @name_option
 @click.option("--encoder", required=True, type=click.Path(), help="The graph to serve from now on (.onnx).")
 @click.option("--old-encoder", type=click.Path(), help="The old model, if the pair has none recorded.")
@@ -66,7 +76,11 @@ def switch_encoder_command(
     source: SourceConfig,
     as_json: bool,
 ) -> None:
-    """Serve a running pair with another graph, if the vectors already in new stay valid."""
+    """Serve a running pair with another graph, if the vectors already in new stay valid.
+
+    A sample of new is re-encoded with the graph; if it does not reproduce the vectors
+    stored there, the pair is left as it was and rmq exits 3.
+    """
     store = open_cli_store(ctx)
     updated, measured = switch_encoder(
         store,

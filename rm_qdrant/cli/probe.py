@@ -18,6 +18,7 @@ from rm_qdrant.backfill.probe import (
     save_sample,
 )
 from rm_qdrant.cli.common import (
+    SEED,
     Progress,
     emit,
     json_option,
@@ -46,7 +47,9 @@ from rm_qdrant.store import Store
 )
 @click.option("--k", default=10, show_default=True, type=click.IntRange(min=1), help="Neighbours compared.")
 @click.option("--order", help=f"Backfill order: {', '.join(ORDERS)} [default: the pair's, else random].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the sample and of the random order.")
+@click.option(
+    "--seed", default=0, show_default=True, type=SEED, help="Seed of the sample and of the random order."
+)
 @source_options
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
 @json_option

@@ -14,6 +14,7 @@ from rm_qdrant.backfill.indexing import index_images, scan_image_folder
 from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
 from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
+    COLLECTION,
     Progress,
     emit,
     json_option,
@@ -47,9 +48,11 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 
 @click.command()
 @name_option
-@click.option("--old-collection", help="The collection the old model filled (as it is).")
+@click.option("--old-collection", type=COLLECTION, help="The collection the old model filled (as it is).")
 @click.option(
-    "--collection", help="Single-collection layout: the collection (the old model's vectors in it)."
+    "--collection",
+    type=COLLECTION,
+    help="Single-collection layout: the collection (the old model's vectors in it).",
 )
 @click.option("--old-vector", help="Its vector name, if it has named vectors [default: its only vector].")
 @click.option("--new-vector", help="Single-collection layout: the name of the new model's vector.")
@@ -57,7 +60,7 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option(
     "--old-encoder", type=click.Path(), help="Old model graph: the naive mode's, and what a rollback serves."
 )
-@click.option("--new-collection", help="Name of the new collection [default: NAME-new].")
+@click.option("--new-collection", type=COLLECTION, help="Name of the new collection [default: NAME-new].")
 @click.option(
     "--mode",
     type=click.Choice(["paired", "single-collection", "rm", "naive"]),
@@ -135,7 +138,7 @@ def init(
     )
     vector = f" (vector {record.vector!r})" if record.vector and not record.single else ""
     images = record.uri_rule.describe()
-    text = f"pair {record.name!r} ({record.mode}): {record.arrow}{vector}; images from {images}"
+    text = f"pair {record.name!r} ({record.mode}): {plain(record.arrow)}{vector}; images from {plain(images)}"
     emit(dataclasses.asdict(record), as_json, text)
 
 
@@ -149,8 +152,8 @@ def _layout(mode: str | None, query_mode: str | None) -> tuple[str, str | None]:
 
 
 @click.command()
-@click.option("--name", help="Index into this pair's old collection.")
-@click.option("--collection", help="Index into this collection (created if missing).")
+@click.option("--name", type=COLLECTION, help="Index into this pair's old collection.")
+@click.option("--collection", type=COLLECTION, help="Index into this collection (created if missing).")
 @click.option("--data", required=True, type=click.Path(), help="Image folder: DATA/<label>/<image>.")
 @click.option(
     "--encoder", required=True, type=click.Path(), help="The model that fills the collection (.onnx)."
@@ -256,9 +259,10 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     single = state.layout == SINGLE
     old_where = f"{state.old_collection} (vector {state.old_vector!r})" if single else state.old_collection
     new_where = f"{state.new_collection} (vector {state.new_vector!r})" if single else state.new_collection
+    old_where, new_where = plain(old_where), plain(new_where)
     text = "\n".join(
         [
-            f"pair          {state.name} ({state.mode}, {state.layout}, {state.state})",
+            f"pair          {plain(state.name)} ({state.mode}, {state.layout}, {state.state})",
             f"old           {old_where}: {state.old_count} points"
             + (
                 f" (+{state.kept_count} migrated, kept for rollback)"
@@ -271,10 +275,10 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
-            f"encoder       {state.encoder}",
-            f"old encoder   {state.old_encoder or '-'}",
+            f"encoder       {plain(state.encoder)}",
+            f"old encoder   {plain(state.old_encoder or '-')}",
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
-            f"alias         {state.alias or '-'}",
+            f"alias         {plain(state.alias or '-')}",
             f"estimate      {_estimate_line(estimate)}",
         ]
     )
