@@ -76,16 +76,10 @@ def test_a_rewrite_between_the_migration_read_and_write_is_embedded_from_its_new
 ):
     victim, replacement = gallery[0], gallery[17]
 
-    scripted = Scripted(
-        store,
-        [
-            (
-                "before",
-                the_new_vector_is_written,
-                lambda: legacy_upsert(store, victim.point_id, replacement.uri),
-            )
-        ],
-    )
+    def rewrite():
+        legacy_upsert(store, victim.point_id, replacement.uri)
+
+    scripted = Scripted(store, [("before", the_new_vector_is_written, rewrite)])
     first = run_migration(DualIndex.open(scripted, "p"), MigrateOptions(batch=100))
     assert scripted.pending == 0, "the scripted write never found its moment"
     status = pair_status(store, load_pair(store, "p"))
@@ -137,9 +131,11 @@ def test_old_vector_writes_between_finalize_count_and_drop_are_embedded(store, g
 def test_an_old_vector_write_after_finalize_counted_is_embedded_before_the_drop(store, gallery, models):
     run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
     added = gallery[4]
-    scripted = Scripted(
-        store, [("after", finalize_counts, lambda: legacy_upsert(store, NEWCOMER, added.uri))]
-    )
+
+    def add():
+        legacy_upsert(store, NEWCOMER, added.uri)
+
+    scripted = Scripted(store, [("after", finalize_counts, add)])
     done = finalize(scripted, load_pair(store, "p"), drop_old=True)
     assert scripted.pending == 0 and done.state == "finalized"
     assert store.count("photos", LACKS_NEW) == 0
@@ -151,9 +147,11 @@ def test_finalize_refuses_a_point_it_cannot_embed_and_keeps_its_old_vector(store
     nothing, and completes once the image is there."""
     run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
     missing = tmp_path / "later" / "x.png"
-    scripted = Scripted(
-        store, [("after", finalize_counts, lambda: legacy_upsert(store, NEWCOMER, str(missing)))]
-    )
+
+    def add():
+        legacy_upsert(store, NEWCOMER, str(missing))
+
+    scripted = Scripted(store, [("after", finalize_counts, add)])
     with pytest.raises(MigrationError, match=r"1 point .*no vector 'new'.*could not be embedded") as caught:
         finalize(scripted, load_pair(store, "p"), drop_old=True)
     assert "\n" not in str(caught.value) and "finalize --name p" in str(caught.value)
@@ -176,10 +174,11 @@ def test_rmq_finalize_names_the_points_it_could_not_embed_in_one_line(tmp_path, 
     rmq(store_path, "migrate", "--name", "p")
     missing = tmp_path / "later" / "x.png"
     with open_store(store_path) as store:
-        scripted = Scripted(
-            store,
-            [("before", the_old_vector_is_dropped, lambda: legacy_upsert(store, NEWCOMER, str(missing)))],
-        )
+
+        def add():
+            legacy_upsert(store, NEWCOMER, str(missing))
+
+        scripted = Scripted(store, [("before", the_old_vector_is_dropped, add)])
         with pytest.raises(MigrationError):
             finalize(scripted, load_pair(store, "p"), drop_old=True)
         assert store.retrieve("photos", [NEWCOMER])[0].payload["uri"] == str(missing)  # kept
