@@ -179,11 +179,14 @@ def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
     if value is None:
         return None
     try:
-        return tuple(float(part) for part in value.split(","))
+        numbers = tuple(float(part) for part in value.split(","))
     except ValueError:
+        numbers = (math.nan,)
+    if not all(math.isfinite(n) for n in numbers):
         raise ConfigError(
-            f"bad {option} {value!r}: expected comma-separated numbers, e.g. 0.5,0.5,0.5"
-        ) from None
+            f"bad {option} {value!r}: expected comma-separated finite numbers, e.g. 0.5,0.5,0.5"
+        )
+    return numbers
 
 
 def plain(value: object) -> str:

@@ -186,6 +186,8 @@ def test_train_settings_must_be_finite(tmp_path):
     assert "lr" in line and "finite" in line
     result = CliRunner().invoke(cli, ["train", "backbone", "--set", "seed=-1", "--data", tmp_path / "none"])
     assert "seed" in one_error_line(result.output)
+    result = CliRunner().invoke(cli, ["train", "backbone", "--mean", "nan,0,0", "--data", tmp_path / "none"])
+    assert "--mean" in one_error_line(result.output)
 
 
 # --- a command that ran but kept nothing: exit 3 and one "Not kept:" line ---
