@@ -10,23 +10,46 @@ top-k or not). With labels, mAP and top-1 over the sample are added.
 A query mode says what a query uses against the old half: ``naive``, the old
 model's vector of the same image (the stored old vector); ``rm``, the encoder's
 ``rev`` output.
+
+Distances are the collection's metric (:mod:`rm_qdrant.core.spaces`): under dot or
+Euclid the vectors' norms, and so each model's scale, are part of the merge. Each
+curve also records, at every t, the old side's share of the merged top-k: a side whose
+share of the top k is far below its share of the gallery is crowded out
+(:meth:`ModeForecast.crowded`), whatever recall says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, migrated_at, unit
+from rm_qdrant.core.metrics import FRACTIONS, _scores, area, migrated_at
+from rm_qdrant.core.spaces import distance_matrix
 
 #: A map of old-side distances before the merge (the calibrated naive merge).
 OldDistance = Callable[[np.ndarray], np.ndarray]
 
 #: How far (recall@k) a curve may fall below its start before it counts as a dip.
 DIP_TOLERANCE = 0.005
+#: A side is crowded out of the merged top k when its share there is below this part of its
+#: share of the gallery...
+CROWDED_RATIO = 0.25
+#: ...while it holds at least this share of the gallery (below it, a few hits are noise).
+CROWDED_MIN_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Crowding:
+    """A side that (almost) never reaches the merged top k at fraction ``t``."""
+
+    t: float
+    side: str  # old | new
+    gallery: float  # its share of the gallery
+    top_k: float  # its share of the merged top k
 
 
 @dataclass(frozen=True)
@@ -39,6 +62,8 @@ class ModeForecast:
     ndcg: tuple[float, ...]
     maps: tuple[float, ...] | None = None  # with labels
     top1s: tuple[float, ...] | None = None
+    old_share: tuple[float, ...] | None = None  # the old side's share of the merged top k, per t
+    old_gallery: tuple[float, ...] | None = None  # the old side's share of the gallery, per t
 
     @property
     def area(self) -> float:
@@ -53,6 +78,18 @@ class ModeForecast:
             if r < self.recall[0] - tolerance
         ]
 
+    def crowded(self) -> list[Crowding]:
+        """Where one side's share of the merged top k is below CROWDED_RATIO of its gallery share
+        (a share of CROWDED_MIN_SHARE or more): the merge is decided by the models' scales."""
+        if self.old_share is None or self.old_gallery is None:
+            return []
+        found = []
+        for t, top, gallery in zip(self.fractions, self.old_share, self.old_gallery, strict=True):
+            for side, g, s in (("old", gallery, top), ("new", 1.0 - gallery, 1.0 - top)):
+                if g >= CROWDED_MIN_SHARE and s < CROWDED_RATIO * g:
+                    found.append(Crowding(t, side, g, s))
+        return found
+
     def as_dict(self) -> dict[str, object]:
         return {
             "mode": self.mode,
@@ -61,6 +98,9 @@ class ModeForecast:
             "ndcg": list(self.ndcg),
             "area": self.area,
             "dips_at": self.dips(),
+            **({"old_share_top_k": list(self.old_share)} if self.old_share is not None else {}),
+            **({"old_share_gallery": list(self.old_gallery)} if self.old_gallery is not None else {}),
+            "crowded_out": [dataclasses.asdict(c) for c in self.crowded()],
             **({"map": list(self.maps), "top1": list(self.top1s or ())} if self.maps is not None else {}),
         }
 
@@ -82,12 +122,13 @@ def merged_distances(
     old: np.ndarray,
     migrated: np.ndarray,
     old_distance: OldDistance | None = None,
+    metric: str = "cosine",
 ) -> np.ndarray:
-    """Cosine distances from every sample query to every sample item, as the merge sees them."""
+    """Distances (the collection's ``metric``) from every sample query to every sample item, as the
+    merge sees them: migrated items from new, the rest from old (mapped by ``old_distance``)."""
     d = np.empty((len(new), len(new)), dtype=np.float32)
-    qn, qo = unit(query_new), unit(query_old)
-    d[:, migrated] = 1.0 - qn @ unit(new[migrated]).T
-    old_side = 1.0 - qo @ unit(old[~migrated]).T
+    d[:, migrated] = distance_matrix(query_new, new[migrated], metric)
+    old_side = distance_matrix(query_old, old[~migrated], metric)
     d[:, ~migrated] = old_side if old_distance is None else old_distance(old_side)
     return d
 
@@ -100,9 +141,9 @@ def agreement(found: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     return float(hit.mean()), float((hit * gains).sum(axis=1).mean() / gains.sum())
 
 
-def reference_top_k(new: np.ndarray, k: int) -> np.ndarray:
+def reference_top_k(new: np.ndarray, k: int, metric: str = "cosine") -> np.ndarray:
     """The new model's own top-k over the sample: what the pair serves once the backfill is done."""
-    return top_k(1.0 - unit(new) @ unit(new).T, k)
+    return top_k(distance_matrix(new, new, metric), k)
 
 
 def merged_agreement(
@@ -112,10 +153,11 @@ def merged_agreement(
     migrated: np.ndarray,
     reference: np.ndarray,
     old_distance: OldDistance | None = None,
+    metric: str = "cosine",
 ) -> tuple[float, float]:
     """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
-    found = top_k(merged_distances(new, query_old, new, old, migrated, old_distance), reference.shape[1])
-    return agreement(found, reference)
+    merged = merged_distances(new, query_old, new, old, migrated, old_distance, metric)
+    return agreement(top_k(merged, reference.shape[1]), reference)
 
 
 def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
@@ -127,12 +169,13 @@ def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
 
 @dataclass(frozen=True)
 class _Backfill:
-    """What every curve of one forecast shares: the order, the reference top-k, labels, fractions."""
+    """What every curve of one forecast shares: order, reference top-k, labels, fractions, metric."""
 
     order: np.ndarray
     reference: np.ndarray
     y: np.ndarray | None
     fractions: Sequence[float]
+    metric: str = "cosine"
 
     @classmethod
     def of(
@@ -144,6 +187,7 @@ class _Backfill:
         labels: Sequence[object] | None,
         k: int,
         fractions: Sequence[float],
+        metric: str = "cosine",
     ) -> _Backfill:
         """Checked rows (two or more, one per item in every array); the reference is ``base``'s top-k.
 
@@ -153,7 +197,7 @@ class _Backfill:
         n = len(old)
         if n < 2 or any(a is not None and len(a) != n for a in (base, *others, order)):
             raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
-        return cls(order, reference_top_k(base, k), label_codes(labels), fractions)
+        return cls(order, reference_top_k(base, k, metric), label_codes(labels), fractions, metric)
 
     def curve(
         self,
@@ -164,18 +208,21 @@ class _Backfill:
         old_distance: OldDistance | None = None,
     ) -> ModeForecast:
         """One query mode: ``new`` fills (and queries) the new side, ``query_old`` queries the old."""
-        recall, ndcg, maps, tops = [], [], [], []
+        recall, ndcg, maps, tops, share, gallery = [], [], [], [], [], []
+        rows = np.arange(len(old))
         for t in self.fractions:
             migrated = migrated_at(self.order, t)
-            r, g = merged_agreement(new, query_old, old, migrated, self.reference, old_distance)
+            merged = merged_distances(new, query_old, new, old, migrated, old_distance, self.metric)
+            found = top_k(merged, self.reference.shape[1])
+            r, g = agreement(found, self.reference)
             recall.append(r)
             ndcg.append(g)
+            share.append(float((~migrated)[found].mean()))
+            gallery.append(float((~migrated).mean()))
             if self.y is not None:
-                served = backfill_retrieval(
-                    new, query_old, new, old, self.y, migrated, workers=1, old_distance=old_distance
-                )
-                maps.append(served.map)
-                tops.append(served.top1)
+                ap, top = _scores(merged, self.y, rows, None)  # the whole ranking, the query left out
+                maps.append(float(ap.mean()))
+                tops.append(float(top.mean()))
         labelled = self.y is not None
         return ModeForecast(
             mode,
@@ -184,6 +231,8 @@ class _Backfill:
             tuple(ndcg),
             tuple(maps) if labelled else None,
             tuple(tops) if labelled else None,
+            tuple(share),
+            tuple(gallery),
         )
 
 
@@ -197,6 +246,7 @@ def forecast(
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
     naive_distance: OldDistance | None = None,
+    metric: str = "cosine",
 ) -> list[ModeForecast]:
     """The naive mode's forecast, and the rm mode's when ``rev`` is given.
 
@@ -209,11 +259,14 @@ def forecast(
         order: the sample indices in migration order.
         labels: one label per item (None where unknown), or None for no labels.
         k: the neighbours compared.
+        metric: the collection's distance (cosine, dot, euclid, manhattan).
 
     Raises:
         ValueError: fewer than two items, or arrays of different lengths.
     """
-    backfill = _Backfill.of(old, new, rev, order=order, labels=labels, k=k, fractions=fractions)
+    backfill = _Backfill.of(
+        old, new, rev, order=order, labels=labels, k=k, fractions=fractions, metric=metric
+    )
     curves = [backfill.curve("naive", new, old, old, naive_distance)]
     if rev is not None:
         curves.append(backfill.curve("rm", new, rev, old))
@@ -250,13 +303,16 @@ def compare_fitted(
     labels: Sequence[object] | None = None,
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
+    metric: str = "cosine",
 ) -> list[ModeForecast]:
     """The naive merge of the plain new model (``base``) beside a fitted encoder (``new``, ``rev``).
 
     Both curves are scored against ``base``'s own top-k, the team's new model: a fitted ρ
     that drifts away from the new model's neighbours is not rewarded for agreeing with itself.
     """
-    backfill = _Backfill.of(old, base, new, rev, order=order, labels=labels, k=k, fractions=fractions)
+    backfill = _Backfill.of(
+        old, base, new, rev, order=order, labels=labels, k=k, fractions=fractions, metric=metric
+    )
     return [backfill.curve("naive", base, old, old), backfill.curve("fitted", new, rev, old)]
 
 
@@ -269,34 +325,65 @@ def compare_calibrated(
     labels: Sequence[object] | None = None,
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
+    metric: str = "cosine",
 ) -> list[ModeForecast]:
     """The naive merge beside the calibrated one (old-side distances mapped by ``calibration``)."""
-    backfill = _Backfill.of(old, new, order=order, labels=labels, k=k, fractions=fractions)
+    backfill = _Backfill.of(old, new, order=order, labels=labels, k=k, fractions=fractions, metric=metric)
     return [backfill.curve("naive", new, old, old), backfill.curve("calibrated", new, old, old, calibration)]
 
 
-def recommend(forecasts: Sequence[ModeForecast]) -> str:
-    """A plain recommendation: which mode to serve, and whether the naive merge is safe."""
+def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:
+    """One clause: which side is crowded out of the merged top k, where, and how far."""
+    top = f"top {k}" if k else "top k"
+    worst = min(crowded, key=lambda c: c.top_k / c.gallery)
+    sides = " and ".join(sorted({c.side for c in crowded}))
+    at = ", ".join(f"{t:g}" for t in sorted({c.t for c in crowded}))
+    return (
+        f"{sides} hits are crowded out of the merged {top} at t = {at} (at t = {worst.t:g} {worst.side} "
+        f"holds {worst.gallery:.0%} of the sample but {worst.top_k:.0%} of the merged {top}): the two "
+        "models' distance scales differ"
+    )
+
+
+def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
+    problems = []
+    if naive.dips():
+        problems.append(
+            f"its recall@k falls below its start ({naive.recall[0]:.3f}) "
+            f"at t = {', '.join(f'{t:g}' for t in naive.dips())}"
+        )
+    if naive.crowded():
+        problems.append(crowding_text(naive.crowded(), k) + (" even calibrated" if calibrated else ""))
+    merge = "the calibrated naive merge" if calibrated else "the naive merge"
+    if not problems:
+        return f"{merge} is safe: its recall@k never falls below its start and neither side is crowded out"
+    return f"{merge} is not safe: " + "; ".join(problems)
+
+
+def recommend(forecasts: Sequence[ModeForecast], *, calibrated: bool = False, k: int | None = None) -> str:
+    """A plain recommendation: which mode to serve, and whether the naive merge is safe.
+
+    A merge is unsafe where its recall@k dips below its start, or where one side is crowded out
+    of the merged top k (:meth:`ModeForecast.crowded`); ``calibrated``: the naive curve is
+    a calibrated pair's.
+    """
     by_mode = {f.mode: f for f in forecasts}
     naive, rm = by_mode["naive"], by_mode.get("rm")
-    naive_dips = naive.dips()
-    if naive_dips:
-        safety = (
-            f"the naive merge is not safe: its recall@k falls below its start ({naive.recall[0]:.3f}) "
-            f"at t = {', '.join(f'{t:g}' for t in naive_dips)}"
-        )
-    else:
-        safety = "the naive merge is safe: its recall@k never falls below its start"
+    safety = _naive_safety(naive, calibrated, k)
+    unsafe = bool(naive.dips() or naive.crowded())
+    calibrate = bool(naive.crowded()) and not calibrated
     if rm is None:
-        choice = (
-            "serve naive" if not naive_dips else "do not serve the naive merge; train ψ/ρ heads (rm mode)"
-        )
-        return f"{choice}; {safety}."
-    candidates = [f for f in (rm, naive) if not f.dips()] or [rm, naive]
+        if not unsafe:
+            return f"serve naive; {safety}."
+        fix = "run rmq calibrate, or train ψ/ρ heads (rm mode)" if calibrate else "train ψ/ρ heads (rm mode)"
+        return f"do not serve the naive merge as it is: {fix}; {safety}."
+    candidates = [f for f in (rm, naive) if not (f.dips() or f.crowded())] or [rm, naive]
     best = max(candidates, key=lambda f: f.area)
     other = naive if best is rm else rm
     return (
         f"serve {best.mode} (area {best.area:.3f} vs {other.mode} {other.area:.3f}"
         + (f"; rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}" if rm.dips() else "")
-        + f"); {safety}."
+        + (f"; in rm, {crowding_text(rm.crowded(), k)}" if rm.crowded() else "")
+        + f"); {safety}"
+        + ("; rmq calibrate puts its old distances on the new model's scale." if calibrate else ".")
     )

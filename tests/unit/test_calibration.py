@@ -5,19 +5,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rm_qdrant.core.calibration import Calibration, fit_calibration, pool_adjacent_violators
+from rm_qdrant.core.calibration import Calibration, fit_calibration
+from rm_qdrant.core.forecast import merged_distances, top_k
 from rm_qdrant.core.merge import Hit, merge
+from rm_qdrant.core.metrics import migrated_at
 
 
-def test_pool_adjacent_violators_gives_the_nearest_non_decreasing_sequence():
-    got = pool_adjacent_violators(np.array([1.0, 3.0, 2.0, 2.0, 5.0]), np.ones(5))
-    assert np.allclose(got, [1.0, 7 / 3, 7 / 3, 7 / 3, 5.0])
+def test_where_the_models_disagree_each_side_still_gets_its_share_of_the_top_k():
+    # Two models that share little: a map to the mean new distance given the old one (the
+    # earlier isotonic fit) pulled old near neighbours towards the average distance, so with
+    # half the gallery old, old hits filled about 7 % of the merged top 10. The quantile map
+    # keeps each side's near neighbours as near as the other side's.
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(10, 32))[rng.integers(0, 10, 600)] + 0.8 * rng.normal(size=(600, 32))
+    old = z @ rng.normal(size=(32, 12)) + 30 * np.eye(12)[0]  # compressed cosine distances
+    new = (z + 0.5 * rng.normal(size=z.shape)) @ rng.normal(size=(32, 20))
+    cal = fit_calibration(old[:300], new[:300], pairs=200_000)
+    old, new = old[300:], new[300:]
+    for t in (0.3, 0.5, 0.7):
+        migrated = migrated_at(np.random.default_rng(1).permutation(300), t)
+        found = top_k(merged_distances(new, old, new, old, migrated, cal), 10)
+        assert abs((~migrated)[found].mean() - (1 - t)) < 0.1
 
 
 def test_the_map_is_the_identity_for_one_model_and_shrinks_for_a_tighter_one():
     rng = np.random.default_rng(0)
     old = rng.normal(size=(400, 16))
-    d = np.linspace(0.3, 1.2, 8)  # inside the sampled distances (the map is flat beyond its end knots)
+    d = np.linspace(0.3, 1.2, 8)  # inside the sampled distances
     same = fit_calibration(old, old, pairs=20_000)
     assert np.allclose(same(d), d, atol=0.05)
     # A new model whose embeddings share a large common component: every distance is smaller.
