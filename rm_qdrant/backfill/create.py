@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from rm_qdrant.backfill.pair import (
     LAYOUTS,
     PAIRED,
@@ -18,7 +20,7 @@ from rm_qdrant.backfill.pair import (
 )
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
 from rm_qdrant.store.base import resolve
@@ -70,6 +72,7 @@ def create_pair(
     Raises:
         CollectionNotFound: the old collection does not exist.
         DimensionMismatch: a query vector would not fit the collection it searches.
+        EncoderError: a graph's outputs are not the sizes its metadata says.
         ConfigError: the pair exists, the old collection belongs to another pair, the
             distances differ, or the mode lacks a model.
     """
@@ -105,6 +108,9 @@ def create_pair(
     _check_distance(old_spec, encoder)
     gallery = encoder.info.gallery_output()
     dim = encoder.info.outputs[gallery]
+    for model in (encoder, old_encoder):
+        if model is not None:
+            check_output_sizes(model)
     _check_free(store, old_collection)
     if single:
         target = old_collection
@@ -132,6 +138,22 @@ def create_pair(
     save_pair(store, record)
     record_collection_model(store, new_model_key(record), record.encoder)
     return record
+
+
+def check_output_sizes(model: OnnxEncoder) -> None:
+    """Run ``model`` once on a blank image: every output must be the size its metadata says.
+
+    The metadata is what the collection's new vector is made from; a graph that states
+    65,536 and makes 10 would otherwise add a 65,536-d vector that no migration can fill.
+
+    Raises:
+        EncoderError: an output has another size, or the graph cannot run on an image.
+    """
+    spec = model.info.input
+    try:
+        model.run_pixels(np.zeros((1, spec.height, spec.width, spec.channels), np.uint8))
+    except EncoderError as exc:
+        raise EncoderError(f"{exc}; nothing was written") from exc
 
 
 def _add_new_vector(store: Store, old: CollectionSpec, name: str | None, dim: int) -> None:
