@@ -4,14 +4,27 @@
 would leave a production gallery fully migrated. It runs on a copy instead: both
 collections (vectors, payloads, rm-qdrant's ranks and marks) and the pair record go
 into an embedded store in a temporary folder, removed afterwards.
+
+A process killed with SIGKILL removes nothing, so each sandbox says whose it is: its
+folder is named ``rmq-eval-<pid>-...`` and holds ``.owner``, locked (flock) by that
+process for the sandbox's whole life; the kernel drops the lock when the process dies,
+however it dies. The next sandbox removes the folders whose owner is gone, and never
+one whose owner still runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
+import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -19,7 +32,11 @@ from rm_qdrant.backfill.pair import PairRecord, new_model_key, new_where, record
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.store import Record, Store, Where, open_store
 
+log = logging.getLogger(__name__)
+
 _PAGE = 2_000
+PREFIX = "rmq-eval-"
+_OWNER = ".owner"
 
 
 def copy_collection(
@@ -56,8 +73,13 @@ def _pages(
 def sandbox(
     store: Store, pair: PairRecord, *, on_points: Callable[[int], None] | None = None
 ) -> Iterator[tuple[Store, PairRecord]]:
-    """A temporary embedded store holding a copy of ``pair``; yields (store, record)."""
-    with tempfile.TemporaryDirectory(prefix="rmq-eval-") as folder, open_store(folder) as copy:
+    """A temporary embedded store holding a copy of ``pair``; yields (store, record).
+
+    The copy is removed when the block ends, by an exception too; what a killed process
+    left behind is removed when the next sandbox starts (:func:`remove_stale_sandboxes`).
+    """
+    remove_stale_sandboxes()
+    with _owned_folder() as folder, open_store(folder) as copy:
         for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
         if pair.single:
@@ -66,6 +88,72 @@ def sandbox(
         save_pair(copy, record)
         record_collection_model(copy, new_model_key(pair), pair.encoder)
         yield copy, record
+
+
+@contextlib.contextmanager
+def _owned_folder() -> Iterator[Path]:
+    """A new temporary folder named after this process, locked as ours until it is removed."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+    handle = None
+    try:
+        handle = _claim(folder)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if handle is not None:
+            handle.close()  # unlocked only once the folder is gone
+
+
+def _claim(folder: Path) -> IO[str]:
+    """Lock ``folder/.owner`` for this process; the file appears already locked (a rename)."""
+    partial = folder / f"{_OWNER}.{os.getpid()}"
+    handle = open(partial, "w")  # noqa: SIM115 - held open (locked) for the sandbox's life
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else has it
+    handle.write(str(os.getpid()))
+    handle.flush()
+    os.replace(partial, folder / _OWNER)
+    return handle
+
+
+def remove_stale_sandboxes(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the sandboxes that processes which are gone left in ``root`` (default: the temp folder).
+
+    A sandbox goes when its ``.owner`` lock can be taken (its owner is dead), or, made too
+    early to hold one, when the process its name carries is dead. Returns what was removed.
+    """
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        if folder.is_dir() and not folder.is_symlink() and _abandoned(folder):
+            log.info("removing %s, the copy of a pair left by an eval that was killed", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _abandoned(folder: Path) -> bool:
+    try:
+        handle = open(folder / _OWNER)  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        match = re.match(rf"{PREFIX}(\d+)-", folder.name)
+        return match is not None and not _alive(int(match.group(1)))
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner runs
+            return False
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, say
+        return True
+    return True
 
 
 def _copy_new_vectors(source: Store, target: Store, pair: PairRecord) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -12,7 +15,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import scan_image_folder
 from rm_qdrant.backfill.migrate import MigrateOptions
-from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.sandbox import sandbox
 from rm_qdrant.cli.common import (
     Progress,
@@ -27,6 +30,7 @@ from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.sources import SourceConfig
+from rm_qdrant.store import Store
 
 
 def summary(points: list[ServedPoint]) -> dict[str, Any]:
@@ -41,6 +45,46 @@ def summary(points: list[ServedPoint]) -> dict[str, Any]:
         start, end = values[0], values[-1]
         result[f"gain_{key}"] = (auc - start) / (end - start) if end != start else None
     return result
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where eval is: a BaseException, so no ``except Exception`` on the way stops it."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops(name: str, in_place: bool) -> Iterator[None]:
+    """SIGTERM unwinds eval like an error (its copy is removed on the way out), then one line, exit 1."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        after = (
+            f"pair {name!r} stays as far as it was migrated ('rmq migrate' goes on from there)"
+            if in_place
+            else f"its copy of the pair was removed, pair {name!r} was not moved"
+        )
+        raise click.ClickException(f"eval stopped by SIGTERM: {after}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _copy(store: Store, pair: PairRecord, silent: bool) -> Iterator[Store]:
+    """The pair copied into a temporary embedded store (a progress bar meanwhile), removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        with Progress("copying the pair", hidden=silent, unit="points") as bar:
+            bar.start(
+                store.count(pair.old_collection) + (0 if pair.single else store.count(pair.new_collection))
+            )
+            copy, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
+        yield copy
 
 
 def _percent(value: float | None) -> str:
@@ -125,15 +169,11 @@ def eval_command(
             click.echo(f"note: {index.progress():.1%} of the gallery is already in new", err=True)
         return evaluate_served(index, items, points, options=options, k=k, on_point=show)
 
-    with contextlib.ExitStack() as stack:
+    with _sigterm_stops(name, in_place), contextlib.ExitStack() as stack:
         target = store
         if not in_place:
-            with Progress("copying the pair", hidden=silent, unit="points") as bar:
-                bar.start(
-                    store.count(pair.old_collection)
-                    + (0 if pair.single else store.count(pair.new_collection))
-                )
-                target, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
+            target = stack.enter_context(_copy(store, pair, silent))
+            store.close()  # measured on the copy: other commands may open the live store meanwhile
         results = measure(DualIndex.open(target, name, exact=exact))
     totals = summary(results)
     text = (
