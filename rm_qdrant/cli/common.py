@@ -111,7 +111,11 @@ SEED = click.IntRange(0, 2**32 - 1)
 def source_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Where images come from and what is accepted; the command gets one ``source`` argument."""
     options = [
-        click.option("--root", type=click.Path(file_okay=False), help="Folder that local image paths must resolve under (relative paths are taken under it)."),
+        click.option(
+            "--root",
+            type=click.Path(file_okay=False),
+            help="Folder that local image paths must resolve under (relative paths are taken under it).",
+        ),
         click.option(
             "--allow-scheme",
             "schemes",
