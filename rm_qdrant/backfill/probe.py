@@ -130,10 +130,12 @@ def forecast_sample(
     k: int = 10,
     label_field: str = "label",
     calibration: OldDistance | None = None,
+    metric: str = "cosine",
 ) -> list[ModeForecast]:
     """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it).
 
-    ``calibration``: a calibrated naive pair's map, applied to the naive mode's old distances.
+    ``calibration``: a calibrated naive pair's map, applied to the naive mode's old distances;
+    ``metric``: the pair's distance, under which both halves are searched.
     """
     keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=label_field)
     return forecast(
@@ -144,6 +146,7 @@ def forecast_sample(
         labels=sample.labels(label_field),
         k=k,
         naive_distance=calibration,
+        metric=metric,
     )
 
 
@@ -202,11 +205,10 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
     migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
     rm = pair.mode == "rm" and sample.rev is not None
     query_old = sample.rev if rm and sample.rev is not None else sample.old
-    reference = reference_top_k(sample.new, k)
+    reference = reference_top_k(sample.new, k, pair.distance)
+    calibration = None if rm else pair.old_distance
     now, start = (
-        merged_agreement(
-            sample.new, query_old, sample.old, mask, reference, None if rm else pair.old_distance
-        )
+        merged_agreement(sample.new, query_old, sample.old, mask, reference, calibration, pair.distance)
         for mask in (migrated, np.zeros_like(migrated))
     )
     return {

@@ -1,8 +1,9 @@
 """``rmq calibrate``: the calibrated naive merge, fitted on a sample of the gallery (no training, no labels).
 
 A naive pair's two models measure distance on their own scales; the map fitted here
-(:mod:`rm_qdrant.core.calibration`) puts old-collection hits on the new model's scale
-before the merge. It is kept in the pair record and applied by every search while the
+(:mod:`rm_qdrant.core.calibration`, a quantile map under the pair's own metric: cosine,
+dot, Euclid or Manhattan) puts old-collection hits on the new model's scale before the
+merge. It is kept in the pair record and applied by every search while the
 pair is naive; ``--clear`` removes it.
 """
 
@@ -26,7 +27,7 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
-from rm_qdrant.cli.probe import curve_table, sample_with_progress
+from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
 from rm_qdrant.core.calibration import fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
 from rm_qdrant.errors import ConfigError, Refused
@@ -70,18 +71,20 @@ def calibrate_command(
             f"pair {name!r} is {pair.state} in {pair.mode} mode: the calibration maps the old model's own "
             "distances, for a backfilling naive pair (an rm pair's ψ already puts them on the new scale)"
         )
-    if pair.distance != "cosine":
-        raise ConfigError(f"pair {name!r} uses {pair.distance} distance: the calibration is for cosine")
     index = DualIndex.open(store, name)
     silent = as_json or quiet(ctx)
     sample = sample_with_progress(store, pair, index.encoder, size, seed=seed, source=source, hidden=silent)
     try:
         fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
-        calibration = fit_calibration(sample.old[fit_idx], sample.new[fit_idx], seed=seed)
+        calibration = fit_calibration(
+            sample.old[fit_idx], sample.new[fit_idx], metric=pair.distance, seed=seed
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     order = np.random.default_rng(seed).permutation(len(held_idx))
-    forecasts = compare_calibrated(sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k)
+    forecasts = compare_calibrated(
+        sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k, metric=pair.distance
+    )
     plain, calibrated = forecasts
     better = calibrated.area > plain.area  # a tie is not worth a map
     data: dict[str, Any] = {
@@ -92,6 +95,8 @@ def calibrate_command(
         "held_out": len(held_idx),
         "k": k,
         "knots": len(calibration.old),
+        "distance": pair.distance,
+        "mapping": "quantile",
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_plain": better,
         "kept": better or force,
@@ -109,10 +114,13 @@ def calibrate_command(
         [
             f"calibrated on {len(fit_idx)} sampled points ({len(held_idx)} held out"
             + (f", {sample.failed} unreadable skipped" if sample.failed else "")
-            + f"), {len(calibration.old)} knots",
+            + f"), {len(calibration.old)} knots: a quantile map of {pair.distance} distances onto the new "
+            "model's scale",
             "",
             f"recall@{k} on the held-out points against the new model's own neighbours:",
             *recall,
+            "",
+            *share_table(forecasts, k),
             "",
             f"area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain; {verdict}",
         ]

@@ -83,8 +83,9 @@ def probe_command(
         k=k,
         label_field=index.pair.label_field,
         calibration=index.pair.old_distance,
+        metric=index.pair.distance,
     )
-    advice = recommend(forecasts)
+    advice = recommend(forecasts, calibrated=index.pair.old_distance is not None, k=k)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {
         "pair": name,
@@ -132,6 +133,20 @@ def curve_table(forecasts: list[ModeForecast]) -> tuple[list[str], list[str]]:
     return recall, maps
 
 
+def share_table(forecasts: list[ModeForecast], k: int) -> list[str]:
+    """The old side's share of the merged top k against its share of the sample, per t."""
+    first = forecasts[0]
+    if first.old_gallery is None:
+        return []
+    lines = [
+        f"old hits' share of the merged top {k} (a side far below its share of the sample is crowded out):",
+        f"{'t':14}" + "".join(f"{t:>7g}" for t in first.fractions),
+        f"{'old in sample':14}" + "".join(f"{g:7.0%}" for g in first.old_gallery),
+    ]
+    lines += [f"{f.mode:14}" + "".join(f"{s:7.0%}" for s in f.old_share or ()) for f in forecasts]
+    return lines
+
+
 def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str:
     recall, maps = curve_table(forecasts)
     lines = [
@@ -141,6 +156,8 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         "",
         f"recall@{data['k']} against the new model's own neighbours (label-free):",
         *recall,
+        "",
+        *share_table(forecasts, data["k"]),
     ]
     if maps:
         n = data["sample"]

@@ -25,6 +25,7 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.probe import status_estimate
+from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -219,7 +220,15 @@ def search(
     old_encoder: str | None,
     as_json: bool,
 ) -> None:
-    """Search the pair with one image; hits from both collections, merged by distance."""
+    """Search the pair with one image; hits from both collections, merged by distance.
+
+    A dot collection's hits show their score (the dot product, higher is closer); cosine,
+    Euclid and Manhattan hits their distance (1 - cosine, or the distance; lower is closer).
+    With --json each hit carries both: "score", Qdrant's score as the collection reports it,
+    and "distance", what the merge ranks by (lower is closer: 1 - cosine, minus the dot
+    product, the Euclid or Manhattan distance; a calibrated pair's old hits on the new
+    model's scale).
+    """
     opened = DualIndex.open(
         open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
     )
@@ -227,15 +236,23 @@ def search(
         hits = dual.search(image, limit=limit, filter=parse_filter(filters))
         pair = dual.pair
     rows = [dataclasses.asdict(h) for h in hits]
-    lines = [f"{'#':>3}  {'distance':>8}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
+    emit(rows, as_json, "\n".join(_hit_lines(hits, pair)))
+
+
+def _hit_lines(hits: list[Hit], pair: PairRecord) -> list[str]:
+    """The hit table: a dot product as a score (higher is closer), any other metric as a distance."""
+    by_score = pair.distance == "dot"
+    head = "score" if by_score else "distance"
+    lines = [f"{'#':>3}  {head:>10}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
     for rank, hit in enumerate(hits, 1):
         found = pair.uri_rule.find(hit.id, hit.payload)
         where = "-" if found is None else shown(found)
+        value = hit.score if by_score else hit.distance
         lines.append(
-            f"{rank:>3}  {hit.distance:8.4f}  {hit.source:6}  "
+            f"{rank:>3}  {value:10.4f}  {hit.source:6}  "
             f"{plain(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {plain(where)}"
         )
-    emit(rows, as_json, "\n".join(lines))
+    return lines
 
 
 @click.command()
