@@ -252,6 +252,10 @@ def _hit_lines(hits: list[Hit], pair: PairRecord) -> list[str]:
             f"{rank:>3}  {value:10.4f}  {hit.source:6}  "
             f"{plain(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {plain(where)}"
         )
+    if by_score and pair.old_distance is not None and any(h.source == "old" for h in hits):
+        lines.append(
+            "(old hits' scores are the old model's; the calibrated merge ranks them on the new scale)"
+        )
     return lines
 
 

@@ -132,6 +132,13 @@ def test_probe_flags_the_crowded_side_and_calibrate_gives_each_side_its_share(de
     for uri in sorted(own):
         first = search(rmq, uri)[0]
         assert (first["payload"]["uri"], first["source"]) == (uri, "old")
+    if distance == "dot":  # the two models' scores side by side: the table says how they were ranked
+        text = rmq("search", "--name", "p", min(own), "--exact").output.splitlines()
+        assert text[1].split()[2] == "old" and float(text[1].split()[1]) > 0
+        assert (
+            text[-1]
+            == "(old hits' scores are the old model's; the calibrated merge ranks them on the new scale)"
+        )
 
 
 def test_search_shows_a_dot_product_as_a_score_and_json_carries_both(deployment):
