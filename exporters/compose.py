@@ -1,11 +1,13 @@
 """Attach trained ρ and ψ to a team's own ONNX backbone: still one graph, two outputs.
 
 For teams whose new model is not PyTorch: the heads are exported on their own
-(embedding in, ``new`` and ``rev`` out, L2-normalised) and joined to the
-backbone's embedding output with ``onnx.compose``. The backbone must describe
-itself (``rmq model stamp``): its ``embedding`` role names the output the heads
-read, and its input facts (size, resize and crop, layout, dtype, normalisation,
-channel order) become the composed graph's.
+(embedding in, ``new`` and ``rev`` out) and joined to the backbone's embedding
+output with ``onnx.compose``. The backbone must describe itself (``rmq model stamp``):
+its ``embedding`` role names the output the heads read, and its input facts (size,
+resize and crop, layout, dtype, normalisation, channel order), its distance and its
+output scale become the composed graph's. The heads' outputs are L2-normalised only
+where the backbone's are (:meth:`ModelInfo.derived_scale`): a Euclid or dot
+collection stores raw vectors, and ``new`` must stay in their space.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ PREFIX = "rmq_heads/"
 
 
 class _HeadsGraph(nn.Module):
-    def __init__(self, heads: nn.Module) -> None:
+    def __init__(self, heads: nn.Module, *, normalise: bool) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.normalise = heads, normalise
 
     def forward(self, phi: Tensor) -> tuple[Tensor, Tensor]:
         new, rev = self.heads(phi)
-        return unit(new), unit(rev)
+        return (unit(new), unit(rev)) if self.normalise else (new, rev)
 
 
 def _describe(model: onnx.ModelProto, output_name: str | None, source: str) -> tuple[ModelInfo, str]:
@@ -125,7 +127,8 @@ def _merge(backbone: onnx.ModelProto, heads: onnx.ModelProto, embedding: str, op
 
 def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) -> float:
     """Largest difference between the composed graph, read through rm-qdrant's encoder, and
-    backbone + heads, at batch 1 and 7 (both sides L2-normalised)."""
+    backbone + heads, at batch 1 and 7, relative to the largest value where that exceeds 1
+    (raw vectors of norm 100 carry float noise of their own size)."""
     encoder = OnnxEncoder(path)
     worst = 0.0
     for count in (1, len(images)):
@@ -133,7 +136,8 @@ def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) ->
         for want, role in zip(expected, ("new", "rev"), strict=True):
             if not (np.isfinite(want).all() and np.isfinite(got[role]).all()):
                 raise ExportError(f"the heads give NaN or infinity for {role!r}: not written")
-            worst = max(worst, float(np.abs(want[:count] - got[role]).max()))
+            size = max(1.0, float(np.abs(want[:count]).max()))
+            worst = max(worst, float(np.abs(want[:count] - got[role]).max()) / size)
     if worst > TOLERANCE:
         raise ExportError(f"composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})")
     return worst
@@ -160,13 +164,17 @@ def attach_model(
     output_name: str | None = None,
     name: str | None = None,
     what: str = "the heads",
+    distance: str | None = None,
 ) -> tuple[Path, float]:
     """Join trained heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
 
     The backbone needs its ``rm_qdrant`` entry (``rmq model stamp``); the heads read
     its ``embedding`` role's output, or ``output_name``. The composed graph keeps the
-    backbone's input facts. Parity: images go through rm-qdrant's encoder on both
-    sides, the backbone's φ through the heads in PyTorch, at batch 1 and 7.
+    backbone's input facts, distance and output scale: its heads L2-normalise only when
+    the backbone's vectors are unit length, or of unstated scale for cosine (the
+    backbone's distance, else ``distance``, the collection the graph will serve). Parity: images
+    go through rm-qdrant's encoder on both sides, the backbone's φ through the heads in
+    PyTorch, at batch 1 and 7.
 
     Raises:
         ExportError: an unstamped backbone, a missing output, a width that does not
@@ -185,14 +193,16 @@ def attach_model(
             f"{source} output {embedding!r} is {phi.shape[1]}-d; {what} expects {heads.d_new}-d"
         )
     opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
-    graph = _HeadsGraph(FoldedHeads(heads.eval())).eval()
+    scale = info.derived_scale(distance)
+    graph = _HeadsGraph(FoldedHeads(heads.eval()), normalise=scale == "unit").eval()
     with tempfile.TemporaryDirectory() as tmp:
         merged = _merge(backbone, _export_heads(graph, phi, opset, tmp), embedding, opset)
     composed = ModelInfo(
         name or f"{Path(source).stem}+heads",
-        "cosine",
+        info.distance,
         {"new": heads.d_new, "rev": heads.d_old},
         info.input,
+        scale=scale,
     )
     helper.set_model_props(merged, composed.to_metadata())
     onnx.checker.check_model(merged)

@@ -29,9 +29,13 @@ def linear_encoder(
     *,
     input_spec: InputSpec,
     name: str,
-    distance: str = "cosine",
+    distance: str | None = "cosine",
+    scale: str | None = None,
 ) -> Path:
     """Write a linear encoder graph to ``path`` and return the path.
+
+    ``distance`` None stamps it for any distance; ``scale`` is the metadata's (``raw``:
+    a linear map's vectors are not normalised).
 
     Example:
         >>> import numpy as np
@@ -69,7 +73,7 @@ def linear_encoder(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
-    info = ModelInfo(name=name, distance=distance, outputs=dims, input=input_spec)
+    info = ModelInfo(name=name, distance=distance, outputs=dims, input=input_spec, scale=scale)
     helper.set_model_props(model, info.to_metadata())
     onnx.checker.check_model(model)
     target = Path(path)

@@ -3,8 +3,9 @@
 The graph takes a uint8 image batch, NHWC, at the backbone's input size (rm-qdrant's
 encoder decodes and resizes to the size in the metadata), normalises it inside the
 graph, and returns ``new`` = ρ(φ_new(x)) and ``rev`` = ψ(ρ(φ_new(x))), both
-L2-normalised for cosine distance. The batch axis is dynamic. The ``rm_qdrant``
-metadata entry makes the file all ``rmq init --encoder`` needs.
+L2-normalised for cosine distance (stamped ``cosine``, scale ``unit``). The batch
+axis is dynamic. The ``rm_qdrant`` metadata entry makes the file all ``rmq init
+--encoder`` needs.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ def export_serving(
         "cosine",
         {"new": head_meta["d_new"], "rev": head_meta["d_old"]},
         InputSpec(size, size, 3),
+        scale="unit",
     )
     sample = _sample_images(meta, images)
     path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), ["new", "rev"], info)
@@ -214,7 +216,7 @@ def export_backbone(
     outputs = ["embedding", "scores"] if scores else ["embedding"]
     dims = {"embedding": meta["embed_dim"], **({"scores": len(meta["classes"])} if scores else {})}
     size = meta["image_size"]
-    info = ModelInfo(name or f"{meta['arch']}-{role}", "cosine", dims, InputSpec(size, size, 3))
+    info = ModelInfo(name or f"{meta['arch']}-{role}", "cosine", dims, InputSpec(size, size, 3), scale="unit")
     sample = _sample_images(meta, images)
     path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), outputs, info)
     return path, check_parity(module, path, sample, outputs)

@@ -11,6 +11,11 @@ backbone gives φ_new(x) for the same image, so a sample of the gallery is a set
 
 ``auto`` is ``mcl`` with labels, else ``label-free``. Part of the sample is held out;
 :func:`train.holdout.holdout_forecast` compares the fitted heads with the naive merge on it.
+
+The losses compare directions only, so the fitted heads are scaled afterwards
+(:func:`match_norms`): ψ's output to the stored old vectors (least squares), a learned
+ρ's to the backbone's. A graph for a Euclid or dot collection, whose vectors are raw,
+then queries old in its own space; a cosine graph L2-normalises them anyway.
 """
 
 from __future__ import annotations
@@ -79,9 +84,9 @@ def fit_heads(
     if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
         raise ValueError("the sampled embeddings hold NaN or infinity")
     if loss == "procrustes":
-        return procrustes_heads(x, y)
+        return match_norms(procrustes_heads(x, y), x, y)
     if loss == "label-free":
-        return fit_label_free(x, y, seed=settings.seed)
+        return match_norms(fit_label_free(x, y, seed=settings.seed), x, y)
     heads = Heads(x.shape[1], y.shape[1], learn_rho=loss == "mcl")
     if loss == "rqt":
 
@@ -106,4 +111,33 @@ def fit_heads(
         seed=settings.seed,
         what=f"fit {loss}",
     )
-    return heads.eval()
+    return match_norms(heads, x, y)
+
+
+@torch.no_grad()
+def match_norms(heads: Heads, phi_new: Tensor, old: Tensor) -> Heads:
+    """Scale the heads' outputs into the spaces of the vectors they stand for; directions unchanged.
+
+    A learned ρ's output gets the backbone's mean norm (ψ's first layer takes the inverse
+    factor, so ψ's output is unchanged by it); ψ's output gets the factor that brings it
+    closest to the stored old vectors, ``Σ⟨rev, old⟩ / Σ‖rev‖²``, when that is positive
+    and finite (otherwise training failed, and the holdout says so).
+    """
+    heads.eval()
+    if heads.learn_rho:
+        factor = phi_new.norm(dim=1).mean() / heads.rho(phi_new).norm(dim=1).mean().clamp_min(1e-12)
+        if torch.isfinite(factor) and factor > 0:
+            _scale_linear(heads.rho[-1], factor)
+            heads.psi[0].weight.div_(factor)
+    _, rev = heads(phi_new)
+    factor = (rev * old).sum() / (rev * rev).sum().clamp_min(1e-12)
+    if torch.isfinite(factor) and factor > 0:
+        _scale_linear(heads.psi[-1], factor)
+    log.info("fitted heads scaled to the stored vectors: ψ × %.4g", float(factor))
+    return heads
+
+
+def _scale_linear(layer: torch.nn.Module, factor: Tensor) -> None:
+    layer.weight.mul_(factor)
+    if layer.bias is not None:
+        layer.bias.mul_(factor)

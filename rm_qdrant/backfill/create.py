@@ -206,10 +206,12 @@ def old_model_ref(store: Store, old: CollectionSpec, encoder: OnnxEncoder) -> Mo
 
 
 def _check_distance(old: CollectionSpec, model: OnnxEncoder) -> None:
-    if model.info.distance != old.distance:
+    """A graph stamped with a distance promises it; one stamped without serves any collection."""
+    if not model.info.serves(old.distance):
         raise ConfigError(
             f"{model.path} is made for {model.info.distance} distance, "
-            f"collection {old.name!r} uses {old.distance}"
+            f"collection {old.name!r} uses {old.distance} (a graph stamped without --distance "
+            "serves any)"
         )
 
 

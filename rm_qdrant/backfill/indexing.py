@@ -79,9 +79,10 @@ def index_images(
 ) -> IndexReport:
     """Embed images with ``encoder`` and upsert them into ``collection``.
 
-    The collection is created (with the encoder's dimension and distance) if it
-    does not exist, and the encoder is recorded as the model of its vectors. An
-    image that cannot be read is skipped and reported; the others are written.
+    The collection is created (with the encoder's dimension and distance, cosine for a
+    graph that states none) if it does not exist, and the encoder is recorded as the
+    model of its vectors. An image that cannot be read is skipped and reported; the
+    others are written.
     When the encoder has a ``scores`` output, each point's payload gets
     ``old_confidence`` (what the ``confidence`` backfill order reads). ``vector`` names the
     vector written where the collection has several (a single-collection pair's old one).
@@ -97,7 +98,8 @@ def index_images(
             )
         check_collection_model(store, collection, encoder)
     else:
-        store.create_collection(collection, dim=dim, distance=encoder.info.distance, vector=vector or "")
+        distance = encoder.info.distance or "cosine"  # a graph of any distance: the default's
+        store.create_collection(collection, dim=dim, distance=distance, vector=vector or "")
     record_collection_model(store, collection, ModelRef.of(encoder, output))
     wanted = [output] + (["scores"] if "scores" in encoder.info.outputs else [])
     indexed, failed = 0, []

@@ -3,8 +3,10 @@
 A naive pair can start serving as soon as the team has a plain new model, and move
 to a trained graph (ψ, and ρ held at the identity) once it exists, without starting
 over. The one rule: the vectors already in the new collection must stay valid, so
-the candidate's gallery output must reproduce them; otherwise two embedding spaces
-would mix in one collection, and the switch is refused with the measured reason.
+the candidate's gallery output must reproduce them, under the collection's own metric
+(a Euclid or dot collection compares norms too: a graph that L2-normalises raw vectors
+is refused); otherwise two embedding spaces would mix in one collection, and the switch
+is refused with the measured reason.
 """
 
 from __future__ import annotations
@@ -21,15 +23,13 @@ from rm_qdrant.backfill.pair import (
     record_collection_model,
     save_pair,
 )
-from rm_qdrant.backfill.verify import Agreement, agreement
+from rm_qdrant.backfill.verify import SAME_OUTPUT, Agreement, agreement
 from rm_qdrant.errors import ConfigError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
-#: The lowest cosine between a stored new vector and the candidate's vector for the same
-#: image that still counts as "the same output" (float noise across runtimes stays above it).
-SAME_OUTPUT = 0.999
+__all__ = ["SAME_OUTPUT", "switch_encoder"]
 
 
 def switch_encoder(
@@ -59,10 +59,10 @@ def switch_encoder(
     gallery = encoder.info.gallery_output()
     new_dim = store.collection(pair.new_collection, pair.new_using).dim
     old_dim = store.collection(pair.old_collection, pair.vector).dim
-    if encoder.info.outputs[gallery] != new_dim or encoder.info.distance != pair.distance:
+    if encoder.info.outputs[gallery] != new_dim or not encoder.info.serves(pair.distance):
         raise ConfigError(
-            f"{encoder.path} makes {encoder.info.outputs[gallery]}-d {encoder.info.distance} vectors, "
-            f"collection {pair.new_collection!r} holds {new_dim}-d {pair.distance} ones"
+            f"{encoder.path} makes {encoder.info.outputs[gallery]}-d {encoder.info.distance or 'any'} "
+            f"vectors, collection {pair.new_collection!r} holds {new_dim}-d {pair.distance} ones"
         )
     mode = "rm" if "rm" in encoder.info.query_modes else "naive"
     if mode == "rm" and encoder.info.outputs["rev"] != old_dim:
@@ -87,11 +87,11 @@ def switch_encoder(
             sample=sample,
             source=source,
         )
-        if measured.min < SAME_OUTPUT:
+        reason = measured.mismatch()
+        if reason is not None:
             raise Refused(
                 f"{encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
-                f"(cosine min {measured.min:.4f}, median {measured.median:.4f}, "
-                f"{measured.checked} points); "
+                f"({reason}, {measured.checked} points); "
                 "they would mix two embedding spaces. Switch only to a graph whose gallery output is "
                 "unchanged (e.g. ψ trained with ρ = identity), or start a new pair"
             )

@@ -187,6 +187,7 @@ def fit_command(
             out,
             output_name=encoder.info.graph_output(role),
             name=f"{Path(backbone).stem}+fit-{chosen}",
+            distance=pair.distance,
         )
     except ExportError as exc:
         raise ConfigError(str(exc)) from exc

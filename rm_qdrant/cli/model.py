@@ -52,7 +52,15 @@ def model() -> None:
     help="Channel order the graph expects; --mean and --std are in this order.",
 )
 @click.option(
-    "--distance", type=click.Choice(["cosine", "dot", "euclid"]), default="cosine", show_default=True
+    "--distance",
+    type=click.Choice(["cosine", "dot", "euclid", "manhattan"]),
+    help="The only distance its vectors serve [default: any: the collection's own].",
+)
+@click.option(
+    "--scale",
+    type=click.Choice(["unit", "raw"]),
+    help="unit: it L2-normalises its vectors (checked); raw: their norms carry meaning "
+    "(Euclid, dot) [default: not stated].",
 )
 @click.option("--name", help="Model name [default: the file's stem].")
 @json_option
@@ -68,7 +76,8 @@ def stamp_command(
     mean: str | None,
     std: str | None,
     channel_order: str,
-    distance: str,
+    distance: str | None,
+    scale: str | None,
     name: str | None,
     as_json: bool,
 ) -> None:
@@ -93,6 +102,7 @@ def stamp_command(
         std=parse_floats(std, "--std"),
         channel_order=channel_order,
         distance=distance,
+        scale=scale,
         name=name,
     )
     emit(_as_dict(report), as_json, _as_text(report))
@@ -106,6 +116,7 @@ def _as_dict(report: StampReport) -> dict[str, object]:
         "replaced": report.replaced,
         "name": info.name,
         "distance": info.distance,
+        "scale": info.scale,
         "outputs": {
             role: {"graph_output": info.output_names[role], "dim": dim, "from": report.dims_from[role]}
             for role, dim in info.outputs.items()
@@ -116,7 +127,9 @@ def _as_dict(report: StampReport) -> dict[str, object]:
 
 def _as_text(report: StampReport) -> str:
     info = report.info
-    lines = [f"stamped {report.source} -> {report.out} ({info.name}, {info.distance})"]
+    facts = [info.name, f"{info.distance} distance" if info.distance else "any distance"]
+    facts += [f"{info.scale} vectors"] if info.scale else []
+    lines = [f"stamped {report.source} -> {report.out} ({', '.join(facts)})"]
     if report.replaced:
         lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
     for role, dim in info.outputs.items():
@@ -150,12 +163,13 @@ def check_command(
 ) -> None:
     """Re-encode stored points' images with MODEL and compare with the vectors stored for them.
 
-    A stamped graph whose preprocessing matches production reproduces them (cosine
-    >= 0.999); a wrong resize, crop, normalisation or channel order shows here,
-    before anything moves. Exits 1 when they do not match.
+    The comparison is the collection's own metric: cosine >= 0.999 for a cosine
+    collection; for Euclid, Manhattan and dot, the vectors themselves (relative error
+    <= 0.045), so a model that L2-normalises raw vectors fails. A wrong resize, crop,
+    normalisation, channel order or scale shows here, before anything moves. The
+    norms of both sides are reported. Exits 1 when they do not match.
     """
-    from rm_qdrant.backfill.switch import SAME_OUTPUT
-    from rm_qdrant.backfill.verify import agreement
+    from rm_qdrant.backfill.verify import SAME_OUTPUT, SAME_VECTOR, agreement
 
     found = agreement(
         open_cli_store(ctx),
@@ -167,16 +181,26 @@ def check_command(
         seed=seed,
         source=source,
     )
-    matches = found.min >= SAME_OUTPUT
-    data = {**dataclasses.asdict(found), "matches": matches, "threshold": SAME_OUTPUT}
+    reason = found.mismatch()
+    data = {
+        **dataclasses.asdict(found),
+        "matches": reason is None,
+        "threshold": SAME_OUTPUT,
+        "max_relative_error": SAME_VECTOR,
+    }
     text = (
-        f"{model_path} against {found.checked} stored vectors of {collection!r}: cosine min {found.min:.5f}, "
-        f"median {found.median:.5f}"
+        f"{model_path} against {found.checked} stored vectors of {collection!r} ({found.metric}): "
+        f"{found.describe()}"
         + (f"; {found.unreadable} images unreadable (first: {found.first_error})" if found.unreadable else "")
     )
     emit(data, as_json, text)
-    if not matches:
+    if reason is not None:
         raise ConfigError(
-            f"the model does not reproduce the stored vectors (min {found.min:.4f} < {SAME_OUTPUT}): "
-            "check --resize/--crop, --mean/--std, --channel-order and --input-size of 'rmq model stamp'"
+            f"the model does not reproduce the stored vectors ({reason}): check "
+            + (
+                "that the graph gives its raw vectors (not L2-normalised), and "
+                if found.metric != "cosine"
+                else ""
+            )
+            + "--resize/--crop, --mean/--std, --channel-order and --input-size of 'rmq model stamp'"
         )

@@ -91,7 +91,7 @@ def switch_encoder_command(
         source=source,
     )
     check = (
-        f"; checked on {measured.checked} points of new: cosine min {measured.min:.5f}"
+        f"; checked on {measured.checked} points of new ({measured.metric}): {measured.describe()}"
         if measured
         else "; new was empty"
     )

@@ -6,6 +6,7 @@ is JSON (``rmq model stamp`` writes it for any graph)::
     {"format": 2,
      "model_name": "team-vit",
      "distance": "cosine",
+     "scale": "unit",
      "outputs": {"embedding": 512},
      "output_names": {"embedding": "image_embeds"},
      "input": {"layout": "NCHW", "dtype": "float32", "height": 224, "width": 224,
@@ -18,6 +19,16 @@ single-model graph: an old model, or a new model used in the naive mode) and
 ``scores`` (the old classifier's confidence, optional). ``output_names`` maps a
 role to the graph's own output name; a role it leaves out is the output's name
 (format 1 has no ``output_names``: every role is an output name).
+
+``distance`` is optional: without it the graph serves a collection of any distance
+(the collection's own metric decides, and ``rmq model check`` / ``rmq switch-encoder``
+compare under it); with it, it is a promise that ``rmq init`` checks. ``scale`` is
+optional too: ``unit`` when every vector the graph gives is L2-normalised, ``raw`` when
+their norms carry meaning (a Euclid or dot collection of the model's own vectors);
+it speaks of the vector outputs (``new``, ``rev``, ``embedding``), not ``scores``.
+Without it the graph gives whatever it gives, as graphs stamped before it did. Graphs
+rm-qdrant derives from a backbone (``rmq fit``, ``rmq export --new-onnx``) keep its
+scale (:meth:`ModelInfo.derived_scale`) and its distance.
 
 ``input.dtype`` ``uint8`` feeds raw pixels (normalisation is inside the graph);
 ``float32`` feeds ``(pixel / 255 - mean) / std``, with mean and std in
@@ -43,6 +54,8 @@ FORMATS = (1, 2)
 LAYOUTS = ("NHWC", "NCHW")
 DTYPES = ("uint8", "float32")
 CHANNEL_ORDERS = ("RGB", "BGR")
+#: ``unit``: every vector is L2-normalised; ``raw``: the vectors' norms carry meaning.
+SCALES = ("unit", "raw")
 #: The largest input side (height, width, resize, crop) a graph may declare.
 MAX_INPUT_SIDE = 8192
 #: The largest output dimension a graph may declare.
@@ -93,24 +106,44 @@ class ModelInfo:
 
     Attributes:
         name: A human-readable model name.
-        distance: The distance its vectors are meant for (``cosine``, ...).
+        distance: The distance its vectors are meant for (``cosine``, ...), or None:
+            any (the collection's own).
         outputs: Role → vector dimension, for the roles in :data:`ROLES`.
         input: Preprocessing facts.
         fingerprint: A hash of the graph file, set when the graph is loaded.
         output_names: Role → the graph's output name; filled in for every role
             (a role not given is its own output name).
+        scale: ``unit`` (L2-normalised vectors), ``raw`` (norms carry meaning), or
+            None: not stated (the graph gives what it gives).
     """
 
     name: str
-    distance: str
+    distance: str | None
     outputs: Mapping[str, int]
     input: InputSpec
     fingerprint: str = field(default="", compare=False)
     output_names: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    scale: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         names = {role: self.output_names.get(role, role) for role in self.outputs}
         object.__setattr__(self, "output_names", names)
+
+    def serves(self, distance: str) -> bool:
+        """Whether the graph's vectors are meant for a collection of ``distance``."""
+        return self.distance is None or self.distance == distance
+
+    def derived_scale(self, collection: str | None = None) -> str | None:
+        """The scale of a graph derived from this one (heads on its embedding): its own.
+
+        Of unstated scale, its heads are L2-normalised for cosine (as rm-qdrant always did:
+        a cosine collection stores unit vectors), the graph's distance or else the
+        ``collection``'s it will serve; for any other distance, or none known, the derived
+        vectors are left as the backbone makes them (None: not stated either).
+        """
+        if self.scale is None and (self.distance or collection) == "cosine":
+            return "unit"
+        return self.scale
 
     @property
     def query_modes(self) -> tuple[str, ...]:
@@ -136,14 +169,17 @@ class ModelInfo:
 
     def to_metadata(self) -> dict[str, str]:
         """The ``metadata_props`` entry that describes this model."""
-        body = {
+        body: dict[str, Any] = {
             "format": 2,
             "model_name": self.name,
-            "distance": self.distance,
             "outputs": dict(self.outputs),
             "output_names": dict(self.output_names),
             "input": {**asdict(self.input), "mean": list(self.input.mean), "std": list(self.input.std)},
         }
+        if self.distance is not None:
+            body["distance"] = self.distance
+        if self.scale is not None:
+            body["scale"] = self.scale
         return {METADATA_KEY: json.dumps(body, sort_keys=True)}
 
 
@@ -210,14 +246,22 @@ def _parse_body(raw: Any, graph_outputs: list[str], source: str) -> ModelInfo:
     if not _is_int(fmt) or fmt not in FORMATS:
         raise EncoderError(f"unsupported metadata format {_show(fmt)}; this rm-qdrant reads {FORMATS}")
     outputs, names = _parse_outputs(raw.get("outputs"), raw.get("output_names"), graph_outputs)
-    distance = raw.get("distance", "cosine")
+    distance = raw.get("distance")  # absent: any distance (the collection's)
     name = raw.get("model_name", source)
-    if not isinstance(distance, str):
+    if "distance" in raw and not isinstance(distance, str):
         raise EncoderError(f"distance must be a string, got {_show(distance)}")
     if not isinstance(name, str):
         raise EncoderError(f"model_name must be a string, got {_show(name)}")
+    scale = _choice(raw["scale"], "scale", SCALES) if "scale" in raw else None
     spec = _parse_input(raw.get("input"))
-    return ModelInfo(name, check_distance(distance), outputs, spec, output_names=names)
+    return ModelInfo(
+        name,
+        None if distance is None else check_distance(distance),
+        outputs,
+        spec,
+        output_names=names,
+        scale=scale,
+    )
 
 
 def _parse_outputs(raw: Any, raw_names: Any, graph_outputs: list[str]) -> tuple[dict, dict]:

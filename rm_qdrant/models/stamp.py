@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -101,7 +102,8 @@ def stamp_model(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     channel_order: str = "RGB",
-    distance: str = "cosine",
+    distance: str | None = None,
+    scale: str | None = None,
     name: str | None = None,
 ) -> StampReport:
     """Write ``source`` to ``out`` with an ``rm_qdrant`` metadata entry that describes it.
@@ -118,7 +120,11 @@ def stamp_model(
         mean: Per-channel mean for ``float32`` input (in ``channel_order``); default none.
         std: Per-channel std for ``float32`` input; default none.
         channel_order: ``RGB`` or ``BGR``.
-        distance: The distance the vectors are meant for.
+        distance: The distance the vectors are meant for; None (default): any, the
+            collection's own (checked there by ``rmq model check``).
+        scale: ``unit`` (every vector L2-normalised: checked on random images), ``raw``
+            (the norms carry meaning, as in a Euclid or dot collection of the model's
+            own vectors), or None: not stated.
         name: The model's name; default the file's stem.
 
     Raises:
@@ -145,15 +151,20 @@ def stamp_model(
         raise ConfigError("mean and std apply to float32 input; a uint8 graph normalises inside itself")
     graph_outputs = {o.name: o for o in model.graph.output}
     _check_roles(outputs, graph_outputs, source)
-    draft = ModelInfo(name or source.stem, distance, dict.fromkeys(outputs, 1), spec, output_names=outputs)
+    draft = ModelInfo(
+        name or source.stem, distance, dict.fromkeys(outputs, 1), spec, output_names=outputs, scale=scale
+    )
     probe = _validate(draft, list(graph_outputs), source)  # as the encoder will read it: defaults filled in
     spec = probe.input
     try:
         batch = check_input_shape(spec, shape, f"{source}: input {image.name!r}")
     except EncoderError as exc:
         raise ConfigError(str(exc)) from exc
-    dims, dims_from = _dims(model, image.name, spec, batch or 1, outputs, graph_outputs, source)
-    info = ModelInfo(probe.name, probe.distance, dims, spec, output_names=outputs)
+    session = _session(model, source)
+    dims, dims_from = _dims(session, image.name, spec, batch or 1, outputs, graph_outputs, source)
+    if probe.scale == "unit":
+        _check_unit(session, image.name, spec, batch or 2, outputs, source)
+    info = dataclasses.replace(probe, outputs=dims)
     replaced = _set_entry(model, info.to_metadata()[METADATA_KEY])
     _write(model, out)
     return StampReport(source, out, info, image.name, dims_from, replaced)
@@ -237,7 +248,7 @@ def _validate(info: ModelInfo, graph_outputs: list[str], source: Path) -> ModelI
 
 
 def _dims(
-    model: onnx.ModelProto,
+    session: ort.InferenceSession,
     input_name: str,
     spec: InputSpec,
     batch: int,
@@ -251,7 +262,7 @@ def _dims(
     says nothing about it), and that each output is one vector per image.
     """
     names = list(outputs.values())
-    shapes = _measure(model, input_name, spec, batch, names, source)
+    shapes = _measure(session, input_name, spec, batch, names, source)
     dims, dims_from = {}, {}
     for (role, name), shape in zip(outputs.items(), shapes, strict=True):
         if sum(s > 1 for s in shape) > 1:
@@ -266,14 +277,22 @@ def _dims(
     return dims, dims_from
 
 
-def _measure(
-    model: onnx.ModelProto, input_name: str, spec: InputSpec, batch: int, names: list[str], source: Path
-) -> list[list[int]]:
-    """Each output's per-image shape on a zero batch of the declared size."""
+def _session(model: onnx.ModelProto, source: Path) -> ort.InferenceSession:
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EncoderError(f"{source} is not a loadable ONNX graph: {exc}") from exc
+
+
+def _measure(
+    session: ort.InferenceSession,
+    input_name: str,
+    spec: InputSpec,
+    batch: int,
+    names: list[str],
+    source: Path,
+) -> list[list[int]]:
+    """Each output's per-image shape on a zero batch of the declared size."""
     zeros = np.zeros(spec.tensor_shape(batch), dtype=spec.dtype)
     try:
         values = session.run(names, {input_name: zeros})
@@ -283,6 +302,40 @@ def _measure(
             f"(--input-size, --input-layout): {str(exc).splitlines()[0][:200]}"
         ) from exc
     return [list(np.asarray(v).shape[1:]) for v in values]
+
+
+def _check_unit(
+    session: ort.InferenceSession,
+    input_name: str,
+    spec: InputSpec,
+    batch: int,
+    outputs: Mapping[str, str],
+    source: Path,
+) -> None:
+    """``--scale unit`` is a promise: the vector outputs of random images must have norm 1."""
+    pixels = np.random.default_rng(0).integers(0, 256, size=(batch, spec.height, spec.width, spec.channels))
+    tensor = pixels.astype(spec.dtype)
+    if spec.dtype == "float32":
+        tensor = (tensor / 255.0 - np.asarray(spec.mean)) / np.asarray(spec.std)
+    if spec.layout == "NCHW":
+        tensor = tensor.transpose(0, 3, 1, 2)
+    roles = [role for role in outputs if role != "scores"]
+    try:
+        values = session.run(
+            [outputs[r] for r in roles], {input_name: np.ascontiguousarray(tensor, spec.dtype)}
+        )
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ConfigError(
+            f"{source} does not run on random images: {str(exc).splitlines()[0][:200]}"
+        ) from exc
+    for role, value in zip(roles, values, strict=True):
+        norms = np.linalg.norm(np.asarray(value, np.float64).reshape(batch, -1), axis=1)
+        if not np.all(np.abs(norms - 1.0) <= 1e-3):
+            raise ConfigError(
+                f"{source}: --scale unit, but output {outputs[role]!r} ({role}) gives vectors of norm "
+                f"{norms.min():.4g} to {norms.max():.4g} on random images, not L2-normalised: "
+                "stamp it --scale raw, or leave --scale out"
+            )
 
 
 def _set_entry(model: onnx.ModelProto, text: str) -> bool:

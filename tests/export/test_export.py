@@ -158,9 +158,10 @@ def test_heads_on_a_stamped_team_graph_keep_its_preprocessing(tmp_path):
             output_names=["image_embeds"], dynamic_axes={"pixel_values": {0: "b"}, "image_embeds": {0: "b"}},
             dynamo=False,
         )  # fmt: skip
+    # Stamped cosine, scale unstated: the composed heads are L2-normalised, as they always were.
     stamped = stamp_model(
         team, tmp_path / "stamped.onnx", outputs={"embedding": "image_embeds"}, size=16, resize=20, crop=16,
-        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), distance="cosine",
     ).out  # fmt: skip
     _, heads = checkpoints(tmp_path, "small-cnn")
     path, worst = attach_heads(stamped, heads, tmp_path / "composed.onnx")
