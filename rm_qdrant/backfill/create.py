@@ -57,10 +57,11 @@ def create_pair(
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
     In the paired layout the new collection mirrors the old one: the same vector name
-    and distance, and the same payload indexes. In the single-collection layout the old
-    collection gets a second named vector, ``new_vector``, and nothing else changes. The
-    mode defaults to ``rm`` when ``encoder`` has a ``rev`` output, else ``naive``, which
-    needs ``old_encoder``. Every check runs before anything is written.
+    and distance, the collection's other vectors (dense or sparse, the same configs: a
+    migrated point takes them along), and the same payload indexes. In the single-collection
+    layout the old collection gets a second named vector, ``new_vector``, and nothing else
+    changes. The mode defaults to ``rm`` when ``encoder`` has a ``rev`` output, else
+    ``naive``, which needs ``old_encoder``. Every check runs before anything is written.
 
     Args:
         old_vector: the old collection's vector (None: its only one).
@@ -88,8 +89,8 @@ def create_pair(
         )
     old_collection = resolve(store, old_collection)  # an alias (a finalized upgrade's name): its collection
     old_spec = store.collection(old_collection, old_vector)
-    if old_spec.multivector or (old_spec.others() and not single):
-        raise ConfigError(_cannot_carry(old_spec))
+    if old_spec.multivector:
+        raise ConfigError(_cannot_merge(old_spec))
     if chosen == "naive" and old_encoder is None:
         raise ConfigError(f"encoder {encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
     if single and (keep_old or new_collection not in (None, old_collection)):
@@ -178,16 +179,10 @@ def _add_new_vector(store: Store, old: CollectionSpec, name: str | None, dim: in
     store.add_vector(old.name, name, dim=dim, distance=old.distance)
 
 
-def _cannot_carry(spec: CollectionSpec) -> str:
-    if spec.multivector:
-        return (
-            f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
-            "merges single-vector searches"
-        )
+def _cannot_merge(spec: CollectionSpec) -> str:
     return (
-        f"collection {spec.name!r} also has the vector(s) {', '.join(spec.others())}: a pair migrates one "
-        f"vector ({spec.vector!r}), so its new collection would lack the others and a migrated point would "
-        "lose them; such collections are not supported yet"
+        f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
+        "merges single-vector searches"
     )
 
 
@@ -226,12 +221,18 @@ def _check_fits(old: CollectionSpec, dim: int, by: str) -> None:
 def _prepare_new_collection(store: Store, name: str, *, dim: int, old: CollectionSpec) -> None:
     # An empty collection of the right shape is what a crashed 'init' leaves: reuse it.
     if not store.has_collection(name):
-        store.create_collection(name, dim=dim, distance=old.distance, vector=old.vector)
+        store.create_collection(name, dim=dim, distance=old.distance, vector=old.vector, others=old.extra)
     else:
-        spec = store.collection(name)
-        if (spec.dim, spec.distance, spec.vector) != (dim, old.distance, old.vector) or store.count(name):
+        try:
+            spec = store.collection(name, old.vector)
+            shape = (spec.dim, spec.distance, set(spec.extra))
+        except ConfigError:  # it has no vector of that name
+            shape = None
+        if shape != (dim, old.distance, set(old.extra)) or store.count(name):
+            also = f" with the other vectors of {old.name!r}" if old.extra else ""
             raise ConfigError(
-                f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} collection"
+                f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} "
+                f"collection{also}"
             )
     for field_name, kind in store.payload_indexes(old.name).items():
         if field_name not in INTERNAL_FIELDS:

@@ -11,15 +11,17 @@ import numpy as np
 
 from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
+from rm_qdrant.backfill.writes import Write, apply, carried
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.core.planning import MIGRATED, user_payload
+from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import MergedQuery
 from rm_qdrant.store.filters import as_where
+from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class DualIndex:
         self.hnsw_ef = hnsw_ef
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
         self._old_dim = _old_dim(store, pair)
+        self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
         # One collection: both searches run as one query (two, in order, where that fails).
         self._two_queries = not pair.single
         self._pool = (
@@ -267,9 +270,14 @@ class DualIndex:
         self,
         ids: Sequence[PointId],
         images: Sequence[ImageLike],
-        payloads: Sequence[Mapping[str, Any]] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        other_vectors: VectorRows | None = None,
     ) -> None:
-        """Add or replace images: embed with the new model, write to new, then drop from old."""
+        """Add or replace images: embed with the new model, write to new, then drop from old.
+
+        See :meth:`upsert_vectors` for ``payloads`` and ``other_vectors``.
+        """
         if len(ids) != len(images):
             raise ConfigError(f"{len(ids)} ids for {len(images)} images")
         encoder = self._encoder()
@@ -278,15 +286,16 @@ class DualIndex:
         old_vectors = None
         if self.pair.keeps_writes_in_old and self.old_encoder is not None and self._old_dim is not None:
             old_vectors = self._old_queries(list(images))  # the old model's vectors, for a rollback
-        self.upsert_vectors(ids, vectors, payloads, old_vectors=old_vectors)
+        self.upsert_vectors(ids, vectors, payloads, old_vectors=old_vectors, other_vectors=other_vectors)
 
     def upsert_vectors(
         self,
         ids: Sequence[PointId],
         vectors: np.ndarray,
-        payloads: Sequence[Mapping[str, Any]] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
         *,
         old_vectors: np.ndarray | None = None,
+        other_vectors: VectorRows | None = None,
     ) -> None:
         """Write new-model vectors to the new collection, then remove those ids from old.
 
@@ -296,35 +305,60 @@ class DualIndex:
         collection, backfilling) ``old_vectors``, the old model's vectors of the same
         images, are written to old instead of the removal: hidden there until a
         rollback serves them. Without them such a point lives in new only.
+
+        What rm-qdrant does not manage stays: a point that exists keeps its other named
+        vectors (dense or sparse) unless ``other_vectors`` gives them, and its payload when
+        ``payloads`` (or a point's entry in it) is None; a payload given replaces it.
+        ``other_vectors`` is one mapping per point, as qdrant-client's ``PointStruct.vector``
+        (``{"text": [...], "bm25": models.SparseVector(...)}``; None or a missing name: not
+        given), or one mapping of name -> one value per point (a matrix for a dense vector).
+
+        Raises:
+            ConfigError: the pair was rolled back; counts that differ; an other vector the
+                collection does not have, or one of the models' own.
+            DimensionMismatch: a vector of the wrong size.
         """
-        if self.pair.state == "rolled_back":
-            raise ConfigError(
-                f"pair {self.pair.name!r} was rolled back: the old model serves, index into old"
-            )
+        pair = self.pair
+        if pair.state == "rolled_back":
+            raise ConfigError(f"pair {pair.name!r} was rolled back: the old model serves, index into old")
+        rows = len(ids)
+        new = self._rows(vectors, self._new_dim, rows, "new")
+        old = None
+        if old_vectors is not None and pair.keeps_writes_in_old and self._old_dim is not None:
+            old = self._rows(old_vectors, self._old_dim, rows, "old")
+        others = None
+        if other_vectors is not None:
+            managed = {pair.vector: "the old model's vector", pair.new_using: "the new model's vector"}
+            if not pair.single:
+                managed = {
+                    pair.vector: "the models' own vector (the old model's in old, the new one's in new)"
+                }
+            others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
+        write = Write(list(ids), new, self._bodies(payloads, rows), old, others, self._old_dim is not None)
+        apply(self.store, pair, write, self._others())
+
+    def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
+        array = self._check(vectors, dim, side)
+        if len(array) != rows:
+            raise ConfigError(f"{len(array)} {side} vectors for {rows} ids")
+        return array
+
+    @staticmethod
+    def _bodies(
+        payloads: Sequence[Mapping[str, Any] | None] | None, rows: int
+    ) -> list[dict[str, Any] | None]:
         # Bookkeeping fields are rm-qdrant's: a user's write that carried them (a hit's payload
         # written back, say) would pass for a migration copy, which the migration may delete.
-        bodies = None if payloads is None else [user_payload(p) for p in payloads]
-        pair = self.pair
-        self.store.upsert(pair.new_collection, ids, vectors, bodies, vector=pair.new_using)
-        if self._old_dim is None:
-            return
-        if old_vectors is not None and pair.keeps_writes_in_old:
-            old_vectors = self._check(old_vectors, self._old_dim, "old")
-            if pair.single:
-                self.store.set_vectors(pair.old_collection, ids, old_vectors, vector=pair.vector)
-            else:  # hidden from search as migrated points are; a rollback serves it
-                hidden = [{**body, MIGRATED: 1} for body in bodies or [{} for _ in ids]]
-                self.store.upsert(pair.old_collection, ids, old_vectors, hidden, vector=pair.vector)
-            return
-        if pair.keeps_writes_in_old:
-            log.warning(
-                "pair %r: %d points written without their old vectors live in new only: a rollback "
-                "will not serve them (pass old_vectors=, or use upsert with images)",
-                pair.name,
-                len(ids),
-            )
-        if not pair.single:
-            self.store.delete(pair.old_collection, ids)
+        if payloads is None:
+            return [None] * rows
+        if len(payloads) != rows:
+            raise ConfigError(f"{len(payloads)} payloads for {rows} ids")
+        return [None if p is None else user_payload(p) for p in payloads]
+
+    def _others(self) -> dict[str, OtherVector]:
+        if self._carried is None:
+            self._carried = carried(self.store, self.pair)
+        return self._carried
 
     def delete(self, ids: Sequence[PointId]) -> None:
         """Remove points from the gallery: from both collections."""
@@ -335,6 +369,7 @@ class DualIndex:
     def refresh(self) -> None:
         """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""
         self.pair = load_pair(self.store, self.pair.name)
+        self._carried = None
         ref = self.pair.old_encoder
         if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":
             self.old_encoder = _open_encoder(None, ref, self.pair.name, "old encoder")

@@ -5,7 +5,8 @@ the encoder embeds batch k on the calling thread, a thread pool fetches and
 decodes the images of batch k+1, and a writer thread settles batch k-1. A batch
 is settled in this order, which keeps DESIGN.md's invariants:
 
-1. insert-only upsert into new (waited): a fresher write by a user always wins;
+1. insert-only upsert into new (waited), with the other named vectors the point has in
+   old: a fresher write by a user always wins;
 2. read back from new (ids present, vectors of the right size) and from old;
 3. retire the confirmed points from old (delete, or mark in keep-old mode);
    delete a migrated copy whose point a user deleted meanwhile;
@@ -47,6 +48,7 @@ from rm_qdrant.backfill.outcome import (
 )
 from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
 from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
+from rm_qdrant.backfill.writes import carried
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import (
     BATCH,
@@ -87,6 +89,7 @@ class _Prepared:
     failed: list[tuple[PointId, str]]
     gone: int
     token: str | None  # one collection: the batch's token (see BATCH)
+    others: dict[PointId, dict[str, Any]]  # two collections: each point's other vectors, if any
 
 
 class Migrator:
@@ -117,6 +120,8 @@ class Migrator:
         self.encoder = index.encoder
         self.output = index.encoder.info.gallery_output()
         self.dim = index.store.collection(index.pair.new_collection, index.pair.new_using).dim
+        # Two collections: the other vectors a point takes to new (one collection: they stay put).
+        self.carried = () if index.pair.single else tuple(carried(index.store, index.pair))
 
     @property
     def pair(self) -> PairRecord:
@@ -219,7 +224,11 @@ class Migrator:
             self.store.mark(pair.old_collection, batch, {BATCH: token})
         # One collection: the same read says which points have the new vector already.
         present = self.store.retrieve(
-            pair.old_collection, list(batch), with_vectors=pair.single, vector=pair.new_using
+            pair.old_collection,
+            list(batch),
+            with_vectors=pair.single,
+            vector=pair.new_using,
+            others=self.carried,
         )
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
@@ -242,6 +251,7 @@ class Migrator:
             [(todo[row], reason) for row, reason in loaded.failed],
             len(batch) - len(ids),
             token,
+            {r.id: r.others for r in present} if self.carried else {},
         )
 
     def _encode(self, prepared: _Prepared) -> _Encoded:
@@ -265,8 +275,15 @@ class Migrator:
         if written:
             payloads = [new_payload(prepared.payloads[i]) for i in written]
             store.mark(pair.old_collection, written, {MOVING: 1})  # see status.in_both
+            others = [prepared.others[i] for i in written] if self.carried else None
             store.upsert(
-                pair.new_collection, written, encoded.vectors, payloads, insert_only=True, vector=pair.vector
+                pair.new_collection,
+                written,
+                encoded.vectors,
+                payloads,
+                insert_only=True,
+                vector=pair.vector,
+                others=others,
             )
             log.debug("acknowledged %s", written)
         acknowledged = time.monotonic()

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from rm_qdrant.core.merge import PointId, check_distance, higher_is_closer
+from rm_qdrant.core.merge import PointId, check_distance
 from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.store.filters import Filter, Where
+from rm_qdrant.store.vectors import OtherVector
 
 #: Payload index kinds a store can create (and mirror from a team's collection).
 INDEX_KINDS = ("integer", "float", "keyword", "bool", "datetime", "uuid", "text", "geo")
@@ -34,6 +35,9 @@ class CollectionSpec:
         distance: its distance (``cosine``, ``dot``, ``euclid``, ``manhattan``).
         vector: the vector's name; ``""`` is the unnamed vector of a single-vector collection.
         vectors: every dense vector name the collection has.
+        sparse: every sparse vector name it has.
+        multivector: whether this vector is a multivector.
+        extra: every vector besides this one, with its config.
     """
 
     name: str
@@ -43,6 +47,7 @@ class CollectionSpec:
     vectors: tuple[str, ...] = ("",)
     sparse: tuple[str, ...] = ()
     multivector: bool = False
+    extra: tuple[OtherVector, ...] = ()
 
     def others(self) -> list[str]:
         """The collection's vectors besides this one (dense and sparse), which a pair would not carry."""
@@ -54,9 +59,13 @@ VectorFacts = tuple[int, str, bool]
 
 
 def pick_vector(
-    name: str, specs: Mapping[str, VectorFacts], vector: str | None, sparse: Sequence[str] = ()
+    name: str,
+    specs: Mapping[str, VectorFacts],
+    vector: str | None,
+    sparse: Mapping[str, bool] | Sequence[str] = (),
 ) -> CollectionSpec:
-    """The spec of ``vector`` among a collection's vectors (None: its only one).
+    """The spec of ``vector`` among a collection's vectors (None: its only one); ``sparse``: the
+    sparse vectors' names (a mapping: name -> whether it has the IDF modifier).
 
     Raises:
         ConfigError: the collection has no such vector, or several and none was named.
@@ -76,16 +85,21 @@ def pick_vector(
         asked = f"vector named {vector!r}" if vector else "unnamed vector"
         raise ConfigError(f"collection {name!r} has no {asked} (it has {have})")
     dim, distance, multi = specs[vector]
-    return CollectionSpec(name, dim, distance, vector, names, tuple(sorted(sparse)), multi)
+    idf = sparse if isinstance(sparse, Mapping) else dict.fromkeys(sparse, False)
+    extra = tuple(OtherVector(n, *specs[n][:2], multivector=specs[n][2]) for n in names if n != vector)
+    extra += tuple(OtherVector(n, sparse=True, idf=bool(idf[n])) for n in sorted(idf))
+    return CollectionSpec(name, dim, distance, vector, names, tuple(sorted(idf)), multi, extra)
 
 
 @dataclass(frozen=True)
 class Record:
-    """A stored point as read back: id, payload and (when asked for) one of its vectors."""
+    """A stored point as read back: id, payload, (when asked for) one of its vectors, and
+    (when asked for by name) others: name -> numpy array, or :class:`SparseVector`."""
 
     id: PointId
     payload: dict[str, Any] = field(default_factory=dict)
     vector: np.ndarray | None = None
+    others: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,12 +138,20 @@ class Store(Protocol):
 
     Methods that read or write vectors take ``vector``: the name of the dense vector
     they concern (``""``, the default, is the unnamed vector of a single-vector collection).
+    Those that take ``others`` also carry a point's further vectors, which rm-qdrant does not
+    manage: one mapping per point (name -> list of floats, or
+    :class:`~rm_qdrant.store.vectors.SparseVector`) to write, or the names to read into
+    :attr:`Record.others`.
     """
 
     #: True where two searches gain from being sent at once (a remote server).
     concurrent_search: bool
 
-    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None: ...
+    def create_collection(
+        self, name: str, *, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()
+    ) -> None:
+        """Create a collection with ``vector`` and, with ``others``, further vectors of those configs."""
+        ...
 
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
         """The spec of one of the collection's vectors (None: its only vector).
@@ -162,10 +184,29 @@ class Store(Protocol):
         *,
         vector: str,
         where: Where | None = None,
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Set one named vector of existing points, leaving their other vectors and payload as
-        they are. Ids no longer there are skipped; with ``where``, so are points that do not
-        match it at the moment of the write (checked and written in one operation)."""
+        """Set one named vector of existing points (and each row's ``others``), leaving their
+        other vectors and payload as they are. Ids no longer there are skipped; with ``where``,
+        so are points that do not match it at the moment of the write (checked and written in
+        one operation)."""
+        ...
+
+    def update_points(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        others: Sequence[Mapping[str, Any]] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
+        drop: Sequence[str] = (),
+    ) -> None:
+        """Rewrite existing points in place: replace each payload (when ``payloads`` is given),
+        remove the vectors named in ``drop``, then set ``vector`` and each row's ``others``. The
+        points' other vectors stay, and so does their payload without ``payloads``. Ids no
+        longer there are skipped."""
         ...
 
     def upsert(
@@ -177,8 +218,11 @@ class Store(Protocol):
         *,
         insert_only: bool = False,
         vector: str = "",
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Write points. ``insert_only`` leaves points that already exist untouched."""
+        """Write whole points (``vector``, each row's ``others``, the payload): a point that
+        exists is replaced, vectors not given included. ``insert_only`` leaves points that
+        already exist untouched."""
         ...
 
     def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
@@ -217,8 +261,10 @@ class Store(Protocol):
         with_vectors: bool = False,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> list[Record]:
-        """The points of ``ids`` that exist (their payload empty without ``with_payload``)."""
+        """The points of ``ids`` that exist (their payload empty without ``with_payload``), with
+        the vectors named in ``others`` that they have."""
         ...
 
     def scroll(
@@ -232,6 +278,7 @@ class Store(Protocol):
         order_by: str | None = None,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> tuple[list[Record], PointId | None]:
         """A page of points. With ``order_by`` (an indexed numeric field) the page holds the
         ``limit`` points with the lowest values, and there is no next offset. Without
@@ -315,59 +362,6 @@ def normalize_id(point_id: object) -> PointId:
     raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
 
 
-def record_from(point: Any, with_vectors: bool, vector: str = "") -> Record:
-    """A backend's point (anything with ``id``, ``payload``, ``vector``) as a :class:`Record`.
-
-    Named vectors come back as a mapping; the record keeps the one named ``vector``
-    (None when the point lacks it).
-    """
-    raw = point.vector if with_vectors else None
-    if isinstance(raw, Mapping):
-        raw = raw.get(vector)
-    array = None if raw is None else np.asarray(raw, dtype=np.float32)
-    return Record(normalize_id(point.id), dict(point.payload or {}), array)
-
-
-def scored_from(point: Any) -> ScoredRecord:
-    """A backend's scored point as a :class:`ScoredRecord`."""
-    return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))
-
-
-def merged_from(point: Any, query: MergedQuery) -> ScoredRecord:
-    """A backend's point from a merged search: the formula's value back to the raw score, and
-    whether it came from the new vector (asked for with the hit, so present only then)."""
-    vectors = point.vector if isinstance(point.vector, Mapping) else {}
-    score = higher_is_closer(query.distance) * float(point.score)
-    return ScoredRecord(normalize_id(point.id), score, dict(point.payload or {}), query.new_vector in vectors)
-
-
-def is_missing_point(exc: BaseException) -> bool:
-    """Whether a backend error says a point id does not exist."""
-    return "no point with id" in str(exc).lower()
-
-
-def write_skipping_missing(
-    write: Callable[[list[Any]], None], rows: list[Any], missing: Callable[[BaseException], bool]
-) -> None:
-    """``write(rows)`` at once; if a point was deleted meanwhile (``missing`` says so of the
-    error), once per row, skipping the missing ones. A batch write that failed on one id may
-    have written the rows before it, so ``write`` must be harmless to repeat (a conditional
-    write, or the same values written twice)."""
-    if not rows:
-        return
-    try:
-        write(rows)
-    except Exception as exc:
-        if not missing(exc):
-            raise
-        for row in rows:
-            try:
-                write([row])
-            except Exception as one:
-                if not missing(one):
-                    raise
-
-
 def check_collection_name(name: str) -> str:
     """Reject names that are empty or could escape a store folder."""
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
@@ -389,8 +383,20 @@ def check_vectors(spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None
     return array
 
 
-def check_spec(name: str, dim: int, distance: str, vector: str = "") -> CollectionSpec:
+def check_spec(
+    name: str, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()
+) -> CollectionSpec:
     """Validate the arguments of ``create_collection``."""
-    if dim <= 0:
-        raise ConfigError(f"vector size must be positive, got {dim}")
-    return CollectionSpec(check_collection_name(name), int(dim), check_distance(distance), vector, (vector,))
+    for size in [dim, *(o.dim for o in others if not o.sparse)]:
+        if size <= 0:
+            raise ConfigError(f"vector size must be positive, got {size}")
+    names = [vector, *(o.name for o in others)]
+    if len(set(names)) != len(names) or (len(names) > 1 and "" in names[1:]):
+        raise ConfigError(f"vector names must be distinct, and only the first may be unnamed: {names}")
+    for other in others:
+        if not other.sparse:
+            check_distance(other.distance)
+    dense = (vector, *(o.name for o in others if not o.sparse))
+    sparse = tuple(sorted(o.name for o in others if o.sparse))
+    spec = CollectionSpec(check_collection_name(name), int(dim), check_distance(distance), vector)
+    return replace(spec, vectors=tuple(sorted(dense)), sparse=sparse, extra=tuple(others))

@@ -14,10 +14,8 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
 from qdrant_client import QdrantClient, models
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
@@ -33,25 +31,32 @@ from rm_qdrant.store.base import (
     Where,
     check_spec,
     check_vectors,
-    is_missing_point,
-    merged_from,
     normalize_id,
     pick_vector,
+)
+from rm_qdrant.store.client_query import (
+    DISTANCES,
+    client_filter,
+    merged_requests,
+    search_requests,
+    sparse,
+    translated,
+    update_operations,
+    vector_facts,
+    vectors_config,
+)
+from rm_qdrant.store.points import (
+    is_missing_point,
+    merged_from,
+    point_vectors,
     record_from,
     scored_from,
+    wanted,
     write_skipping_missing,
 )
-from rm_qdrant.store.client_query import client_filter, merged_requests
+from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
-
-_DISTANCES = {
-    "cosine": models.Distance.COSINE,
-    "dot": models.Distance.DOT,
-    "euclid": models.Distance.EUCLID,
-    "manhattan": models.Distance.MANHATTAN,
-}
-_NAMES = {v: k for k, v in _DISTANCES.items()}
 
 
 _INDEX_KINDS = {kind: getattr(models.PayloadSchemaType, kind.upper()) for kind in INDEX_KINDS}
@@ -87,7 +92,7 @@ class ClientStore:
         self._shown = redact(self.location)  # a URL may carry user:password or ?api_key=
         self._remote = location is not None and location != ":memory:"
         self.concurrent_search = self._remote
-        self._specs: dict[str, tuple[dict[str, VectorFacts], tuple[str, ...]]] = {}  # a round trip saved
+        self._specs: dict[str, tuple[dict[str, VectorFacts], dict[str, bool]]] = {}  # a round trip saved
         # qdrant-client's local mode is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if self._remote else threading.RLock()
@@ -108,54 +113,38 @@ class ClientStore:
 
     @contextlib.contextmanager
     def _errors(self, what: str, collection: str | None = None) -> Iterator[None]:
-        where = f"Qdrant at {self._shown}"
-        try:
-            with self._lock:
-                yield
-        except UnexpectedResponse as exc:
-            if exc.status_code == 404 and collection is not None:
-                raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
-            if exc.status_code in (401, 403):
-                raise StoreError(f"{where} rejected the API key ({exc.status_code})") from exc
-            detail = redact(exc.content.decode(errors="replace"))[:300]
-            raise StoreError(f"{what} failed on {where}: HTTP {exc.status_code} {detail}") from exc
-        except (ResponseHandlingException, httpx.HTTPError, ConnectionError) as exc:
-            raise StoreError(f"cannot reach {where}: {redact(str(exc))}") from exc
-        except ValueError as exc:  # the in-memory mode reports faults as ValueError
-            if "not found" in str(exc) and collection is not None:
-                raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
-            raise StoreError(f"{what} failed on {where}: {redact(str(exc))}") from exc
+        with translated(f"Qdrant at {self._shown}", what, collection), self._lock:
+            yield
 
     def has_collection(self, name: str) -> bool:
         # A collection, not an alias: Qdrant's collection_exists also answers True for an alias.
         return name in self.list_collections()
 
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
+        dense, sparse_idf = self._facts(name)
+        return pick_vector(name, dense, vector, sparse_idf)
+
+    def _facts(self, name: str) -> tuple[dict[str, VectorFacts], dict[str, bool]]:
         if name not in self._specs:
             with self._errors("collection lookup", name):
                 info = self._client.get_collection(name)
-            params = info.config.params.vectors or {}
-            named = params if isinstance(params, dict) else {"": params}
-            dense = {
-                str(k): (int(v.size), _NAMES[v.distance], v.multivector_config is not None)
-                for k, v in named.items()
-                if v is not None
-            }
-            self._specs[name] = (dense, tuple(str(k) for k in (info.config.params.sparse_vectors or {})))
-        dense, sparse = self._specs[name]
-        return pick_vector(name, dense, vector, sparse)
+            self._specs[name] = vector_facts(info)
+        return self._specs[name]
 
     def list_collections(self) -> list[str]:
         with self._errors("listing collections"):
             return sorted(c.name for c in self._client.get_collections().collections)
 
-    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None:
-        spec = check_spec(name, dim, distance, vector)
+    def create_collection(
+        self, name: str, *, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()
+    ) -> None:
+        spec = check_spec(name, dim, distance, vector, others)
         if self.has_collection(name):
             raise StoreError(f"collection {name!r} already exists")
-        params = models.VectorParams(size=spec.dim, distance=_DISTANCES[spec.distance])
+        dense, sparse_params = vectors_config(spec)
+        self._specs.pop(name, None)
         with self._errors(f"creating collection {name!r}"):
-            self._client.create_collection(name, vectors_config={vector: params} if vector else params)
+            self._client.create_collection(name, vectors_config=dense, sparse_vectors_config=sparse_params)
 
     def delete_collection(self, name: str) -> None:
         if not self.has_collection(name):
@@ -166,7 +155,7 @@ class ClientStore:
 
     def add_vector(self, name: str, vector: str, *, dim: int, distance: str) -> None:
         spec = check_spec(name, dim, distance, vector)
-        config = models.DenseVectorConfig(size=spec.dim, distance=_DISTANCES[spec.distance])
+        config = models.DenseVectorConfig(size=spec.dim, distance=DISTANCES[spec.distance])
         self._specs.pop(name, None)
         with self._errors(f"adding vector {vector!r} to {name!r}", name):
             self._client.create_vector_name(
@@ -186,20 +175,40 @@ class ClientStore:
         *,
         vector: str,
         where: Where | None = None,
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
-        rows = [
-            models.PointVectors(id=normalize_id(i), vector={vector: row})
-            for i, row in zip(ids, matrix.tolist(), strict=True)
-        ]
+        named = point_vectors(vector, matrix.tolist(), others, sparse)
+        rows = [models.PointVectors(id=normalize_id(i), vector=v) for i, v in zip(ids, named, strict=True)]
         condition = client_filter(where)
 
         def write(part: list[models.PointVectors]) -> None:
             with self._errors(f"vector update in {name!r}", name):
                 self._client.update_vectors(name, part, wait=True, update_filter=condition)
 
-        # KeyError: the local mode's word for a missing point
-        write_skipping_missing(write, rows, lambda e: isinstance(e, KeyError) or is_missing_point(e))
+        write_skipping_missing(write, rows, _missing)
+
+    def update_points(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        others: Sequence[Mapping[str, Any]] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
+        drop: Sequence[str] = (),
+    ) -> None:
+        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
+        named = point_vectors(vector, matrix.tolist(), others, sparse)
+        bodies = payloads if payloads is not None else [None] * len(ids)
+        rows = [(normalize_id(i), v, b) for i, v, b in zip(ids, named, bodies, strict=True)]
+
+        def write(part: list[tuple[PointId, Any, Mapping[str, Any] | None]]) -> None:
+            with self._errors(f"point update in {name!r}", name):  # one request, harmless to repeat
+                self._client.batch_update_points(name, update_operations(part, drop), wait=True)
+
+        write_skipping_missing(write, rows, _missing)
 
     def upsert(
         self,
@@ -210,15 +219,17 @@ class ClientStore:
         *,
         insert_only: bool = False,
         vector: str = "",
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         spec = self.collection(name, vector)
         matrix = check_vectors(spec, vectors, rows=len(ids))
         mode = models.UpdateMode.INSERT_ONLY if insert_only else None
-        named = vector or len(spec.vectors) > 1  # the unnamed vector beside named ones goes by name
+        # the unnamed vector beside named ones goes by name
+        named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
         bodies = payloads if payloads is not None else [{}] * len(ids)
         points = [
-            models.PointStruct(id=normalize_id(i), vector={vector: row} if named else row, payload=dict(p))
-            for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
+            models.PointStruct(id=normalize_id(i), vector=v, payload=dict(p))
+            for i, v, p in zip(ids, named, bodies, strict=True)
         ]
         if points:
             with self._errors(f"upsert into {name!r}", name):
@@ -301,13 +312,14 @@ class ClientStore:
         with_vectors: bool = False,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> list[Record]:
-        wanted: Any = ([vector] if vector else True) if with_vectors else False
+        asked = wanted(with_vectors, vector, others)
         with self._errors(f"retrieve from {name!r}", name):
             points = self._client.retrieve(
-                name, [normalize_id(i) for i in ids], with_payload=with_payload, with_vectors=wanted
+                name, [normalize_id(i) for i in ids], with_payload=with_payload, with_vectors=asked
             )
-        return [record_from(p, with_vectors, vector) for p in points]
+        return [record_from(p, with_vectors, vector, others) for p in points]
 
     def scroll(
         self,
@@ -320,8 +332,8 @@ class ClientStore:
         order_by: str | None = None,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> tuple[list[Record], PointId | None]:
-        wanted: Any = ([vector] if vector else True) if with_vectors else False
         with self._errors(f"scroll over {name!r}", name):
             points, following = self._client.scroll(
                 name,
@@ -330,17 +342,17 @@ class ClientStore:
                 offset=offset,
                 order_by=order_by,
                 with_payload=with_payload,
-                with_vectors=wanted,
+                with_vectors=wanted(with_vectors, vector, others),
             )
         nxt = None if following is None else normalize_id(following)
-        return [record_from(p, with_vectors, vector) for p in points], nxt
+        return [record_from(p, with_vectors, vector, others) for p in points], nxt
 
     def count(self, name: str, where: Where | None = None) -> int:
         with self._errors(f"count of {name!r}", name):
             return int(self._client.count(name, count_filter=client_filter(where), exact=True).count)
 
     def set_alias(self, alias: str, collection: str) -> None:
-        self.collection(collection)  # CollectionNotFound before touching the alias
+        self._facts(collection)  # CollectionNotFound before touching the alias
         ops: list[Any] = []
         if self.alias(alias) is not None:
             ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)))
@@ -368,13 +380,7 @@ class ClientStore:
         matrix = check_vectors(self.collection(name, vector), queries)
         # qdrant-client's local mode is always exact and warns about search params.
         params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
-        where = client_filter(filter)
-        requests = [
-            models.QueryRequest(
-                query=row, using=vector or None, limit=limit, filter=where, params=params, with_payload=True
-            )
-            for row in matrix.tolist()
-        ]
+        requests = search_requests(matrix.tolist(), vector, limit, client_filter(filter), params)
         with self._errors(f"search in {name!r}", name):
             responses = self._client.query_batch_points(name, requests)
         return [[scored_from(p) for p in r.points] for r in responses]
@@ -403,3 +409,8 @@ class ClientStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _missing(exc: BaseException) -> bool:
+    """Whether an error says a point is gone (KeyError: the local mode's word for it)."""
+    return isinstance(exc, KeyError) or is_missing_point(exc)

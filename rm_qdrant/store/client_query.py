@@ -1,15 +1,131 @@
-"""qdrant-client's filters and queries, built from rm-qdrant's :class:`Where` and :class:`MergedQuery`."""
+"""qdrant-client's side of :class:`~rm_qdrant.store.client.ClientStore`: its errors, vector
+configs, filters and queries (built from rm-qdrant's :class:`Where` and :class:`MergedQuery`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import httpx
 from qdrant_client import models
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
-from rm_qdrant.store.base import Filter, MergedQuery, Where, normalize_id
+from rm_qdrant.core.redact import redact
+from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where, normalize_id
 from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.vectors import SparseVector
+
+DISTANCES = {
+    "cosine": models.Distance.COSINE,
+    "dot": models.Distance.DOT,
+    "euclid": models.Distance.EUCLID,
+    "manhattan": models.Distance.MANHATTAN,
+}
+
+
+_NAMES = {v: k for k, v in DISTANCES.items()}
+
+
+@contextlib.contextmanager
+def translated(where: str, what: str, collection: str | None = None) -> Iterator[None]:
+    """qdrant-client's errors (HTTP status codes, connection failures, the local mode's
+    ``ValueError``) as :mod:`rm_qdrant.errors` exceptions, with ``what`` failed ``where``."""
+    try:
+        yield
+    except UnexpectedResponse as exc:
+        if exc.status_code == 404 and collection is not None:
+            raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
+        if exc.status_code in (401, 403):
+            raise StoreError(f"{where} rejected the API key ({exc.status_code})") from exc
+        detail = redact(exc.content.decode(errors="replace"))[:300]
+        raise StoreError(f"{what} failed on {where}: HTTP {exc.status_code} {detail}") from exc
+    except (ResponseHandlingException, httpx.HTTPError, ConnectionError) as exc:
+        raise StoreError(f"cannot reach {where}: {redact(str(exc))}") from exc
+    except ValueError as exc:  # the in-memory mode reports faults as ValueError
+        if "not found" in str(exc) and collection is not None:
+            raise CollectionNotFound(f"collection {collection!r} not found in {where}") from exc
+        raise StoreError(f"{what} failed on {where}: {redact(str(exc))}") from exc
+
+
+def vector_facts(info: models.CollectionInfo) -> tuple[dict[str, VectorFacts], dict[str, bool]]:
+    """A collection's dense vectors (name -> size, distance, multivector?) and sparse ones
+    (name -> IDF modifier?), from qdrant-client's collection info."""
+    params = info.config.params.vectors or {}
+    named = params if isinstance(params, dict) else {"": params}
+    dense = {
+        str(k): (int(v.size), _NAMES[v.distance], v.multivector_config is not None)
+        for k, v in named.items()
+        if v is not None
+    }
+    idf = {
+        str(k): v is not None and v.modifier == models.Modifier.IDF
+        for k, v in (info.config.params.sparse_vectors or {}).items()
+    }
+    return dense, idf
+
+
+def search_requests(
+    rows: list[list[float]],
+    vector: str,
+    limit: int,
+    where: models.Filter | None,
+    params: models.SearchParams | None,
+) -> list[models.QueryRequest]:
+    """One nearest-neighbour request per query row, on ``vector``."""
+    return [
+        models.QueryRequest(
+            query=row, using=vector or None, limit=limit, filter=where, params=params, with_payload=True
+        )
+        for row in rows
+    ]
+
+
+def update_operations(
+    rows: list[tuple[PointId, Any, Mapping[str, Any] | None]], drop: Sequence[str]
+) -> list[Any]:
+    """A rewrite of existing points (id, vectors, payload or None) as one batch: payloads
+    replaced, the vectors ``drop`` removed, then the vectors set (see :meth:`Store.update_points`)."""
+    ops: list[Any] = [
+        models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=dict(b), points=[i]))
+        for i, _, b in rows
+        if b is not None
+    ]
+    if drop:
+        delete = models.DeleteVectors(points=[r[0] for r in rows], vector=list(drop))
+        ops.append(models.DeleteVectorsOperation(delete_vectors=delete))
+    update = models.UpdateVectors(points=[models.PointVectors(id=i, vector=v) for i, v, _ in rows])
+    ops.append(models.UpdateVectorsOperation(update_vectors=update))
+    return ops
+
+
+def sparse(vector: SparseVector) -> models.SparseVector:
+    return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
+
+
+def vectors_config(spec: CollectionSpec) -> tuple[Any, dict[str, models.SparseVectorParams] | None]:
+    """A new collection's dense and sparse configs: its vector, and the others of ``spec.extra``."""
+    params = models.VectorParams(size=spec.dim, distance=DISTANCES[spec.distance])
+    if not spec.extra:
+        return ({spec.vector: params} if spec.vector else params), None
+    dense: dict[str, models.VectorParams] = {spec.vector: params}
+    for other in (o for o in spec.extra if not o.sparse):
+        multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+        dense[other.name] = models.VectorParams(
+            size=other.dim,
+            distance=DISTANCES[other.distance],
+            multivector_config=multi if other.multivector else None,
+        )
+    sparse_params = {
+        o.name: models.SparseVectorParams(modifier=models.Modifier.IDF if o.idf else None)
+        for o in spec.extra
+        if o.sparse
+    }
+    if list(dense) == [""]:
+        return params, sparse_params or None
+    return dense, sparse_params or None
 
 
 def condition(key: str, value: Any) -> models.FieldCondition:

@@ -18,7 +18,6 @@ call returns.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ import numpy as np
 import qdrant_edge as qe
 
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.errors import CollectionNotFound, StoreError, StoreLocked
+from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
@@ -44,15 +43,38 @@ from rm_qdrant.store.base import (
     check_collection_name,
     check_spec,
     check_vectors,
-    is_missing_point,
-    merged_from,
     normalize_id,
     pick_vector,
+)
+from rm_qdrant.store.edge_folder import (
+    acquire_lock,
+    is_collection,
+    read_aliases,
+    remove_leftovers,
+    write_aliases,
+)
+from rm_qdrant.store.edge_query import (
+    DISTANCES,
+    Specs,
+    edge_config,
+    edge_filter,
+    merged_requests,
+    read_specs,
+    run,
+    search_requests,
+    sparse,
+    update_operations,
+)
+from rm_qdrant.store.points import (
+    is_missing_point,
+    merged_from,
+    point_vectors,
     record_from,
     scored_from,
+    wanted,
     write_skipping_missing,
 )
-from rm_qdrant.store.edge_query import DISTANCES, Specs, edge_filter, merged_requests, read_specs, run, wanted
+from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
 
@@ -84,69 +106,36 @@ class EdgeStore:
             self._collections_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create embedded store at {self.path}: {exc}") from exc
-        self._lock_file = self._acquire_lock()
+        self._lock_file = acquire_lock(self.path)
         self._shards: dict[str, tuple[Specs, qe.EdgeShard]] = {}
         self._mutex = threading.Lock()
-        self._remove_leftovers()
-
-    def _remove_leftovers(self) -> None:
-        # A create or delete killed half-way leaves its marker: what remains is no collection
-        # (the lock makes this process the only one here), so its files go now.
-        for folder in self._collections_dir.iterdir():
-            if (folder / ".creating").exists():
-                log.info("removing the leftovers of an interrupted create or delete: %s", folder)
-                shutil.rmtree(folder, ignore_errors=True)
-
-    def _acquire_lock(self) -> Any:
-        lock_path = self.path / ".rmq-lock"
-        handle = open(lock_path, "a+")  # noqa: SIM115 - held open for the store's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise StoreLocked(
-                f"embedded store {self.path} is locked by another process (pid {holder}); "
-                "the embedded store admits one process at a time, use a Qdrant server "
-                "to share it"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        return handle
+        remove_leftovers(self._collections_dir)
 
     def _dir(self, name: str) -> Path:
         return self._collections_dir / check_collection_name(name)
 
-    @staticmethod
-    def _exists(folder: Path) -> bool:
-        if (folder / "spec.json").is_file():
-            return True  # made by rm-qdrant
-        return (folder / "shard" / "edge_config.json").is_file() and not (folder / ".creating").exists()
-
     def has_collection(self, name: str) -> bool:
-        return self._exists(self._dir(name))
+        return is_collection(self._dir(name))
 
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
         dense, sparse = self._open(name)[0]
         return pick_vector(name, dense, vector, sparse)
 
     def list_collections(self) -> list[str]:
-        return sorted(p.name for p in self._collections_dir.iterdir() if self._exists(p))
+        return sorted(p.name for p in self._collections_dir.iterdir() if is_collection(p))
 
-    def create_collection(self, name: str, *, dim: int, distance: str, vector: str = "") -> None:
-        spec = check_spec(name, dim, distance, vector)
+    def create_collection(
+        self, name: str, *, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()
+    ) -> None:
+        spec = check_spec(name, dim, distance, vector, others)
         folder = self._dir(name)
         with self._mutex:
-            if self._exists(folder):
+            if is_collection(folder):
                 raise StoreError(f"collection {name!r} already exists")
             shutil.rmtree(folder, ignore_errors=True)  # leftovers of a crashed create
             folder.mkdir(parents=True)
             (folder / ".creating").touch()
-            params = qe.EdgeVectorParams(size=spec.dim, distance=DISTANCES[spec.distance])
-            config = qe.EdgeConfig(vectors={vector: params} if vector else params)
+            config = edge_config(spec)
             try:
                 shard = qe.EdgeShard.create(str(folder / "shard"), config)
             except Exception as exc:  # qdrant-edge raises plain Exception
@@ -155,7 +144,7 @@ class EdgeStore:
             tmp.write_text(json.dumps({"vectors": {vector: [spec.dim, spec.distance]}}))
             os.replace(tmp, folder / "spec.json")
             (folder / ".creating").unlink()
-            self._shards[name] = (({vector: (spec.dim, spec.distance, False)}, ()), shard)
+            self._shards[name] = (read_specs(folder, name), shard)
 
     def delete_collection(self, name: str) -> None:
         """Delete a collection. An adopted shard that is a symlink loses the link, not its data."""
@@ -164,7 +153,7 @@ class EdgeStore:
             if opened is not None:
                 opened[1].close()
             folder = self._dir(name)
-            if not self._exists(folder):
+            if not is_collection(folder):
                 raise CollectionNotFound(f"collection {name!r} not found in {self.path}")
             (folder / ".creating").touch()  # from here on it no longer counts as a collection
             (folder / "spec.json").unlink(missing_ok=True)
@@ -193,18 +182,41 @@ class EdgeStore:
         *,
         vector: str,
         where: Where | None = None,
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
-        rows = [(normalize_id(i), {vector: row}) for i, row in zip(ids, matrix.tolist(), strict=True)]
+        named = point_vectors(vector, matrix.tolist(), others, sparse)
+        rows = [qe.PointVectors(normalize_id(i), v) for i, v in zip(ids, named, strict=True)]
         condition = edge_filter(where)
         shard = self._open(name)[1]
 
-        def write(part: list[tuple[PointId, dict[str, list[float]]]]) -> None:
-            points = [qe.PointVectors(i, v) for i, v in part]
+        def write(part: list[qe.PointVectors]) -> None:
             try:
-                shard.update(qe.UpdateOperation.update_vectors(points, condition=condition))
+                shard.update(qe.UpdateOperation.update_vectors(part, condition=condition))
             except Exception as exc:  # qdrant-edge raises plain Exception
                 raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
+
+        write_skipping_missing(write, rows, is_missing_point)
+
+    def update_points(
+        self,
+        name: str,
+        ids: Sequence[PointId],
+        vectors: np.ndarray,
+        *,
+        vector: str,
+        others: Sequence[Mapping[str, Any]] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
+        drop: Sequence[str] = (),
+    ) -> None:
+        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
+        named = point_vectors(vector, matrix.tolist(), others, sparse)
+        bodies = payloads if payloads is not None else [None] * len(ids)
+        rows = [(normalize_id(i), v, b) for i, v, b in zip(ids, named, bodies, strict=True)]
+
+        def write(part: list[tuple[PointId, Any, Mapping[str, Any] | None]]) -> None:
+            for operation in update_operations(part, drop):  # each one harmless to repeat
+                self._update(name, operation)
 
         write_skipping_missing(write, rows, is_missing_point)
 
@@ -214,7 +226,7 @@ class EdgeStore:
             if opened is not None:
                 return opened
             folder = self._dir(name)
-            if not self._exists(folder):
+            if not is_collection(folder):
                 raise CollectionNotFound(f"collection {name!r} not found in embedded store {self.path}")
             try:
                 shard = qe.EdgeShard.load(str(folder / "shard"))
@@ -240,14 +252,13 @@ class EdgeStore:
         *,
         insert_only: bool = False,
         vector: str = "",
+        others: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         spec = self.collection(name, vector)
         matrix = check_vectors(spec, vectors, rows=len(ids))
         bodies = payloads if payloads is not None else [{}] * len(ids)
-        points = [
-            qe.Point(normalize_id(i), {vector: row} if vector or len(spec.vectors) > 1 else row, dict(p))
-            for i, row, p in zip(ids, matrix.tolist(), bodies, strict=True)
-        ]
+        named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
+        points = [qe.Point(normalize_id(i), v, dict(p)) for i, v, p in zip(ids, named, bodies, strict=True)]
         mode = qe.UpdateMode.InsertOnly if insert_only else None
         if points:
             self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
@@ -301,10 +312,12 @@ class EdgeStore:
         with_vectors: bool = False,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> list[Record]:
         shard = self._open(name)[1]
-        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, wanted(with_vectors, vector))
-        return [record_from(p, with_vectors, vector) for p in points]
+        asked = wanted(with_vectors, vector, others)
+        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, asked)
+        return [record_from(p, with_vectors, vector, others) for p in points]
 
     def scroll(
         self,
@@ -317,6 +330,7 @@ class EdgeStore:
         order_by: str | None = None,
         vector: str = "",
         with_payload: bool = True,
+        others: Sequence[str] = (),
     ) -> tuple[list[Record], PointId | None]:
         shard = self._open(name)[1]
         start = None if offset is None else normalize_id(offset)
@@ -324,13 +338,13 @@ class EdgeStore:
             offset=start,
             limit=limit,
             with_payload=with_payload,
-            with_vector=wanted(with_vectors, vector),
+            with_vector=wanted(with_vectors, vector, others),
             filter=edge_filter(where),
             order_by=qe.OrderBy(order_by) if order_by else None,
         )
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
-        return [record_from(p, with_vectors, vector) for p in points], following
+        return [record_from(p, with_vectors, vector, others) for p in points], following
 
     def count(self, name: str, where: Where | None = None) -> int:
         request = qe.CountRequest(filter=edge_filter(where), exact=True)
@@ -338,20 +352,13 @@ class EdgeStore:
 
     def set_alias(self, alias: str, collection: str) -> None:
         # qdrant-edge has no aliases: the store keeps them in one small file, replaced atomically.
-        aliases = self._aliases()
-        aliases[check_collection_name(alias)] = self.collection(collection).name
-        tmp = self.path / "aliases.json.tmp"
-        tmp.write_text(json.dumps(aliases, sort_keys=True))
-        os.replace(tmp, self.path / "aliases.json")
+        aliases = read_aliases(self.path)
+        self._open(collection)  # CollectionNotFound before touching the alias
+        aliases[check_collection_name(alias)] = collection
+        write_aliases(self.path, aliases)
 
     def alias(self, alias: str) -> str | None:
-        return self._aliases().get(alias)
-
-    def _aliases(self) -> dict[str, str]:
-        try:
-            return dict(json.loads((self.path / "aliases.json").read_text()))
-        except FileNotFoundError:
-            return {}
+        return read_aliases(self.path).get(alias)
 
     def search(
         self,
@@ -367,17 +374,7 @@ class EdgeStore:
         spec, shard = self.collection(name, vector), self._open(name)[1]
         matrix = check_vectors(spec, queries)
         params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact)
-        where = edge_filter(filter)
-        requests = [
-            qe.QueryRequest(
-                limit=limit,
-                query=qe.Query.Nearest(row, using=vector or None),
-                with_payload=True,
-                filter=where,
-                params=params,
-            )
-            for row in matrix.tolist()
-        ]
+        requests = search_requests(matrix.tolist(), vector, limit, edge_filter(filter), params)
         return [[scored_from(p) for p in hits] for hits in run(shard, requests)]
 
     def merged_search(

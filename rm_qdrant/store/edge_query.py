@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +11,9 @@ import qdrant_edge as qe
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store.base import Filter, MergedQuery, VectorFacts, Where, normalize_id
+from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where, normalize_id
 from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {
     "cosine": qe.Distance.Cosine,
@@ -45,9 +46,55 @@ def edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> 
     return qe.Filter(must=must or None, must_not=must_not or None)
 
 
-def wanted(with_vectors: bool, vector: str) -> Any:
-    # A named vector is asked for by name: a point without it then comes back without it.
-    return ([vector] if vector else True) if with_vectors else False
+def sparse(vector: SparseVector) -> qe.SparseVector:
+    return qe.SparseVector(list(vector.indices), list(vector.values))
+
+
+def edge_config(spec: CollectionSpec) -> qe.EdgeConfig:
+    """The shard config of a new collection: its vector, and the others of ``spec.extra``."""
+    params = qe.EdgeVectorParams(size=spec.dim, distance=DISTANCES[spec.distance])
+    if not spec.extra:
+        return qe.EdgeConfig(vectors={spec.vector: params} if spec.vector else params)
+    dense = {spec.vector: params}
+    for other in (o for o in spec.extra if not o.sparse):
+        multi = qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim) if other.multivector else None
+        dense[other.name] = qe.EdgeVectorParams(
+            size=other.dim, distance=DISTANCES[other.distance], multivector_config=multi
+        )
+    sparse_params = {
+        o.name: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf if o.idf else None)
+        for o in spec.extra
+        if o.sparse
+    }
+    return qe.EdgeConfig(vectors=dense, sparse_vectors=sparse_params or None)
+
+
+def search_requests(
+    rows: list[list[float]], vector: str, limit: int, where: qe.Filter | None, params: qe.SearchParams
+) -> list[qe.QueryRequest]:
+    """One nearest-neighbour request per query row, on ``vector``."""
+    return [
+        qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(row, using=vector or None),
+            with_payload=True,
+            filter=where,
+            params=params,
+        )
+        for row in rows
+    ]
+
+
+def update_operations(
+    rows: list[tuple[PointId, Any, Mapping[str, Any] | None]], drop: Sequence[str]
+) -> list[qe.UpdateOperation]:
+    """A rewrite of existing points (id, vectors, payload or None): payloads replaced, the
+    vectors ``drop`` removed, then the vectors set (see :meth:`Store.update_points`)."""
+    ops = [qe.UpdateOperation.overwrite_payload([i], dict(body)) for i, _, body in rows if body is not None]
+    if drop:
+        ops.append(qe.UpdateOperation.delete_vectors([r[0] for r in rows], list(drop)))
+    ops.append(qe.UpdateOperation.update_vectors([qe.PointVectors(i, v) for i, v, _ in rows]))
+    return ops
 
 
 def run(shard: qe.EdgeShard, requests: list[qe.QueryRequest]) -> list[list[Any]]:
@@ -95,7 +142,7 @@ def merged_requests(
     return requests
 
 
-Specs = tuple[dict[str, VectorFacts], tuple[str, ...]]  # dense vectors by name, sparse names
+Specs = tuple[dict[str, VectorFacts], dict[str, bool]]  # dense vectors by name, sparse: name -> IDF?
 
 
 def read_specs(folder: Path, name: str) -> Specs:
@@ -106,13 +153,14 @@ def read_specs(folder: Path, name: str) -> Specs:
             str(k): (int(v["size"]), str(v["distance"]).lower(), bool(v.get("multivector_config")))
             for k, v in raw["vectors"].items()
         }
-        return dense, tuple(str(k) for k in (raw.get("sparse_vectors") or {}))
+        sparse = raw.get("sparse_vectors") or {}
+        return dense, {str(k): str((v or {}).get("modifier", "")).lower() == "idf" for k, v in sparse.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     try:
         raw = json.loads((folder / "spec.json").read_text())
         if "vectors" in raw:
-            return {k: (int(v[0]), str(v[1]), False) for k, v in raw["vectors"].items()}, ()
-        return {"": (int(raw["dim"]), str(raw["distance"]), False)}, ()
+            return {k: (int(v[0]), str(v[1]), False) for k, v in raw["vectors"].items()}, {}
+        return {"": (int(raw["dim"]), str(raw["distance"]), False)}, {}
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ConfigError(f"cannot read the vector config of collection {name!r}: {exc}") from exc

@@ -1,0 +1,97 @@
+"""Points between a backend and rm-qdrant: records read back, scored hits, and writes that
+skip points deleted meanwhile. Shared by both stores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.core.merge import higher_is_closer
+from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord, normalize_id
+from rm_qdrant.store.vectors import SparseVector, read_vector
+
+
+def wanted(with_vectors: bool, vector: str, others: Sequence[str] = ()) -> Any:
+    """What to ask a backend for: a named vector by name (a point without it then comes back
+    without it), the unnamed one with the rest (it cannot be named alone)."""
+    names = ([vector] if with_vectors else []) + list(others)
+    if not names:
+        return False
+    return True if "" in names else names
+
+
+def record_from(point: Any, with_vectors: bool, vector: str = "", others: Sequence[str] = ()) -> Record:
+    """A backend's point (anything with ``id``, ``payload``, ``vector``) as a :class:`Record`.
+
+    Named vectors come back as a mapping; the record keeps the one named ``vector``
+    (None when the point lacks it) and, in ``others``, those of ``others`` the point has.
+    """
+    raw = point.vector if with_vectors or others else None
+    extra: dict[str, Any] = {}
+    if others and isinstance(raw, Mapping):
+        extra = {name: read_vector(raw[name]) for name in others if raw.get(name) is not None}
+    if isinstance(raw, Mapping):
+        raw = raw.get(vector)
+    array = None if raw is None or not with_vectors else np.asarray(raw, dtype=np.float32)
+    return Record(normalize_id(point.id), dict(point.payload or {}), array, extra)
+
+
+def scored_from(point: Any) -> ScoredRecord:
+    """A backend's scored point as a :class:`ScoredRecord`."""
+    return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))
+
+
+def merged_from(point: Any, query: MergedQuery) -> ScoredRecord:
+    """A backend's point from a merged search: the formula's value back to the raw score, and
+    whether it came from the new vector (asked for with the hit, so present only then)."""
+    vectors = point.vector if isinstance(point.vector, Mapping) else {}
+    score = higher_is_closer(query.distance) * float(point.score)
+    return ScoredRecord(normalize_id(point.id), score, dict(point.payload or {}), query.new_vector in vectors)
+
+
+def is_missing_point(exc: BaseException) -> bool:
+    """Whether a backend error says a point id does not exist."""
+    return "no point with id" in str(exc).lower()
+
+
+def write_skipping_missing(
+    write: Callable[[list[Any]], None], rows: list[Any], missing: Callable[[BaseException], bool]
+) -> None:
+    """``write(rows)`` at once; if a point was deleted meanwhile (``missing`` says so of the
+    error), once per row, skipping the missing ones. A batch write that failed on one id may
+    have written the rows before it, so ``write`` must be harmless to repeat (a conditional
+    write, or the same values written twice)."""
+    if not rows:
+        return
+    try:
+        write(rows)
+    except Exception as exc:
+        if not missing(exc):
+            raise
+        for row in rows:
+            try:
+                write([row])
+            except Exception as one:
+                if not missing(one):
+                    raise
+
+
+def point_vectors(
+    vector: str,
+    rows: list[Any],
+    others: Sequence[Mapping[str, Any]] | None,
+    sparse: Callable[[SparseVector], Any],
+    *,
+    named: bool = True,
+) -> list[Any]:
+    """Each row's vectors as a backend takes them: ``{vector: row, **others}`` (``sparse`` turns a
+    :class:`SparseVector` into the backend's own), or the bare row for the only vector of a
+    single-vector collection (``named`` False, no others)."""
+    if others is None:
+        return [{vector: row} for row in rows] if named else rows
+    return [
+        {vector: row, **{k: sparse(v) if isinstance(v, SparseVector) else v for k, v in extra.items()}}
+        for row, extra in zip(rows, others, strict=True)
+    ]
