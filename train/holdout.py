@@ -14,8 +14,9 @@ from train.heads import Heads
 
 
 @torch.no_grad()
-def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new (unit length, as served).
+def apply_heads(heads: Heads, phi_new: np.ndarray, *, unit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted encoder's ``new`` and ``rev`` for embeddings φ_new, as served: of unit length
+    when the exported graph normalises them (``unit``), else as the heads give them.
 
     Raises:
         ValueError: the heads give NaN or infinity (training diverged).
@@ -23,7 +24,9 @@ def apply_heads(heads: Heads, phi_new: np.ndarray) -> tuple[np.ndarray, np.ndarr
     new, rev = heads.eval()(torch.from_numpy(np.ascontiguousarray(phi_new, np.float32)))
     if not (torch.isfinite(new).all() and torch.isfinite(rev).all()):
         raise ValueError("training diverged: the heads give NaN or infinity (lower --lr); nothing written")
-    return F.normalize(new, dim=1).numpy(), F.normalize(rev, dim=1).numpy()
+    if unit:
+        new, rev = F.normalize(new, dim=1), F.normalize(rev, dim=1)
+    return new.numpy(), rev.numpy()
 
 
 def holdout_forecast(
@@ -34,11 +37,14 @@ def holdout_forecast(
     *,
     k: int = 10,
     seed: int = 0,
+    metric: str = "cosine",
+    unit: bool = True,
 ) -> list[ModeForecast]:
-    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order."""
-    new, rev = apply_heads(heads, phi_new)
+    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order,
+    under the collection's ``metric`` with the fitted outputs as served (``unit``: normalised)."""
+    new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
-    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k)
+    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k, metric=metric)
 
 
 def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:

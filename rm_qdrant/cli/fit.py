@@ -154,7 +154,14 @@ def fit_command(
         heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
         trained_s = time.perf_counter() - started
         forecasts = holdout_forecast(
-            heads, sample.new[held_idx], sample.old[held_idx], rows(labels, held_idx), k=k, seed=seed
+            heads,
+            sample.new[held_idx],
+            sample.old[held_idx],
+            rows(labels, held_idx),
+            k=k,
+            seed=seed,
+            metric=pair.distance,  # as the pair will serve the graph
+            unit=encoder.info.derived_scale(pair.distance) == "unit",
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
