@@ -288,3 +288,17 @@ def test_single_collection_updates_through_the_old_api_keep_other_vectors(team, 
     for point in gallery.ids:
         np.testing.assert_allclose(stored[point], gallery.text[point], rtol=1e-6)
     _assert_carried(_stored(store, "products", gallery.ids), gallery.text, gallery.bm25)
+
+
+def test_the_eval_sandbox_of_such_a_pair_migrates_without_them(team, models):
+    """rmq eval measures a copy that holds the searched vector only: with no other vectors on
+    either side, the copy's migration carries none, and the team's collections are untouched."""
+    from rm_qdrant.backfill.sandbox import sandbox
+
+    store, gallery = team
+    record = _pair(store, models)
+    with sandbox(store, record) as (copy, copied):
+        assert copy.collection("p-new", "image").extra == ()
+        report = run_migration(DualIndex.open(copy, copied.name), MigrateOptions(batch=7))
+        assert report.moved == N and copy.count("products") == 0
+    assert store.count("p-new") == 0 and store.count("products") == N
