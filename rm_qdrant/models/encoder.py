@@ -37,24 +37,28 @@ def external_data(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """
     found: list[tuple[str, str]] = []
     graphs = [model.graph, *(g for t in model.training_info for g in (t.initialization, t.algorithm))]
-    nodes = [n for f in model.functions for n in f.node]
-    while graphs or nodes:
+    # A function's attribute defaults (attribute_proto) are tensors too: a node that calls
+    # the function without the attribute gets the default.
+    attributes = [
+        a for f in model.functions for a in (*f.attribute_proto, *(a for n in f.node for a in n.attribute))
+    ]
+    while graphs or attributes:
         if graphs:
             graph = graphs.pop()
             tensors = [*graph.initializer, *_sparse(graph.sparse_initializer)]
             found.extend(_external(tensors))
-            nodes.extend(graph.node)
+            attributes.extend(a for n in graph.node for a in n.attribute)
             continue
-        for attribute in nodes.pop().attribute:
-            tensors = [*attribute.tensors, *_sparse(attribute.sparse_tensors)]
-            if attribute.HasField("t"):
-                tensors.append(attribute.t)
-            if attribute.HasField("sparse_tensor"):
-                tensors.extend(_sparse([attribute.sparse_tensor]))
-            found.extend(_external(tensors))
-            graphs.extend(attribute.graphs)
-            if attribute.HasField("g"):
-                graphs.append(attribute.g)
+        attribute = attributes.pop()
+        tensors = [*attribute.tensors, *_sparse(attribute.sparse_tensors)]
+        if attribute.HasField("t"):
+            tensors.append(attribute.t)
+        if attribute.HasField("sparse_tensor"):
+            tensors.extend(_sparse([attribute.sparse_tensor]))
+        found.extend(_external(tensors))
+        graphs.extend(attribute.graphs)
+        if attribute.HasField("g"):
+            graphs.append(attribute.g)
     return found
 
 

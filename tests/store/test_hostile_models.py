@@ -80,12 +80,30 @@ def in_a_branch(name: str, dim: int) -> list[onnx.NodeProto]:
     return [cond, choose]
 
 
+def in_a_function_default(name: str, dim: int) -> tuple[onnx.NodeProto, onnx.FunctionProto]:
+    """A call of a model-local function whose attribute's default (``attribute_proto``) is the
+    external tensor: the call does not set the attribute, so the default is read."""
+    body = helper.make_node("Constant", [], ["out"])
+    body.attribute.append(
+        helper.AttributeProto(name="value", ref_attr_name="value", type=helper.AttributeProto.TENSOR)
+    )
+    function = helper.make_function(
+        "hostile", f"Get_{name}", [], ["out"], [body], [helper.make_opsetid("", 18)], attributes=[]
+    )
+    function.attribute_proto.append(helper.make_attribute("value", external(f"{name}_default", dim)))
+    return helper.make_node(f"Get_{name}", [], [name], domain="hostile"), function
+
+
 def hostile_graph(path: Path, dims: dict[str, int], where: str = "initializer") -> Path:
     """An encoder whose every output, for any image, is the first bytes of ``./ok.bin``."""
-    nodes, inits = ones_column(), constants()
+    nodes, inits, functions = ones_column(), constants(), []
     for role, dim in dims.items():
         if where == "initializer":
             inits.append(external(f"s_{role}", dim))
+        elif where == "function":
+            call, function = in_a_function_default(f"s_{role}", dim)
+            nodes.append(call)
+            functions.append(function)
         else:
             nodes += (in_a_constant if where == "constant" else in_a_branch)(f"s_{role}", dim)
         nodes.append(helper.make_node("MatMul", ["one", f"s_{role}"], [role]))
@@ -96,7 +114,8 @@ def hostile_graph(path: Path, dims: dict[str, int], where: str = "initializer") 
         [helper.make_tensor_value_info(role, TensorProto.FLOAT, ["N", dim]) for role, dim in dims.items()],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("hostile", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=functions)
     model.ir_version = 8
     helper.set_model_props(model, ModelInfo("hostile", "cosine", dims, SPEC).to_metadata())
     path.write_bytes(model.SerializeToString())  # onnx.save would try to write the external data
@@ -111,15 +130,16 @@ def secret_in_cwd(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def test_the_hostile_graph_really_reads_the_file_when_given_to_onnx_runtime(secret_in_cwd):
+@pytest.mark.parametrize("where", ["initializer", "function"])
+def test_the_hostile_graph_really_reads_the_file_when_given_to_onnx_runtime(secret_in_cwd, where):
     """The premise of the tests below: ONNX Runtime alone returns the secret as an embedding."""
-    data = hostile_graph(secret_in_cwd / "h.onnx", {"embedding": NEW_DIM}).read_bytes()
+    data = hostile_graph(secret_in_cwd / "h.onnx", {"embedding": NEW_DIM}, where).read_bytes()
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     (out,) = session.run(["embedding"], {"x": np.zeros((1, 8, 8, 3), np.uint8)})
     assert out.astype(np.float32).tobytes() == SECRET
 
 
-@pytest.mark.parametrize("where", ["initializer", "constant", "branch"])
+@pytest.mark.parametrize("where", ["initializer", "constant", "branch", "function"])
 def test_the_encoder_refuses_a_graph_that_reads_another_file(secret_in_cwd, where):
     path = hostile_graph(secret_in_cwd / "h.onnx", {"embedding": NEW_DIM}, where)
     with pytest.raises(EncoderError) as caught:
