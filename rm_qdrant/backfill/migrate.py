@@ -329,6 +329,18 @@ class Migrator:
             log.debug("acknowledged %s", written)
         back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
         confirmed = {r.id: r.payload for r in back if r.vector is not None and len(r.vector) == self.dim}
+        # A rewrite that copied the payload it read (token included) and changed the image
+        # passes the condition: the vector is the previous image's, so it goes again. (A write
+        # without the token is the user's own: the conditional write did not touch it.)
+        stale = [
+            i
+            for i, now in confirmed.items()
+            if now.get(BATCH) == prepared.token and not pair.uri_rule.same_image(i, prepared.payloads[i], now)
+        ]
+        if stale:
+            store.delete(pair.old_collection, stale, vectors=(pair.new_using,))
+            for i in stale:
+                del confirmed[i]
         retried = [i for i, payload in confirmed.items() if payload.get(ERROR) is not None]
         if retried:
             store.mark(pair.old_collection, retried, {ERROR: None})

@@ -40,6 +40,14 @@ class UriRule:
         elif not self.field:
             raise ConfigError("--uri-field must name a payload field")
 
+    def same_image(self, point_id: PointId, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+        """Whether two payloads of one point name the same image (a URI that cannot be built
+        from one of them is not the same)."""
+        try:
+            return bool(self.uri(point_id, before) == self.uri(point_id, after))
+        except SourceError:
+            return False
+
     def uri(self, point_id: PointId, payload: Mapping[str, Any]) -> Any:
         """The point's image URI (the raw field value; the source checks it).
 

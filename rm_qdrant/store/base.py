@@ -225,9 +225,12 @@ class Store(Protocol):
         already exist untouched."""
         ...
 
-    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+    def delete(
+        self, name: str, ids: Sequence[PointId], *, where: Where | None = None, vectors: Sequence[str] = ()
+    ) -> None:
         """Delete the listed points; with ``where``, only those that match it, checked and
-        deleted in one operation (a point rewritten meanwhile without the match survives)."""
+        deleted in one operation (a point rewritten meanwhile without the match survives).
+        With ``vectors``, delete only those named vectors of the points (missing ids skipped)."""
         ...
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:

@@ -235,16 +235,21 @@ class ClientStore:
             with self._errors(f"upsert into {name!r}", name):
                 self._client.upsert(name, points=points, wait=True, update_mode=mode)
 
-    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+    def delete(
+        self, name: str, ids: Sequence[PointId], *, where: Where | None = None, vectors: Sequence[str] = ()
+    ) -> None:
         if not ids:
             return
         selector: Any = (
             models.PointIdsList(points=[normalize_id(i) for i in ids])
-            if where is None
+            if where is None and not vectors
             else models.FilterSelector(filter=client_filter(where, ids))
         )
         with self._errors(f"delete from {name!r}", name):
-            self._client.delete(name, points_selector=selector, wait=True)
+            if vectors:
+                self._client.delete_vectors(name, list(vectors), selector, wait=True)
+            else:
+                self._client.delete(name, points_selector=selector, wait=True)
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:

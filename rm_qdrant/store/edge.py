@@ -263,10 +263,15 @@ class EdgeStore:
         if points:
             self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
 
-    def delete(self, name: str, ids: Sequence[PointId], *, where: Where | None = None) -> None:
+    def delete(
+        self, name: str, ids: Sequence[PointId], *, where: Where | None = None, vectors: Sequence[str] = ()
+    ) -> None:
         if not ids:
             return
-        if where is None:
+        if vectors:
+            operation = qe.UpdateOperation.delete_vectors_by_filter(edge_filter(where, ids), list(vectors))
+            self._update(name, operation)
+        elif where is None:
             self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
         else:
             self._update(name, qe.UpdateOperation.delete_points_by_filter(edge_filter(where, ids)))

@@ -101,6 +101,29 @@ def test_a_rewrite_between_the_migration_read_and_write_is_embedded_from_its_new
     assert not any(k.startswith("rmq_") for r in store.scroll("photos", limit=100)[0] for k in r.payload)
 
 
+@pytest.mark.parametrize("how", ["read-modify-write", "set_payload"])
+def test_a_rewrite_that_keeps_the_token_but_changes_the_image_is_embedded_again(store, gallery, models, how):
+    """Code that reads the point, changes its image and writes the payload it read back (token
+    and all) passes the write's condition: the vector lands, is found stale, and goes again."""
+    victim, replacement = gallery[0], gallery[17]
+
+    def rewrite():
+        point = store.retrieve("photos", [victim.point_id], with_vectors=True)[0]
+        payload = {**point.payload, "uri": replacement.uri}
+        if how == "set_payload":
+            store.set_payload("photos", [(victim.point_id, {"uri": replacement.uri})])
+        else:
+            store.upsert("photos", [victim.point_id], point.vector.reshape(1, -1), [payload])
+
+    scripted = Scripted(store, [("before", the_new_vector_is_written, rewrite)])
+    first = run_migration(DualIndex.open(scripted, "p"), MigrateOptions(batch=100))
+    assert scripted.pending == 0 and first.unconfirmed == 1
+    assert stored_new(store, victim.point_id) is None  # the previous image's vector did not stay
+    again = run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
+    assert again.moved == 1
+    assert np.allclose(stored_new(store, victim.point_id), embedding(models, replacement.uri), atol=1e-5)
+
+
 def search_finds(store, point_id, uri):
     hits = DualIndex.open(store, "p", exact=True).search(uri, limit=3)
     return any(h.id == point_id and h.distance == pytest.approx(0, abs=1e-5) for h in hits)
