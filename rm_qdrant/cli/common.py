@@ -33,7 +33,18 @@ class CollectionName(click.ParamType):
             self.fail("a name cannot be empty.", param, ctx)
         if len(str(value)) > 255:
             self.fail(f"too long ({len(str(value))} characters): a name takes 1 to 255.", param, ctx)
+        if not _is_text(str(value)):
+            self.fail(f"{value!r} is not text (bytes that are not UTF-8).", param, ctx)
         return str(value)
+
+
+def _is_text(value: str) -> bool:
+    """False for a string holding bytes the system could not decode (surrogate escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 COLLECTION = CollectionName()
@@ -81,6 +92,8 @@ class Group(click.Group):
             raise
         except OSError as exc:
             raise click.ClickException(safe_text(os_error(exc))) from exc
+        except UnicodeEncodeError as exc:  # an argument of bytes that are not UTF-8, say
+            raise click.ClickException(safe_text(f"a value is not UTF-8 text: {exc.object!r}")) from exc
 
 
 def os_error(exc: OSError) -> str:

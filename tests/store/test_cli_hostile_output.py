@@ -153,6 +153,11 @@ LONG = "x" * 5000
         (["index", "--collection", LONG, "--data", "IMAGES", "--encoder", "OLD"], "too long"),
         (["index", "--collection", "c", "--data", f"{LONG}/x", "--encoder", "OLD"], "too long"),
         (["--qdrant", f"./{LONG}", "status", "--name", "p"], "too long"),
+        # what Python makes of a non-UTF-8 argument (b'\xff\xfe')
+        (["status", "--name", "\udcff\udcfe"], "not text"),
+        (["search", "--name", "\udcff\udcfe", "IMAGES"], "not text"),
+        (["drop-pair", "\udcff\udcfe"], "not UTF-8"),
+        (["init", "--name", "p\udcff", "--old-collection", "old", "--encoder", "OLD"], "not text"),
     ],
     ids=lambda v: v[:40] if isinstance(v, str) else None,
 )
