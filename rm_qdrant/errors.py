@@ -12,7 +12,15 @@ class ConfigError(RmqError):
 
 
 class Refused(ConfigError):
-    """A measured check said no: the command ran as asked and kept nothing (``rmq`` exits 3)."""
+    """A measured check said no: the command ran as asked and kept nothing (``rmq`` exits 3).
+
+    Attributes:
+        measured: what the check measured (a dataclass), for a report of the refusal.
+    """
+
+    def __init__(self, message: str, *, measured: object | None = None) -> None:
+        super().__init__(message)
+        self.measured = measured
 
 
 class StoreError(RmqError):

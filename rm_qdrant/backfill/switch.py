@@ -93,7 +93,8 @@ def switch_encoder(
                 f"{encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
                 f"({reason}, {measured.checked} points); "
                 "they would mix two embedding spaces. Switch only to a graph whose gallery output is "
-                "unchanged (e.g. ψ trained with ρ = identity), or start a new pair"
+                "unchanged (e.g. ψ trained with ρ = identity), or start a new pair",
+                measured=measured,
             )
     updated = replace(pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model)
     save_pair(store, updated)

@@ -18,6 +18,7 @@ from rm_qdrant.cli.common import (
     plain,
     source_options,
 )
+from rm_qdrant.errors import Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 
@@ -82,14 +83,20 @@ def switch_encoder_command(
     stored there, the pair is left as it was and rmq exits 3.
     """
     store = open_cli_store(ctx)
-    updated, measured = switch_encoder(
-        store,
-        load_pair(store, name),
-        OnnxEncoder(encoder),
-        old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
-        sample=sample,
-        source=source,
-    )
+    try:
+        updated, measured = switch_encoder(
+            store,
+            load_pair(store, name),
+            OnnxEncoder(encoder),
+            old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+            sample=sample,
+            source=source,
+        )
+    except Refused as exc:
+        if as_json and dataclasses.is_dataclass(exc.measured):  # the report, then the one line
+            emit({"pair": name, "switched": False, "check": dataclasses.asdict(exc.measured)}, True, "")
+        raise
+
     check = (
         f"; checked on {measured.checked} points of new ({measured.metric}): {measured.describe()}"
         if measured
@@ -97,7 +104,11 @@ def switch_encoder_command(
     )
     text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
     emit(
-        {"pair": dataclasses.asdict(updated), "check": measured and dataclasses.asdict(measured)},
+        {
+            "pair": dataclasses.asdict(updated),
+            "switched": True,
+            "check": measured and dataclasses.asdict(measured),
+        },
         as_json,
         text,
     )

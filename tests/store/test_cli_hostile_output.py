@@ -239,4 +239,8 @@ def test_switch_encoder_that_refuses_exits_3_with_one_not_kept_line(naive, model
     )
     line = not_kept(invoke(store, "switch-encoder", "--name", "p", "--encoder", rotated))
     assert "does not reproduce the vectors already in" in line
+    as_json = invoke(store, "switch-encoder", "--name", "p", "--encoder", rotated, "--json")
+    not_kept(as_json)  # the report on stdout, the one line on stderr
+    report = json.loads(as_json.stdout)
+    assert report["switched"] is False and report["check"]["checked"] == 6
     assert invoke(store, "status", "--name", "p", "--json").output == before  # the pair is as it was
