@@ -1,0 +1,238 @@
+"""Deployment shapes for the shapes matrix (tests/store/test_shapes_matrix.py): real ONNX
+graphs for each metric and scale, real PNG files, and a team's collection made with plain
+qdrant-edge or qdrant-client calls in each vector layout, with integer or UUID ids.
+
+Everything here is what the team has before rm-qdrant runs; nothing imports rm-qdrant's
+backfill code. The expected vectors are the graphs' outputs as ONNX Runtime gives them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import qdrant_edge as qe
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+from qdrant_client import QdrantClient
+from qdrant_client import models as qm
+
+from rm_qdrant import OnnxEncoder
+from rm_qdrant.core.modelinfo import ModelInfo
+from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC
+
+GALLERY = 24  # points the team indexed
+FRESH = 8  # images the application writes during the backfill
+QUERIES = 2  # images in neither
+TEXT = 3  # the team's own dense vector 'text' (dot)
+#: A raw new model's vectors are this much longer than the old model's.
+RAW_STRETCH = 3.0
+
+
+def write_images(folder: Path, count: int, seed: int) -> list[str]:
+    """``count`` distinct 8x8 PNG files of uniform noise; their absolute paths."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    uris = []
+    for k in range(count):
+        target = folder / f"{k:03d}.png"
+        Image.fromarray(rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)).save(target)
+        uris.append(str(target.resolve()))
+    return uris
+
+
+@dataclass(frozen=True)
+class Images:
+    gallery: list[str]
+    fresh: list[str]
+    queries: list[str]
+
+    @property
+    def every(self) -> list[str]:
+        return self.gallery + self.fresh + self.queries
+
+
+def make_images(root: Path) -> Images:
+    return Images(
+        write_images(root / "gallery", GALLERY, 1),
+        write_images(root / "fresh", FRESH, 2),
+        write_images(root / "queries", QUERIES, 3),
+    )
+
+
+def _graph(path: Path, projections: list[tuple[str, str, np.ndarray]], *, name: str, **stamp: Any) -> Path:
+    """A linear graph (uint8 pixels / 255, then matrix products); ``scale='unit'`` L2-normalises
+    each output right where it is made, so a later projection reads the normalised one."""
+    nodes = [
+        helper.make_node("Cast", ["images"], ["as_float"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["as_float", "inv255"], ["scaled"]),
+        helper.make_node("Flatten", ["scaled"], ["pixels"], axis=1),
+    ]
+    inits = [numpy_helper.from_array(np.array(1.0 / 255.0, dtype=np.float32), "inv255")]
+    outputs, dims = [], {}
+    for out, source, matrix in projections:
+        weight = np.asarray(matrix, dtype=np.float32)
+        inits.append(numpy_helper.from_array(weight, f"W_{out}"))
+        unit = stamp.get("scale") == "unit"
+        nodes.append(helper.make_node("MatMul", [source, f"W_{out}"], [f"{out}_raw" if unit else out]))
+        if unit:
+            nodes.append(helper.make_node("LpNormalization", [f"{out}_raw"], [out], axis=1, p=2))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", weight.shape[1]]))
+        dims[out] = int(weight.shape[1])
+    images = helper.make_tensor_value_info("images", TensorProto.UINT8, ["N", SPEC.height, SPEC.width, 3])
+    graph = helper.make_graph(nodes, name, [images], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(model, ModelInfo(name=name, outputs=dims, input=SPEC, **stamp).to_metadata())
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@dataclass(frozen=True)
+class Models:
+    """The team's old model, its plain new model (naive), and an rm graph whose ``new`` is the
+    plain new model's output and whose ``rev`` = ψ(new) is exactly the old model's output."""
+
+    old: Path
+    new: Path
+    rm: Path
+    distance: str
+    vectors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # role -> uri -> vector
+
+
+def make_models(root: Path, distance: str, scale: str, *, stated: bool) -> Models:
+    """Graphs for ``distance`` and ``scale``; the new ones are stamped with the distance when
+    ``stated``, else for any distance. Each weight column sums to zero over the pixels, so an
+    image's vector is its noise pattern (directions spread out)."""
+    rng = np.random.default_rng(["cosine", "dot", "euclid"].index(distance) * 2 + (scale == "raw"))
+
+    def weights(dim: int) -> np.ndarray:
+        w = rng.normal(size=(PIXELS, dim))
+        return w - w.mean(axis=0)
+
+    w_old = weights(OLD_DIM)
+    stretch = RAW_STRETCH if scale == "raw" else 1.0
+    w_new = stretch * np.hstack([w_old, weights(NEW_DIM - OLD_DIM)])
+    psi = np.vstack([np.eye(OLD_DIM) / stretch, np.zeros((NEW_DIM - OLD_DIM, OLD_DIM))])
+    root.mkdir(parents=True, exist_ok=True)
+    new_stamp = {"distance": distance if stated else None, "scale": scale}
+    return Models(
+        old=_graph(
+            root / "old.onnx", [("embedding", "pixels", w_old)], name="old", distance=distance, scale=scale
+        ),
+        new=_graph(root / "new.onnx", [("embedding", "pixels", w_new)], name="new", **new_stamp),
+        rm=_graph(root / "rm.onnx", [("new", "pixels", w_new), ("rev", "new", psi)], name="rm", **new_stamp),
+        distance=distance,
+    )
+
+
+def embed(models: Models, uris: list[str]) -> Models:
+    """``models`` with every graph's output for ``uris``, as ONNX Runtime gives it."""
+    old = OnnxEncoder(models.old).encode(uris)["embedding"]
+    new = OnnxEncoder(models.new).encode(uris)["embedding"]
+    rm = OnnxEncoder(models.rm).encode(uris)
+    table = {"old": old, "new": new, "rm_new": rm["new"], "rev": rm["rev"]}
+    vectors = {role: dict(zip(uris, rows)) for role, rows in table.items()}
+    return Models(models.old, models.new, models.rm, models.distance, vectors)
+
+
+def point_ids(kind: str, count: int, start: int = 0) -> list[int | str]:
+    if kind == "int":
+        return list(range(start, start + count))
+    return [str(uuid.uuid5(uuid.NAMESPACE_URL, f"shape-{k}")) for k in range(start, start + count)]
+
+
+def sparse(rng: np.random.Generator) -> tuple[list[int], list[float]]:
+    indices = sorted(rng.choice(1000, size=3, replace=False).tolist())
+    return indices, rng.uniform(0.1, 2.0, size=3).astype(np.float32).tolist()
+
+
+@dataclass
+class Point:
+    """What the team expects a point to be: its image, payload and the vectors rm-qdrant must
+    not touch (None: the point has none)."""
+
+    image: str
+    payload: dict[str, Any]
+    text: np.ndarray | None = None
+    bm25: tuple[list[int], list[float]] | None = None
+
+
+#: The searched vector's name in each vector layout ('' is the unnamed vector).
+VECTOR_NAME = {"unnamed": "", "named": "image", "several": "image"}
+
+
+def team_points(images: Images, kind: str, vectors: str) -> dict[int | str, Point]:
+    rng = np.random.default_rng(5)
+    points = {}
+    for k, (point, uri) in enumerate(zip(point_ids(kind, GALLERY), images.gallery)):
+        payload = {"image_url": uri, "sku": f"SKU-{k}", "n": k}
+        if vectors == "several":
+            points[point] = Point(uri, payload, rng.normal(size=TEXT).astype(np.float32), sparse(rng))
+        else:
+            points[point] = Point(uri, payload)
+    return points
+
+
+def build_collection(folder: Path, backend: str, *, distance: str, vectors: str, points, old) -> None:
+    """The team's 'products' collection, written with plain qdrant-edge (a shard in an embedded
+    store) or qdrant-client (a ``QdrantClient(path=...)`` folder) calls; ``old``: uri -> vector."""
+    name = VECTOR_NAME[vectors]
+    if backend == "edge":
+        _edge(folder, distance, name, vectors == "several", points, old)
+    else:
+        _client(folder, distance, name, vectors == "several", points, old)
+
+
+def _edge(folder: Path, distance: str, name: str, several: bool, points, old) -> None:
+    metric = {"cosine": qe.Distance.Cosine, "dot": qe.Distance.Dot, "euclid": qe.Distance.Euclid}[distance]
+    params = qe.EdgeVectorParams(size=OLD_DIM, distance=metric)
+    if not name:
+        config = qe.EdgeConfig(vectors=params)
+    elif not several:
+        config = qe.EdgeConfig(vectors={name: params})
+    else:
+        text = qe.EdgeVectorParams(size=TEXT, distance=qe.Distance.Dot)
+        bm25 = qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+        config = qe.EdgeConfig(vectors={name: params, "text": text}, sparse_vectors={"bm25": bm25})
+    path = folder / "collections" / "products" / "shard"
+    path.parent.mkdir(parents=True)
+    shard = qe.EdgeShard.create(str(path), config)
+    rows = []
+    for point, p in points.items():
+        vector: Any = old[p.image].tolist()
+        if name:
+            vector = {name: vector}
+        if several:
+            vector.update(text=p.text.tolist(), bm25=qe.SparseVector(*p.bm25))
+        rows.append(qe.Point(point, vector, p.payload))
+    shard.update(qe.UpdateOperation.upsert_points(rows))
+    shard.close()
+
+
+def _client(folder: Path, distance: str, name: str, several: bool, points, old) -> None:
+    metric = {"cosine": qm.Distance.COSINE, "dot": qm.Distance.DOT, "euclid": qm.Distance.EUCLID}[distance]
+    params = qm.VectorParams(size=OLD_DIM, distance=metric)
+    client = QdrantClient(path=str(folder))
+    config: Any = params if not name else {name: params}
+    sparse_config = None
+    if several:
+        config["text"] = qm.VectorParams(size=TEXT, distance=qm.Distance.DOT)
+        sparse_config = {"bm25": qm.SparseVectorParams(modifier=qm.Modifier.IDF)}
+    client.create_collection("products", vectors_config=config, sparse_vectors_config=sparse_config)
+    rows = []
+    for point, p in points.items():
+        vector: Any = old[p.image].tolist()
+        if name:
+            vector = {name: vector}
+        if several:
+            indices, values = p.bm25
+            vector.update(text=p.text.tolist(), bm25=qm.SparseVector(indices=indices, values=values))
+        rows.append(qm.PointStruct(id=point, vector=vector, payload=p.payload))
+    client.upsert("products", rows)
+    client.close()
