@@ -9,7 +9,7 @@ import click
 from PIL import Image
 
 from rm_qdrant.cli.calibrate import calibrate_command
-from rm_qdrant.cli.common import Group, RedactingFilter
+from rm_qdrant.cli.common import Group, RedactingFormatter
 from rm_qdrant.cli.evaluate import eval_command
 from rm_qdrant.cli.fit import fit_command
 from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
@@ -63,8 +63,8 @@ def _logging(level: int) -> None:
     for chatty in CHATTY:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+        if not isinstance(handler.formatter, RedactingFormatter):
+            handler.setFormatter(RedactingFormatter(handler.formatter))
 
 
 cli.add_command(

@@ -238,12 +238,19 @@ def emit(data: Any, as_json: bool, text: str) -> None:
         click.echo(safe_text(text))
 
 
-class RedactingFilter(logging.Filter):
-    """Log lines as ``rmq`` shows them: credentials redacted, control characters escaped."""
+class RedactingFormatter(logging.Formatter):
+    """Log lines as ``rmq`` shows them: credentials redacted, control characters escaped.
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = safe_text(record.getMessage()), None
-        return True
+    It wraps a handler's own formatter and leaves the record as it was: other handlers of
+    the same record (an application's, a test's) still get its message and arguments.
+    """
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(self.inner.format(record))
 
 
 def quiet(ctx: click.Context) -> bool:

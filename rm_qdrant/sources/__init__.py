@@ -75,9 +75,12 @@ class SourceConfig:
 
 def _resolved(root: Path) -> Path:
     try:
-        return root.resolve()
+        resolved = root.resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # a link loop; a NUL byte
         raise ConfigError(f"--root {shown(root)} cannot be resolved: {exc}") from exc
+    if not resolved.is_dir():  # a typo would otherwise fail every point, one by one
+        raise ConfigError(f"--root {shown(root)} is not a folder")
+    return resolved
 
 
 def shown(uri: object) -> str:

@@ -96,6 +96,16 @@ def test_a_root_that_cannot_be_resolved_is_a_config_error(tmp_path):
         ImageSource(SourceConfig(root=tmp_path / "loop"))
 
 
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_root_that_is_not_a_folder_is_a_config_error(tmp_path, kind):
+    """A mistyped --root would fail every point of a run one by one, as 'outside --root'."""
+    root = tmp_path / "typo"
+    if kind == "file":
+        root.write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"^--root .*typo is not a folder$"):
+        ImageSource(SourceConfig(root=root))
+
+
 def test_without_a_root_a_path_is_read_as_given(tree):
     """Documented: no --root, no confinement (the operator trusts the payloads' paths)."""
     assert fetch(None, str(tree / "outside/secret.jpg")) == (tree / "outside/secret.jpg").read_bytes()
