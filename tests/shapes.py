@@ -1,13 +1,16 @@
-"""Deployment shapes for the shapes matrix (tests/store/test_shapes_matrix.py): real ONNX
-graphs for each metric and scale, real PNG files, and a team's collection made with plain
-qdrant-edge or qdrant-client calls in each vector layout, with integer or UUID ids.
+"""Deployment shapes for the shapes matrix (tests/store/test_shapes_matrix.py): which cells
+run (:func:`design`), real ONNX graphs for each metric and scale, real PNG files, and a team's
+collection made with plain qdrant-edge or qdrant-client calls in each vector layout, with
+integer or UUID ids.
 
-Everything here is what the team has before rm-qdrant runs; nothing imports rm-qdrant's
-backfill code. The expected vectors are the graphs' outputs as ONNX Runtime gives them.
+Nothing here imports rm-qdrant's backfill code: this is what the team has before rm-qdrant
+runs. The expected vectors are the graphs' outputs as ONNX Runtime gives them.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,86 @@ QUERIES = 2  # images in neither
 TEXT = 3  # the team's own dense vector 'text' (dot)
 #: A raw new model's vectors are this much longer than the old model's.
 RAW_STRETCH = 3.0
+
+
+#: Every axis and its values. ``backend``, ``switch`` (switch-encoder to the rm graph after the
+#: application's writes), ``ending`` and ``stated`` (the new graphs stamped with the distance,
+#: else for any distance; a finalize with ``stated`` also drops old) are the smaller axes.
+AXES: dict[str, tuple] = {
+    "distance": ("cosine", "dot", "euclid"),
+    "scale": ("unit", "raw"),
+    "vectors": ("unnamed", "named", "several"),
+    "layout": ("paired", "keep-old", "single"),
+    "ids": ("int", "uuid"),
+    "backend": ("edge", "local"),
+    "switch": (False, True),
+    "ending": ("finalize", "rollback"),
+    "stated": (False, True),
+}
+#: The default suite runs every distance x scale x layout, the other axes chosen so that every
+#: pair of values of any two axes appears in some cell. RMQ_SHAPES=full runs every
+#: distance x scale x vectors x layout x ids (108 cells), the smaller axes chosen the same way.
+FULL = os.environ.get("RMQ_SHAPES") == "full"
+CROSSED = ("distance", "scale", "vectors", "layout", "ids") if FULL else ("distance", "scale", "layout")
+
+
+def allowed(values: dict) -> bool:
+    """Only a keep-old or single-collection pair can roll back."""
+    return not (values.get("layout") == "paired" and values.get("ending") == "rollback")
+
+
+def required_pairs() -> set[tuple[tuple[str, object], tuple[str, object]]]:
+    pairs = set()
+    for (a, xs), (b, ys) in itertools.combinations(AXES.items(), 2):
+        pairs |= {((a, x), (b, y)) for x in xs for y in ys if allowed({a: x, b: y})}
+    return pairs
+
+
+def covered(cell: dict) -> set:
+    return set(itertools.combinations(cell.items(), 2))
+
+
+def design() -> list[dict]:
+    """The crossed axes in full (by default the vector layout too, as a Latin square over
+    distance x layout); each cell's other axes picked greedily to cover the most pairs of values
+    not yet covered, the least used values first: the same design on every run."""
+    latin = not FULL
+    free = [name for name in AXES if name not in CROSSED and not (latin and name == "vectors")]
+    choices = [dict(zip(free, values)) for values in itertools.product(*(AXES[n] for n in free))]
+    todo, cells = required_pairs(), []
+    used: dict[tuple[str, object], int] = {}
+    for values in itertools.product(*(AXES[n] for n in CROSSED)):
+        fixed = dict(zip(CROSSED, values))
+        if latin:
+            square = AXES["distance"].index(fixed["distance"]) + AXES["layout"].index(fixed["layout"])
+            fixed["vectors"] = AXES["vectors"][square % 3]
+        options = [{**fixed, **c} for c in choices if allowed({**fixed, **c})]
+
+        gains = [(len(covered(c) & todo), -sum(used.get((n, c[n]), 0) for n in free)) for c in options]
+        best = options[gains.index(max(gains))]
+        cells.append({name: best[name] for name in AXES})
+        todo -= covered(best)
+        for name in free:
+            used[(name, best[name])] = used.get((name, best[name]), 0) + 1
+    return cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    distance: str
+    scale: str
+    vectors: str
+    layout: str
+    ids: str
+    backend: str  # 'edge' (a qdrant-edge shard) or 'local' (QdrantClient(path=...))
+    switch: bool
+    ending: str
+    stated: bool
+
+    @property
+    def id(self) -> str:
+        tail = ["switch" if self.switch else "naive", self.ending, "stated" if self.stated else "any"]
+        return "-".join([self.distance, self.scale, self.vectors, self.layout, self.ids, self.backend, *tail])
 
 
 def write_images(folder: Path, count: int, seed: int) -> list[str]:

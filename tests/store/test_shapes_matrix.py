@@ -25,8 +25,7 @@ all and finalize, or roll back. After every step:
 from __future__ import annotations
 
 import itertools
-import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,89 +40,9 @@ from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.core.calibration import Calibration, fit_calibration
 from rm_qdrant.core.uris import UriRule
 from tests import shapes
-from tests.shapes import TEXT, VECTOR_NAME, Point
+from tests.shapes import TEXT, VECTOR_NAME, Cell, Point, design
 
-#: Every axis and its values. ``backend``, ``switch`` (switch-encoder to the rm graph after the
-#: application's writes), ``ending`` and ``stated`` (the new graphs stamped with the distance,
-#: else for any distance; a finalize with ``stated`` also drops old) are the smaller axes.
-AXES: dict[str, tuple] = {
-    "distance": ("cosine", "dot", "euclid"),
-    "scale": ("unit", "raw"),
-    "vectors": ("unnamed", "named", "several"),
-    "layout": ("paired", "keep-old", "single"),
-    "ids": ("int", "uuid"),
-    "backend": ("edge", "local"),
-    "switch": (False, True),
-    "ending": ("finalize", "rollback"),
-    "stated": (False, True),
-}
-#: The default suite runs every distance x scale x layout, the other axes chosen so that every
-#: pair of values of any two axes appears in some cell. RMQ_SHAPES=full runs every
-#: distance x scale x vectors x layout x ids (108 cells), the smaller axes chosen the same way.
-FULL = os.environ.get("RMQ_SHAPES") == "full"
-CROSSED = ("distance", "scale", "vectors", "layout", "ids") if FULL else ("distance", "scale", "layout")
 K = 5
-
-
-def allowed(values: dict) -> bool:
-    """Only a keep-old or single-collection pair can roll back."""
-    return not (values.get("layout") == "paired" and values.get("ending") == "rollback")
-
-
-def required_pairs() -> set[tuple[tuple[str, object], tuple[str, object]]]:
-    pairs = set()
-    for (a, xs), (b, ys) in itertools.combinations(AXES.items(), 2):
-        pairs |= {((a, x), (b, y)) for x in xs for y in ys if allowed({a: x, b: y})}
-    return pairs
-
-
-def covered(cell: dict) -> set:
-    return set(itertools.combinations(cell.items(), 2))
-
-
-def design() -> list[dict]:
-    """The crossed axes in full (by default the vector layout too, as a Latin square over
-    distance x layout); each cell's other axes picked greedily to cover the most pairs of values
-    not yet covered, the least used values first: the same design on every run."""
-    latin = not FULL
-    free = [name for name in AXES if name not in CROSSED and not (latin and name == "vectors")]
-    choices = [dict(zip(free, values)) for values in itertools.product(*(AXES[n] for n in free))]
-    todo, cells = required_pairs(), []
-    used: dict[tuple[str, object], int] = {}
-    for values in itertools.product(*(AXES[n] for n in CROSSED)):
-        fixed = dict(zip(CROSSED, values))
-        if latin:
-            square = AXES["distance"].index(fixed["distance"]) + AXES["layout"].index(fixed["layout"])
-            fixed["vectors"] = AXES["vectors"][square % 3]
-        options = [{**fixed, **c} for c in choices if allowed({**fixed, **c})]
-
-        gains = [(len(covered(c) & todo), -sum(used.get((n, c[n]), 0) for n in free)) for c in options]
-        best = options[gains.index(max(gains))]
-        cells.append({name: best[name] for name in AXES})
-        todo -= covered(best)
-        for name in free:
-            used[(name, best[name])] = used.get((name, best[name]), 0) + 1
-    return cells
-
-
-@dataclass(frozen=True)
-class Cell:
-    distance: str
-    scale: str
-    vectors: str
-    layout: str
-    ids: str
-    backend: str  # 'edge' (a qdrant-edge shard) or 'local' (QdrantClient(path=...))
-    switch: bool
-    ending: str
-    stated: bool
-
-    @property
-    def id(self) -> str:
-        tail = ["switch" if self.switch else "naive", self.ending, "stated" if self.stated else "any"]
-        return "-".join([self.distance, self.scale, self.vectors, self.layout, self.ids, self.backend, *tail])
-
-
 CELLS = [Cell(**values) for values in design()]
 
 
@@ -258,6 +177,19 @@ class Run:
         else:
             finalize(self.store, self.index.pair, drop_old=self.cell.stated)
         self.index.refresh()
+        self._check_cutover()
+
+    def _check_cutover(self) -> None:
+        """What the team's own code then reads: the alias (paired), or which vectors remain."""
+        pair, store = self.index.pair, self.store
+        back = pair.state == "rolled_back"
+        if not pair.single:
+            assert store.alias("p") == (pair.old_collection if back else pair.new_collection)
+            assert store.has_collection(pair.old_collection) == (back or not pair.drop_old)
+            return
+        vectors = store.collection(pair.old_collection, pair.new_using).vectors
+        assert pair.new_using in vectors  # a rollback keeps the new vectors, unserved
+        assert (pair.vector in vectors) == (back or not pair.drop_old)
 
     def _split(self) -> tuple[list, list]:
         """The gallery's ids in new (migrated) and still waiting, in the team's order."""
@@ -413,3 +345,12 @@ def test_every_step_serves_each_point_once_with_its_own_vectors_ranked_as_brute_
         run.end()
         run.check(cell.ending)
         run.index.close()
+
+
+def test_the_design_puts_every_pair_of_axis_values_in_some_cell():
+    """Whatever two axes a bug needs (say a dot collection with UUID ids), some cell has them."""
+    missing = shapes.required_pairs() - set().union(*(shapes.covered(c) for c in design()))
+    assert not missing
+    assert {(c.distance, c.scale, c.layout) for c in CELLS} == set(
+        itertools.product(*(shapes.AXES[n] for n in ("distance", "scale", "layout")))
+    )
