@@ -80,7 +80,12 @@ def create_pair(
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     single = layout == SINGLE
-    if _get(store, "pair", name) is not None:
+    existing = _get(store, "pair", name)
+    if existing is not None:
+        if existing.get("record", {}).get("state") == "dropping":
+            raise ConfigError(
+                f"pair {name!r} is being dropped: 'rmq drop-pair {name}' finishes it, then init again"
+            )
         raise ConfigError(f"pair {name!r} already exists")
     chosen: Mode = mode or ("rm" if "rm" in encoder.info.query_modes else "naive")
     if chosen == "rm" and "rm" not in encoder.info.query_modes:

@@ -71,6 +71,11 @@ class DualIndex:
         exact: bool = False,
         hnsw_ef: int | None = None,
     ) -> None:
+        if pair.state == "dropping":  # its new collection or vector may be half gone
+            raise ConfigError(
+                f"pair {pair.name!r} is being dropped: 'rmq drop-pair {pair.name}' finishes it; "
+                f"search {pair.old_collection!r} directly"
+            )
         if pair.mode == "naive" and pair.serves_new and encoder is not None and old_encoder is None:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store

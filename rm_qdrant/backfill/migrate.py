@@ -108,6 +108,8 @@ class Migrator:
             raise MigrationError(
                 f"a cutover of pair {name!r} is under way: 'rmq finalize --name {name}' completes it"
             )
+        if state == "dropping":
+            raise MigrationError(f"pair {name!r} is being dropped: 'rmq drop-pair {name}' finishes it")
         if state not in ("backfilling", "finalizing"):
             raise MigrationError(f"pair {name!r} is {state}: nothing to migrate")
         if index.encoder is None:

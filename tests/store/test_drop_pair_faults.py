@@ -116,6 +116,14 @@ def test_a_drop_killed_mid_way_says_so_and_the_rerun_prints_what_it_did(models, 
     assert killed.returncode == -9
     listed = json.loads(rmq(store_path, "pairs", "--json").output)
     assert [(p["name"], p["state"]) for p in listed] == [("p", "dropping")]
+    finish = "being dropped: 'rmq drop-pair p' finishes it"
+    for command in (["search", "--name", "p", str(next(images.rglob("*.png")))], ["migrate", "--name", "p"]):
+        told = rmq(store_path, *command, ok=False)  # not a half-dropped pair served or migrated
+        assert told.exit_code == 1 and finish in told.output, told.output
+    again = rmq(
+        store_path, "init", "--name", "p", "--old-collection", "photos", "--encoder", models.rm, ok=False
+    )
+    assert again.exit_code == 1 and finish in again.output
     done = rmq(store_path, "drop-pair", "p").output
     assert "dropped pair 'p' (backfilling)" in done and "'p-new' deleted (it was empty)" in done
     with open_store(store_path) as store:
