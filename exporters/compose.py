@@ -135,7 +135,7 @@ def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) ->
         got = encoder.encode(images[:count], ["new", "rev"])
         for want, role in zip(expected, ("new", "rev"), strict=True):
             if not (np.isfinite(want).all() and np.isfinite(got[role]).all()):
-                raise ExportError(f"the heads give NaN or infinity for {role!r}: not written")
+                raise ExportError(f"the heads give NaN or infinity for {role!r}; nothing written")
             size = max(1.0, float(np.abs(want[:count]).max()))
             worst = max(worst, float(np.abs(want[:count] - got[role]).max()) / size)
     if worst > TOLERANCE:

@@ -11,6 +11,7 @@ axis is dynamic. The ``rm_qdrant`` metadata entry makes the file all ``rmq init
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,23 +134,56 @@ def _export(module: nn.Module, sample: Tensor, path: Path, outputs: list[str], i
     return path
 
 
-def check_parity(module: nn.Module, path: Path, images: np.ndarray, outputs: list[str]) -> float:
+def check_parity(
+    module: nn.Module, path: Path, images: np.ndarray, outputs: list[str], *, target: Path | None = None
+) -> float:
     """Largest absolute difference between ONNX Runtime and PyTorch on ``images``, for batch 1 and all.
 
+    Args:
+        target: where the graph at ``path`` is going, named in errors [default: ``path``].
+
     Raises:
-        ExportError: the difference exceeds 1e-4.
+        ExportError: an output holds NaN or infinity (on either side), or the difference
+            exceeds 1e-4.
     """
-    log.info("checking %s against PyTorch at batch 1 and %d", path, len(images))
+    target = target or path
+    log.info("checking %s against PyTorch at batch 1 and %d", target, len(images))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for batch in (images[:1], images):
         with torch.no_grad():
             expected = [t.numpy() for t in module(torch.from_numpy(np.ascontiguousarray(batch)))]
         got = session.run(outputs, {"images": batch})
-        worst = max(worst, *(float(np.abs(e - g).max()) for e, g in zip(expected, got, strict=True)))
+        for name, e, g in zip(outputs, expected, got, strict=True):
+            if not (np.isfinite(e).all() and np.isfinite(g).all()):
+                raise ExportError(
+                    f"{target}: the graph gives NaN or infinity for {name!r} on the parity images "
+                    "(check the checkpoint's weights and mean/std); nothing written"
+                )
+            worst = max(worst, float(np.abs(e - g).max()))
     if worst > TOLERANCE:
-        raise ExportError(f"{path}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {TOLERANCE})")
+        raise ExportError(
+            f"{target}: ONNX Runtime differs from PyTorch by {worst:.2e} (> {TOLERANCE}); nothing written"
+        )
     return worst
+
+
+def _export_checked(
+    module: nn.Module, sample: np.ndarray, out: str | Path, outputs: list[str], info: ModelInfo
+) -> tuple[Path, float]:
+    """Export to a hidden file next to ``out``, check it, then move it there: a graph that
+    fails its check (or a crash) never leaves a file at ``out``."""
+    path = Path(out)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        _export(module, torch.from_numpy(sample[:2].copy()), partial, outputs, info)
+        worst = check_parity(module, partial, sample, outputs, target=path)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return path, worst
 
 
 def _sample_images(meta: dict, images: np.ndarray | None) -> np.ndarray:
@@ -192,9 +226,7 @@ def export_serving(
         InputSpec(size, size, 3),
         scale="unit",
     )
-    sample = _sample_images(meta, images)
-    path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), ["new", "rev"], info)
-    return path, check_parity(module, path, sample, ["new", "rev"])
+    return _export_checked(module, _sample_images(meta, images), out, ["new", "rev"], info)
 
 
 def export_backbone(
@@ -217,6 +249,4 @@ def export_backbone(
     dims = {"embedding": meta["embed_dim"], **({"scores": len(meta["classes"])} if scores else {})}
     size = meta["image_size"]
     info = ModelInfo(name or f"{meta['arch']}-{role}", "cosine", dims, InputSpec(size, size, 3), scale="unit")
-    sample = _sample_images(meta, images)
-    path = _export(module, torch.from_numpy(sample[:2].copy()), Path(out), outputs, info)
-    return path, check_parity(module, path, sample, outputs)
+    return _export_checked(module, _sample_images(meta, images), out, outputs, info)

@@ -7,7 +7,7 @@ from typing import Any
 
 from train.adapters import Adapter, build_adapter, fit_adapter
 from train.cache import embeddings, file_hash
-from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
+from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
 from train.config import AdapterConfig
 
 
@@ -48,12 +48,20 @@ def load_adapter(path: str | Path) -> tuple[Adapter, dict[str, Any]]:
     """Rebuild a fitted adapter (eval mode) from its checkpoint.
 
     Raises:
-        ValueError: the file is not an adapter checkpoint.
+        ValueError: the file is not an adapter checkpoint, a field of it is of the wrong type
+            or range (``SCHEMAS`` in train/checkpoints.py), or its weights do not fit.
     """
-    checkpoint = load_checkpoint(path, "adapter", needs=("adapter", "d_in", "d_out", "config"))
+    checkpoint = load_checkpoint(path, "adapter")
     cfg = checkpoint["config"]
-    adapter = build_adapter(
-        checkpoint["adapter"], checkpoint["d_in"], checkpoint["d_out"], rank=cfg["rank"], hidden=cfg["hidden"]
+    adapter = build(
+        lambda: build_adapter(
+            checkpoint["adapter"],
+            checkpoint["d_in"],
+            checkpoint["d_out"],
+            rank=cfg["rank"],
+            hidden=cfg["hidden"],
+        ),
+        checkpoint,
+        path,
     )
-    restore(adapter, checkpoint, path)
     return adapter.eval(), description(checkpoint)

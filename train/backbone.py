@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from train.backbones import Backbone, build_backbone
-from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
+from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
 from train.config import BackboneConfig
 from train.data import (
     MEAN,
@@ -242,23 +242,23 @@ def save_backbone(
     return save_checkpoint(checkpoint, cfg.out)
 
 
-# What load_backbone reads of a checkpoint (exporters read mean/std and classes too).
-BACKBONE_FIELDS = ("arch", "stem", "embed_dim", "image_size", "classes")
-
-
 def load_backbone(path: str | Path, *, device: torch.device | str = "cpu") -> tuple[Backbone, dict[str, Any]]:
     """Rebuild a backbone from its checkpoint; returns (model in eval mode, checkpoint without weights).
 
     Raises:
-        ValueError: the file is not a backbone checkpoint.
+        ValueError: the file is not a backbone checkpoint, a field of it is of the wrong
+            type or range (``SCHEMAS`` in train/checkpoints.py), or its weights do not fit.
     """
-    checkpoint = load_checkpoint(path, "backbone", needs=BACKBONE_FIELDS)
-    model = build_backbone(
-        checkpoint["arch"],
-        num_classes=len(checkpoint["classes"]),
-        embed_dim=checkpoint["embed_dim"],
-        stem=checkpoint["stem"],
-        image_size=checkpoint["image_size"],
+    checkpoint = load_checkpoint(path, "backbone")
+    model = build(
+        lambda: build_backbone(
+            checkpoint["arch"],
+            num_classes=len(checkpoint["classes"]),
+            embed_dim=checkpoint["embed_dim"],
+            stem=checkpoint["stem"],
+            image_size=checkpoint["image_size"],
+        ),
+        checkpoint,
+        path,
     )
-    restore(model, checkpoint, path)
     return model.to(device).eval(), description(checkpoint)

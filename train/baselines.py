@@ -45,7 +45,7 @@ from rm_qdrant.core.offline import BackfillEmbeddings
 from train.adapters import adapter_loss
 from train.backbone import load_backbone, pick_device, train_backbone
 from train.cache import Embedded, cache_folder, embeddings, file_hash
-from train.checkpoints import load_checkpoint, plain_config, restore, save_checkpoint
+from train.checkpoints import build, load_checkpoint, plain_config, save_checkpoint
 from train.config import BackboneConfig, load_config
 from train.data import augment, batches, folder_key, load_image_folder, to_tensor
 from train.heads import mlp
@@ -227,7 +227,7 @@ def side_embeddings(
     checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None | bool = True
 ) -> np.ndarray:
     """Bottleneck vectors of every image of ``folder`` (cached like :func:`train.cache.embeddings`)."""
-    stored = load_checkpoint(checkpoint, "side-info", needs=("dim", "image_size"))
+    stored = load_checkpoint(checkpoint, "side-info")
     size = stored["image_size"]
     folder_cache = cache_folder() if cache is True else (cache or None)
     key = f"side-{file_hash(checkpoint)}-{folder_key(Path(folder), size)}.npz"
@@ -235,8 +235,7 @@ def side_embeddings(
     if target is not None and target.is_file():
         with np.load(target) as saved:
             return saved["emb"]
-    model = AutoEncoder(stored["dim"], image_size=size)
-    restore(model, stored, checkpoint)
+    model = build(lambda: AutoEncoder(stored["dim"], image_size=size), stored, checkpoint)
     model = model.to(pick_device(device)).eval()
     images = load_image_folder(folder, size=size).images
     with torch.no_grad():
@@ -313,16 +312,16 @@ def _inputs(old: Embedded, side: str | Path | None, folder: Path, *, device: str
     return np.concatenate([old.emb, side_embeddings(side, folder, device=device)], axis=1).astype(np.float32)
 
 
-TRANSFORMATION_FIELDS = ("d_in", "d_out", "blocks", "hidden", "old_checkpoint", "new_checkpoint", "side")
-
-
 def transform(
     checkpoint: str | Path, old: Embedded, folder: str | Path, *, device: str = "auto"
 ) -> np.ndarray:
     """h applied to the old embeddings of ``folder`` (with the side-info h was trained on)."""
-    stored = load_checkpoint(checkpoint, "transformation", needs=TRANSFORMATION_FIELDS)
-    model = mlp(stored["d_in"], stored["d_out"], blocks=stored["blocks"], hidden=stored["hidden"])
-    restore(model, stored, checkpoint)
+    stored = load_checkpoint(checkpoint, "transformation")
+    model = build(
+        lambda: mlp(stored["d_in"], stored["d_out"], blocks=stored["blocks"], hidden=stored["hidden"]),
+        stored,
+        checkpoint,
+    )
     if stored["side"] and file_hash(stored["side"]) != stored["side_checkpoint"]:
         raise ValueError(f"{checkpoint} was trained with another side-info model than {stored['side']}")
     x = torch.from_numpy(_inputs(old, stored["side"], Path(folder), device=device))
@@ -355,7 +354,7 @@ def train_baseline(method: str, cfg: BaselineConfig) -> Path:
         )
         backbone = load_config(BackboneConfig, **settings)
         _same_width(
-            load_checkpoint(cfg.old, "backbone", needs=("embed_dim",))["embed_dim"],
+            load_checkpoint(cfg.old, "backbone")["embed_dim"],
             backbone.embed_dim,
             method,
         )
@@ -405,7 +404,7 @@ def baseline_embeddings(
         return BackfillEmbeddings(q, q, q, e_old.emb, e_new.labels)
     if transformation is None:
         raise ValueError(f"{method} needs the transformation checkpoint")
-    stored = load_checkpoint(transformation, "transformation", needs=TRANSFORMATION_FIELDS)
+    stored = load_checkpoint(transformation, "transformation")
     if (stored["old_checkpoint"], stored["new_checkpoint"]) != (file_hash(old), file_hash(new)):
         raise ValueError(f"{transformation} was trained for other backbones than {old} and {new}")
     # Before migration each gallery item holds h of its old vector: FCT upgrades the whole gallery at once.

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from train.adapters import procrustes
 from train.backbone import pick_device
 from train.cache import as_tensors, embeddings, file_hash
-from train.checkpoints import description, load_checkpoint, plain_config, restore, save_checkpoint
+from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
 from train.config import HeadsConfig, heads_steps, rho_is_learned
 from train.data import batches
 from train.losses import LOSSES, contrastive_loss, rqt_loss
@@ -231,18 +231,20 @@ def load_heads(path: str | Path) -> tuple[Heads, dict[str, Any]]:
     """Rebuild trained heads (eval mode) and their description.
 
     Raises:
-        ValueError: the file is not a heads checkpoint.
+        ValueError: the file is not a heads checkpoint, a field of it is of the wrong type
+            or range (``SCHEMAS`` in train/checkpoints.py), or its weights do not fit.
     """
-    checkpoint = load_checkpoint(
-        path, "heads", needs=("d_new", "d_old", "learn_rho", "rho_blocks", "psi_blocks", "hidden")
+    checkpoint = load_checkpoint(path, "heads")
+    model = build(
+        lambda: Heads(
+            checkpoint["d_new"],
+            checkpoint["d_old"],
+            learn_rho=checkpoint["learn_rho"],
+            rho_blocks=checkpoint["rho_blocks"],
+            psi_blocks=checkpoint["psi_blocks"],
+            hidden=checkpoint["hidden"],
+        ),
+        checkpoint,
+        path,
     )
-    model = Heads(
-        checkpoint["d_new"],
-        checkpoint["d_old"],
-        learn_rho=checkpoint["learn_rho"],
-        rho_blocks=checkpoint["rho_blocks"],
-        psi_blocks=checkpoint["psi_blocks"],
-        hidden=checkpoint["hidden"],
-    )
-    restore(model, checkpoint, path)
     return model.eval(), description(checkpoint)
