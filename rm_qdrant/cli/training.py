@@ -138,6 +138,7 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
     from pathlib import Path
 
     try:
+        from exporters.serving import ExportError
         from train.cli import show_progress
         from train.demo import run_demo, summary
     except ModuleNotFoundError as exc:
@@ -156,7 +157,10 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
                 f"{100 * row.rm_map:7.1f} {100 * row.rm_top1:6.1f}"
             )
 
-    rows = run_demo(Path(out), data=Path(data) if data else None, epochs=epochs, on_row=show)
+    try:
+        rows = run_demo(Path(out), data=Path(data) if data else None, epochs=epochs, on_row=show)
+    except (ExportError, ValueError) as exc:  # a training that diverged, a --data of no images
+        raise ConfigError(str(exc)) from exc
     areas = summary(rows)
     report = {**areas, "seconds": time.perf_counter() - started, "out": str(Path(out).resolve())}
     auc = f"RM_naive {100 * areas['auc_map_naive']:.1f}, RM {100 * areas['auc_map_rm']:.1f}"
