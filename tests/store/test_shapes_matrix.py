@@ -223,16 +223,21 @@ class Run:
     def check(self, step: str) -> None:
         pair, sides = self.index.pair, self.sides()
         done = pair.state in ("finalized", "rolled_back")
-        new = self._stored(pair.new_collection, pair.new_using) if pair.state != "rolled_back" else {}
-        old = {}
+        read = {}  # side -> (collection, its points by id), for each collection that serves or may
+        if pair.state != "rolled_back":
+            read["new"] = (pair.new_collection, self._stored(pair.new_collection, pair.new_using))
         if pair.state != "finalized" and self.store.has_collection(pair.old_collection):
-            old = self._stored(pair.old_collection, pair.vector)
+            read["old"] = (pair.old_collection, self._stored(pair.old_collection, pair.vector))
+        new, old = read.get("new", ("", {}))[1], read.get("old", ("", {}))[1]
         assert set(new) == {i for i, s in sides.items() if s == "new"}, f"{step}: new holds other points"
         if pair.state == "backfilling" and (pair.keep_old or pair.single):
             assert set(old) == set(self.points), f"{step}: a point lost its old copy (no rollback for it)"
         elif pair.state != "finalized":
             assert set(old) == {i for i, s in sides.items() if s == "old"}, f"{step}: old holds other points"
-        for side, stored in (("new", new), ("old", old)):
+        for side, (collection, stored) in read.items():
+            # and nothing else: a deleted point is gone from both sides
+            everything = self.points if pair.single else stored
+            assert self.store.count(collection) == len(everything), f"{step}: stray points in {collection!r}"
             for point, record in stored.items():
                 self._check_point(step, side, point, record, exact_payload=done)
         for query in (self.images.gallery[0], self.images.fresh[5], *self.images.queries):
