@@ -3,16 +3,19 @@
 Axes: distance (cosine, dot, euclid) x the models' scale (unit, raw) x vector layout (one
 unnamed vector; one named; several: the searched 'image' beside a dense 'text' and a sparse
 'bm25') x pair layout (paired, paired --keep-old, single-collection) x ids (int, UUID), each
-cell on qdrant-edge or on qdrant-client's local mode (see DESIGN below for which cells run).
+cell on qdrant-edge or on qdrant-client's local mode. Which cells run: ``tests/shapes.py``
+:func:`design` (by default 18: every distance x scale x pair layout, the other axes chosen so
+that every pair of values of any two axes is in some cell; ``RMQ_SHAPES=full``: all 108).
 
 Each cell plays a team's upgrade: init (naive: the plain new model and the old one), migrate
 to 0.5, calibrate (raw scales: the map ``rmq calibrate`` fits), the application's updates,
-adds and deletes through DualIndex, switch-encoder to the rm graph (its ``new`` is the plain
-new model's output, its ``rev`` = ψ(new) the old model's exactly), a later write, then migrate
-all and finalize, or roll back. After every step:
+adds and deletes through DualIndex, switch-encoder to the rm graph in half the cells (its ``new`` is
+the plain new model's output, its ``rev`` = ψ(new) the old model's exactly), a later write, then
+migrate all and finalize (half of them with old dropped), or roll back. After every step:
 
 - each id of the gallery is stored once where it serves (and, while a rollback is possible,
-  its old copy is there too), and a search with no limit returns each id once;
+  its old copy is there too), nothing else is stored there, and a search with no limit returns
+  each id once;
 - each served payload, text and bm25 vector is what the team (or the application) wrote;
 - every vector rm-qdrant wrote is the encoder's output for the point's current image
   (the old model's in old, the new model's in new; cosine collections store them normalised);
