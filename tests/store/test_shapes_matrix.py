@@ -9,9 +9,10 @@ that every pair of values of any two axes is in some cell; ``RMQ_SHAPES=full``: 
 
 Each cell plays a team's upgrade: init (naive: the plain new model and the old one), migrate
 to 0.5, calibrate (raw scales: the map ``rmq calibrate`` fits), the application's updates,
-adds and deletes through DualIndex, switch-encoder to the rm graph in half the cells (its ``new`` is
-the plain new model's output, its ``rev`` = ψ(new) the old model's exactly), a later write, then
-migrate all and finalize (old dropped where the graphs state the distance), or roll back. After every step:
+adds and deletes through DualIndex, switch-encoder to the rm graph in half the cells (its
+``new`` is the plain new model's output, its ``rev`` = ψ(new) the old model's exactly), a
+later write, then migrate all and finalize (old dropped where the graphs state the distance),
+or roll back. After every step:
 
 - each id of the gallery is stored once where it serves (and, while a rollback is possible,
   its old copy is there too), nothing else is stored there, and a search with no limit returns
