@@ -2,19 +2,21 @@
 whose graph gives NaN writes nothing.
 
 Each bad file is a real checkpoint (saved by the training code) with one field edited, run
-through the real ``rmq`` in a subprocess: what a team would type.
+through the real ``rmq`` command (in this process: a subprocess per case spent most of the
+file's time importing PyTorch; tests/train/test_checkpoint_safety.py runs rmq as a process).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner, Result
 
 from exporters.serving import export_backbone
+from rm_qdrant.cli import cli
 from train.backbone import load_backbone, save_backbone
 from train.backbones import build_backbone
 from train.checkpoints import load_checkpoint
@@ -49,14 +51,18 @@ def edited(source: Path, target: Path, **fields) -> Path:
     return target
 
 
-def _rmq(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``rmq -q ARGS``: quiet, so progress lines do not mix with the error on stderr."""
-    command = [sys.executable, "-m", "rm_qdrant", "-q", *map(str, args)]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+def _rmq(cwd: Path, *args: str) -> Result:
+    """``rmq -q ARGS`` run from ``cwd``: quiet, so progress lines do not mix with the error."""
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(cli, ["-q", *map(str, args)])
+    finally:
+        os.chdir(before)
 
 
-def _one_error_line(done: subprocess.CompletedProcess[str], *words: str) -> str:
-    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+def _one_error_line(done: Result, *words: str) -> str:
+    assert done.exit_code == 1, (done.exit_code, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
