@@ -28,7 +28,7 @@ from rm_qdrant.cli.common import (
     source_options,
 )
 from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
-from rm_qdrant.core.calibration import fit_calibration
+from rm_qdrant.core.calibration import MAPS, default_map, fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.sources import SourceConfig
@@ -37,6 +37,16 @@ from rm_qdrant.sources import SourceConfig
 @click.command(name="calibrate", epilog=EXIT_STATUS_HELP)
 @name_option
 @holdout_options
+@click.option(
+    "--map",
+    "mapping",
+    type=click.Choice(["auto", *MAPS]),
+    default="auto",
+    show_default=True,
+    help="isotonic: the mean new distance given the old one; quantile: the new distance at the old "
+    "one's quantile (each side about its share of the top k); auto: isotonic for cosine, quantile "
+    "for dot, Euclid and Manhattan (see the README).",
+)
 @click.option("--force", is_flag=True, help="Keep the map even when it forecasts worse than the plain merge.")
 @click.option("--clear", is_flag=True, help="Remove the pair's calibration and merge plain distances again.")
 @source_options
@@ -49,6 +59,7 @@ def calibrate_command(
     holdout: float,
     k: int,
     seed: int,
+    mapping: str,
     force: bool,
     clear: bool,
     source: SourceConfig,
@@ -76,8 +87,9 @@ def calibrate_command(
     sample = sample_with_progress(store, pair, index.encoder, size, seed=seed, source=source, hidden=silent)
     try:
         fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
+        method = mapping if mapping != "auto" else default_map(pair.distance)
         calibration = fit_calibration(
-            sample.old[fit_idx], sample.new[fit_idx], metric=pair.distance, seed=seed
+            sample.old[fit_idx], sample.new[fit_idx], metric=pair.distance, method=method, seed=seed
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
@@ -96,7 +108,7 @@ def calibrate_command(
         "k": k,
         "knots": len(calibration.old),
         "distance": pair.distance,
-        "mapping": "quantile",
+        "mapping": method,
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_plain": better,
         "kept": better or force,
@@ -114,7 +126,7 @@ def calibrate_command(
         [
             f"calibrated on {len(fit_idx)} sampled points ({len(held_idx)} held out"
             + (f", {sample.failed} unreadable skipped" if sample.failed else "")
-            + f"), {len(calibration.old)} knots: a quantile map of {pair.distance} distances onto the new "
+            + f"), {len(calibration.old)} knots: the {method} map of {pair.distance} distances onto the new "
             "model's scale",
             "",
             f"recall@{k} on the held-out points against the new model's own neighbours:",

@@ -12,6 +12,9 @@ store on disk.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +61,12 @@ def raw_pair(root: Path, distance: str) -> tuple[Path, Path]:
 
 
 @pytest.fixture(params=["dot", "euclid"])
-def deployment(request, tmp_path) -> Deployment:
-    images = make_image_folder(tmp_path / "images", per_class=PER_CLASS)
+def deployment(request, tmp_path) -> Iterator[Deployment]:
+    # The images at a fixed path: the points' ids (derived from the URIs), and so the samples
+    # that probe and calibrate draw, are the same in every run, whatever pytest's folder is.
+    fixed = Path(tempfile.gettempdir()) / f"rmq-test-merge-metrics-{request.param}"
+    shutil.rmtree(fixed, ignore_errors=True)
+    images = make_image_folder(fixed / "images", per_class=PER_CLASS)
     old, new = raw_pair(tmp_path / "models", request.param)
 
     def rmq(*args, ok=True, code=0):
@@ -72,7 +79,8 @@ def deployment(request, tmp_path) -> Deployment:
     init = ["init", "--name", "p", "--old-collection", "gallery", "--encoder", new, "--old-encoder", old]
     rmq(*init, "--mode", "naive")
     rmq("migrate", "--name", "p", "--until", "0.5")
-    return Deployment(rmq, images, old, new)
+    yield Deployment(rmq, images, old, new)
+    shutil.rmtree(fixed, ignore_errors=True)
 
 
 def search(rmq, image: str, limit: int = 10) -> list[dict]:

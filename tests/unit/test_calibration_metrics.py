@@ -54,7 +54,7 @@ def two_models(n: int = 60, scale: float = 10.0, seed: int = 0, offset: float = 
 def test_the_map_sends_old_distances_to_the_new_ones_at_the_same_quantile(metric):
     old, new = two_models()
     d_old, d_new = all_pairs(old, metric), all_pairs(new, metric)
-    cal = fit_calibration(old, new, metric=metric, pairs=200_000)
+    cal = fit_calibration(old, new, metric=metric, method="quantile", pairs=200_000)
     levels = np.array([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9])  # knots thin out towards 1
     span = d_new.max() - d_new.min()
     got, want = cal(np.quantile(d_old, levels)), np.quantile(d_new, levels)
@@ -96,7 +96,7 @@ def test_a_side_crowded_out_by_scale_is_flagged_and_the_calibrated_merge_is_safe
     advice = recommend([plain], k=10)
     assert "not safe" in advice and f"{crowded} hits are crowded out of the merged top 10" in advice
     assert "rmq calibrate" in advice
-    cal = fit_calibration(old, new, metric=metric, pairs=200_000)
+    cal = fit_calibration(old, new, metric=metric, method="quantile", pairs=200_000)
     (mapped,) = forecast(old, new, order=order, k=10, metric=metric, naive_distance=cal)
     assert mapped.old_share is not None and 0.35 < mapped.old_share[half] < 0.65  # in proportion
     assert not mapped.crowded() and mapped.area > plain.area + 0.2
@@ -106,7 +106,7 @@ def test_a_side_crowded_out_by_scale_is_flagged_and_the_calibrated_merge_is_safe
 @pytest.mark.parametrize("metric", ["dot", "euclid"])
 def test_after_calibration_a_query_finds_its_own_old_point_first(metric):
     old, new = two_models(n=200, seed=5)
-    cal = fit_calibration(old, new, metric=metric, pairs=200_000)
+    cal = fit_calibration(old, new, metric=metric, method="quantile", pairs=200_000)
     migrated = migrated_at(np.random.default_rng(6).permutation(200), 0.5)
     merged = merged_distances(new, old, new, old, migrated, old_distance=cal, metric=metric)
 
