@@ -54,7 +54,9 @@ def test_the_fitted_graph_keeps_the_backbones_distance_and_raw_scale(fitted):
     np.testing.assert_allclose(got["new"], backbone, rtol=1e-4, atol=1e-4)  # ρ = identity, raw
     stored = OnnxEncoder(team.old).encode(uris)["embedding"]
     ratio = np.median(np.linalg.norm(got["rev"], axis=1)) / np.median(np.linalg.norm(stored, axis=1))
-    assert 0.9 < ratio < 1.15  # ψ answers in the old vectors' raw space, not at unit length
+    # ψ answers in the old vectors' raw space, not at unit length (about 0.12 here), and at their
+    # scale: least squares on a small random sample lands within 15-20 % of it (1.375 unscaled)
+    assert 0.7 < ratio < 1.3, ratio
 
 
 def test_switch_encoder_takes_the_raw_graph_and_refuses_one_that_normalises(fitted, tmp_path):
