@@ -88,10 +88,9 @@ def reply(raw: bytes) -> Callable[[socket.socket], None]:
 )
 def test_a_trickling_server_is_cut_off_at_the_fetch_deadline(raw_server, answer):
     """Each byte comes well within the socket timeout; the whole answer takes 300 s."""
-    started = time.monotonic()
-    message = fails(raw_server(answer) + "/x.jpg", r"timed out after 1 s")
-    # Only a hang breaks this bound (the server's whole answer takes 10 x HANG seconds).
-    assert time.monotonic() - started < HANG, message
+    # The reason names the fetch deadline (1 s): the socket timeout alone never fires, since
+    # each byte comes well within it, and the whole answer would take 10 x HANG seconds.
+    fails(raw_server(answer) + "/x.jpg", r"timed out after 1 s")
 
 
 @pytest.mark.parametrize(
