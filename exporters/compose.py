@@ -12,7 +12,6 @@ collection stores raw vectors, and ``new`` must stay in their space.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from onnx import compose, helper
 from torch import Tensor, nn
 
-from exporters.serving import TOLERANCE, ExportError, FoldedHeads, unit
+from exporters.serving import TOLERANCE, ExportError, FoldedHeads, checked_write, unit
 from rm_qdrant.core.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from rm_qdrant.errors import EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
@@ -207,15 +206,9 @@ def attach_model(
     helper.set_model_props(merged, composed.to_metadata())
     onnx.checker.check_model(merged)
     path = Path(out)
-    partial = path.with_name(f".{path.name}.partial")  # checked, then moved: never a half-written graph
-    try:
+    with checked_write(path) as partial:
         onnx.save(merged, str(partial))
         with torch.no_grad():
             expected = [t.numpy() for t in graph(torch.from_numpy(phi))]
         worst = _parity(partial, images, expected)
-        os.replace(partial, path)
-    except OSError as exc:
-        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    finally:
-        partial.unlink(missing_ok=True)
     return path, worst

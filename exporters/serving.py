@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -174,16 +175,24 @@ def _export_checked(
     """Export to a hidden file next to ``out``, check it, then move it there: a graph that
     fails its check (or a crash) never leaves a file at ``out``."""
     path = Path(out)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
+    with checked_write(path) as partial:
         _export(module, torch.from_numpy(sample[:2].copy()), partial, outputs, info)
         worst = check_parity(module, partial, sample, outputs, target=path)
+    return path, worst
+
+
+@contextmanager
+def checked_write(path: Path) -> Iterator[Path]:
+    """A partial file beside ``path`` for the block to write and check; moved to ``path`` only
+    when the block succeeds, removed otherwise: never a half-written or unchecked graph."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        yield partial
         os.replace(partial, path)
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
     finally:
         partial.unlink(missing_ok=True)
-    return path, worst
 
 
 def _sample_images(meta: dict, images: np.ndarray | None) -> np.ndarray:
