@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import (
     LAYOUTS,
     PAIRED,
@@ -14,7 +15,6 @@ from rm_qdrant.backfill.pair import (
     _get,
     check_collection_model,
     list_pairs,
-    new_model_key,
     record_collection_model,
     save_pair,
 )
@@ -142,7 +142,7 @@ def create_pair(
         new_vector=new_vector if single else None,
     )
     save_pair(store, record)
-    record_collection_model(store, new_model_key(record), record.encoder)
+    record_collection_model(store, layout_of(record).new_model_key, record.encoder)
     return record
 
 

@@ -7,31 +7,17 @@ from dataclasses import dataclass, replace
 
 from rm_qdrant.backfill.create import old_model_ref
 from rm_qdrant.backfill.dual import _open_encoder
+from rm_qdrant.backfill.layouts import active_where, layout_of
+from rm_qdrant.backfill.layouts.base import check_alias
 from rm_qdrant.backfill.migrate import MigrateOptions, Migrator
-from rm_qdrant.backfill.pair import (
-    ModelRef,
-    PairRecord,
-    active_where,
-    clear_bookkeeping,
-    save_pair,
-)
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, clear_bookkeeping, save_pair
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.store import Store, Where
+from rm_qdrant.store import Store
 
 log = logging.getLogger(__name__)
-
-
-def _check_alias(store: Store, alias: str) -> str:
-    if store.has_collection(alias):
-        raise ConfigError(
-            f"cannot use {alias!r} as the serving alias: a collection has that name "
-            "(choose --alias, or --drop-old to free the old collection's name)"
-        )
-    return alias
 
 
 def finalize(
@@ -63,55 +49,8 @@ def finalize(
             or (one collection) a point written meanwhile without the new vector could not
             be embedded (the pair stays ``finalizing``; a rerun completes it).
     """
-    if pair.single:
-        late = _Late(encoder, source or SourceConfig())
-        return _finalize_single(store, pair, alias=alias, drop_old=drop_old, late=late)
-    if pair.state == "finalizing":
-        return _complete_finalize(store, pair)
-    if pair.state != "backfilling":
-        raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
-    _check_all_moved(store, pair)
-    name = alias or pair.alias or pair.name
-    if name != pair.old_collection or not drop_old:
-        _check_alias(store, name)
-    starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
-    save_pair(store, starting)
-    return _complete_finalize(store, starting)
-
-
-def _finalize_single(
-    store: Store, pair: PairRecord, *, alias: str | None, drop_old: bool, late: _Late
-) -> PairRecord:
-    """One collection: serve the new vector alone; ``drop_old`` deletes the old vector, now
-    or, on a finalized pair, later. The application then searches ``using`` the new vector.
-
-    Code that still writes only the old vector may rewrite or add a point after the count
-    that lets the cutover start: such points lack the new vector, and lose every vector when
-    the old one is dropped. They are embedded with the new model before the drop (a point
-    that cannot be stops the cutover with its old vector kept) and again after it (from then
-    on such a write is refused: the old vector no longer exists)."""
-    if alias is not None:
-        raise ConfigError(
-            f"pair {pair.name!r} is one collection: there is no alias to move; the application searches "
-            f"{pair.old_collection!r} using the vector {pair.new_using!r} from now on"
-        )
-    if pair.state == "finalized" and drop_old and not pair.drop_old:
-        pair = replace(pair, state="finalizing", drop_old=True)
-    elif pair.state not in ("backfilling", "finalizing"):
-        raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
-    if pair.state == "backfilling":
-        _check_all_moved(store, pair)
-        pair = replace(pair, state="finalizing", drop_old=drop_old)
-    save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
-    _embed_late_writes(store, pair, late)
-    if pair.drop_old and pair.vector in store.collection(pair.old_collection, pair.new_using).vectors:
-        store.drop_vector(pair.old_collection, pair.vector)
-        _embed_late_writes(store, pair, late)
-    clear_bookkeeping(store, pair)
-    updated = replace(pair, state="finalized")
-    save_pair(store, updated)
-    log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
-    return updated
+    late = _Late(encoder, source or SourceConfig())
+    return layout_of(pair).finalize(store, alias, drop_old, lambda now: _embed_late_writes(store, now, late))
 
 
 @dataclass(frozen=True)
@@ -190,33 +129,6 @@ def _stranded(
     )
 
 
-def _check_all_moved(store: Store, pair: PairRecord) -> None:
-    remaining = store.count(pair.old_collection, active_where(pair))
-    if remaining:
-        failed = store.count(pair.old_collection, active_where(pair) & Where(not_empty=(ERROR,)))
-        raise MigrationError(
-            f"{remaining} points still serve from {pair.old_collection!r} ({failed} of them failed; "
-            "see 'rmq status'): finish the migration (rmq migrate --retry-failed) first"
-        )
-
-
-def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
-    name = pair.alias or pair.name
-    if pair.drop_old and name == pair.old_collection and store.has_collection(pair.old_collection):
-        # The application keeps its collection name: it becomes an alias of new. Queries
-        # by that name fail between the drop and the alias (a moment); DualIndex is unaffected.
-        store.delete_collection(pair.old_collection)
-    if store.alias(name) != pair.new_collection:  # a resumed cutover may have moved it already
-        store.set_alias(_check_alias(store, name), pair.new_collection)
-    if pair.drop_old and store.has_collection(pair.old_collection):
-        store.delete_collection(pair.old_collection)
-    clear_bookkeeping(store, pair)  # the team's collections, as its own code will read them
-    updated = replace(pair, state="finalized")
-    save_pair(store, updated)
-    log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
-    return updated
-
-
 def rollback(
     store: Store, pair: PairRecord, *, alias: str | None = None, old_encoder: OnnxEncoder | None = None
 ) -> PairRecord:
@@ -232,17 +144,8 @@ def rollback(
         MigrationError: the pair did not keep old points, or its old collection is gone.
         ConfigError: no old model is recorded or given, or the one given does not fit.
     """
-    if not (pair.keep_old or pair.single):
-        raise MigrationError(
-            f"pair {pair.name!r} removed migrated points from old (not --keep-old): "
-            "the old model cannot serve the whole gallery again"
-        )
-    if pair.state == "rolled_back":
-        raise MigrationError(f"pair {pair.name!r} is already rolled back")
-    if pair.single and pair.state != "backfilling":
-        raise MigrationError(f"pair {pair.name!r} is {pair.state}: the old vector no longer serves")
-    if pair.single and alias is not None:
-        raise ConfigError(f"pair {pair.name!r} is one collection: there is no alias to move (drop --alias)")
+    layout = layout_of(pair)
+    layout.check_rollback(alias)
     if not store.has_collection(pair.old_collection):
         raise MigrationError(f"the old collection {pair.old_collection!r} was dropped")
     model = pair.old_encoder
@@ -253,9 +156,9 @@ def rollback(
             f"pair {pair.name!r} has no old model recorded: give it (rmq rollback --old-encoder OLD.onnx) "
             "so that queries are encoded as the old collection's vectors were"
         )
-    name = None if pair.single else alias or pair.alias or pair.name
+    name = layout.rollback_alias(alias)
     if name is not None and store.alias(name) != pair.old_collection:  # a rerun may find it moved
-        store.set_alias(_check_alias(store, name), pair.old_collection)
+        store.set_alias(check_alias(store, name), pair.old_collection)
     clear_bookkeeping(store, pair)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)
     save_pair(store, updated)

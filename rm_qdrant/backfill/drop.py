@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import (
     META_COLLECTION,
     PairRecord,
@@ -18,13 +19,10 @@ from rm_qdrant.backfill.pair import (
     _key,
     _put,
     clear_bookkeeping,
-    count_new,
     load_pair,
-    new_model_key,
 )
-from rm_qdrant.core.planning import MIGRATED
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store import Store, Where
+from rm_qdrant.store import Store
 
 DROPPING = "dropping"
 
@@ -82,28 +80,13 @@ def _plan(store: Store, pair: PairRecord, force: bool) -> bool:
     Raises:
         ConfigError: points live only in new and ``force`` is not given.
     """
-    if pair.single:
-        collection, new = pair.old_collection, pair.new_using
-        has_new = (
-            store.has_collection(collection) and new in store.collection(collection, pair.vector).vectors
-        )
-        in_new = count_new(store, pair) if has_new else 0
-        only_new = store.count(collection, Where(lacks_vector=(pair.vector,))) if in_new else 0
-        where = f"points of {collection!r} hold only the new vector {new!r}"
-        stays = "the collection and both vectors stay"
-    else:
-        has_new = store.has_collection(pair.new_collection)
-        in_new = store.count(pair.new_collection) if has_new else 0
-        kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if pair.keep_old and in_new else 0
-        only_new = in_new - kept  # keep-old: migrated points are still in old; a user's writes are not
-        where = f"points live in {pair.new_collection!r} only"
-        stays = "both collections stay"
-    if pair.state in ("backfilling", "finalizing") and only_new > 0 and not force:
+    plan = layout_of(pair).plan_drop(store)
+    if pair.state in ("backfilling", "finalizing") and plan.only_new > 0 and not force:
         raise ConfigError(
-            f"pair {pair.name!r} is {pair.state} and {only_new} {where}: finish it (rmq migrate, "
-            f"rmq finalize) first, or --force to drop the record ({stays})"
+            f"pair {pair.name!r} is {pair.state} and {plan.only_new} {plan.where}: finish it (rmq migrate, "
+            f"rmq finalize) first, or --force to drop the record ({plan.stays})"
         )
-    return has_new and in_new == 0 and pair.state != "finalized"
+    return plan.has_new and plan.in_new == 0 and pair.state != "finalized"
 
 
 def _delete_new(store: Store, pair: PairRecord) -> bool:
@@ -111,15 +94,8 @@ def _delete_new(store: Store, pair: PairRecord) -> bool:
 
     Each step is skipped when done already, so a rerun after a kill goes on from where it stopped.
     """
-    if pair.single:
-        collection, new = pair.old_collection, pair.new_using
-        if store.has_collection(collection) and new in store.collection(collection, pair.vector).vectors:
-            if count_new(store, pair):  # written to since the drop began: keep it
-                return False
-            store.drop_vector(collection, new)
-    elif store.has_collection(pair.new_collection):
-        if store.count(pair.new_collection):
-            return False
-        store.delete_collection(pair.new_collection)
-    store.delete(META_COLLECTION, [_key("collection", new_model_key(pair))])
+    layout = layout_of(pair)
+    if not layout.delete_new(store):
+        return False
+    store.delete(META_COLLECTION, [_key("collection", layout.new_model_key)])
     return True

@@ -9,31 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, active_where, load_pair
+from rm_qdrant.backfill.layouts import Layout, Write, layout_of
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
-from rm_qdrant.backfill.writes import Write, apply, carried
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
 from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
-from rm_qdrant.store import Filter, ScoredRecord, Store, Where
+from rm_qdrant.store import Filter, ScoredRecord, Store
 from rm_qdrant.store.base import MergedQuery
-from rm_qdrant.store.filters import as_where
 from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
 log = logging.getLogger(__name__)
-
-
-def _old_dim(store: Store, pair: PairRecord) -> int | None:
-    """The old vectors' size, or None once they are gone (finalized and dropped)."""
-    if pair.single:
-        if pair.vector not in store.collection(pair.old_collection, pair.new_using).vectors:
-            return None
-    elif not (pair.serves_old or store.has_collection(pair.old_collection)):
-        return None
-    return store.collection(pair.old_collection, pair.vector).dim
 
 
 def _open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
@@ -80,17 +69,18 @@ class DualIndex:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
         self.pair = pair
+        self.layout: Layout = layout_of(pair)
         self.encoder = encoder
         self.old_encoder = old_encoder
         self.exact = exact
         self.hnsw_ef = hnsw_ef
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
-        self._old_dim = _old_dim(store, pair)
+        self._old_dim = self.layout.old_dim(store)
         self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
         # One collection: both searches run as one query (two, in order, where that fails).
-        self._two_queries = not pair.single
+        self._two_queries = not self.layout.one_query
         self._pool = (
-            ThreadPoolExecutor(max_workers=2) if store.concurrent_search and not pair.single else None
+            ThreadPoolExecutor(max_workers=2) if store.concurrent_search and self._two_queries else None
         )
 
     @classmethod
@@ -118,7 +108,7 @@ class DualIndex:
         new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
         old_side = None
         # While a rollback is possible, the old model also embeds a user's writes.
-        keeps_old = pair.keeps_writes_in_old
+        keeps_old = layout_of(pair).keeps_writes_in_old
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
@@ -207,7 +197,7 @@ class DualIndex:
             "exact": self.exact,
             "hnsw_ef": self.hnsw_ef,
         }
-        old_args = {**args, "filter": self._old_filter(filter), "vector": pair.vector}
+        old_args = {**args, "filter": self.layout.old_filter(filter), "vector": pair.vector}
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
         # A migrating point is written to new before it leaves old, so searching old
@@ -235,13 +225,6 @@ class DualIndex:
         )
         results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
         return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
-
-    def _old_filter(self, filter: Filter | None) -> Filter | None:
-        # Points that are also in new (keep-old copies, or points with the new vector in one
-        # collection) are served from new only.
-        if self.pair.state == "backfilling" and (self.pair.keep_old or self.pair.single):
-            return (as_where(filter) or Where()) & active_where(self.pair)
-        return filter
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
         if vectors is None or dim is None:
@@ -289,7 +272,7 @@ class DualIndex:
         gallery = encoder.info.gallery_output()
         vectors = encoder.encode(list(images), [gallery])[gallery]
         old_vectors = None
-        if self.pair.keeps_writes_in_old and self.old_encoder is not None and self._old_dim is not None:
+        if self.layout.keeps_writes_in_old and self.old_encoder is not None and self._old_dim is not None:
             old_vectors = self._old_queries(list(images))  # the old model's vectors, for a rollback
         self.upsert_vectors(ids, vectors, payloads, old_vectors=old_vectors, other_vectors=other_vectors)
 
@@ -329,18 +312,14 @@ class DualIndex:
         rows = len(ids)
         new = self._rows(vectors, self._new_dim, rows, "new")
         old = None
-        if old_vectors is not None and pair.keeps_writes_in_old and self._old_dim is not None:
+        if old_vectors is not None and self.layout.keeps_writes_in_old and self._old_dim is not None:
             old = self._rows(old_vectors, self._old_dim, rows, "old")
         others = None
         if other_vectors is not None:
-            managed = {pair.vector: "the old model's vector", pair.new_using: "the new model's vector"}
-            if not pair.single:
-                managed = {
-                    pair.vector: "the models' own vector (the old model's in old, the new one's in new)"
-                }
+            managed = self.layout.managed
             others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
         write = Write(list(ids), new, self._bodies(payloads, rows), old, others, self._old_dim is not None)
-        apply(self.store, pair, write, self._others())
+        self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
         array = self._check(vectors, dim, side)
@@ -362,18 +341,17 @@ class DualIndex:
 
     def _others(self) -> dict[str, OtherVector]:
         if self._carried is None:
-            self._carried = carried(self.store, self.pair)
+            self._carried = self.layout.carried(self.store)
         return self._carried
 
     def delete(self, ids: Sequence[PointId]) -> None:
         """Remove points from the gallery: from both collections."""
-        if self._old_dim is not None and not self.pair.single:
-            self.store.delete(self.pair.old_collection, ids)
-        self.store.delete(self.pair.new_collection, ids)
+        self.layout.delete(self.store, list(ids), self._old_dim is not None)
 
     def refresh(self) -> None:
         """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""
         self.pair = load_pair(self.store, self.pair.name)
+        self.layout = layout_of(self.pair)
         self._carried = None
         ref = self.pair.old_encoder
         if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":

@@ -17,8 +17,8 @@ import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem
+from rm_qdrant.backfill.layouts import active_where, count_new, ids_in_new
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import active_where, count_new, ids_in_new
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
 from rm_qdrant.errors import ConfigError

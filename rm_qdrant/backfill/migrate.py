@@ -28,68 +28,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
 from rm_qdrant.backfill.loading import load_batch
 from rm_qdrant.backfill.outcome import (
     BatchResult,
+    Encoded,
     Gallery,
     MigrateOptions,
     MigrationReport,
-    record_failures,
+    Prepared,
     unusable_rows,
 )
-from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
+from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
-from rm_qdrant.backfill.writes import carried
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import (
-    BATCH,
-    ERROR,
-    MIGRATED,
-    MOVING,
-    ORIGIN,
-    ORIGIN_MIGRATE,
-    chunks,
-    new_payload,
-    over_failure_limit,
-    settle,
-)
+from rm_qdrant.core.planning import ERROR, chunks, over_failure_limit
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.sources import ImageSource
 from rm_qdrant.store import Where
 
 log = logging.getLogger(__name__)
-#: Seconds between a batch's write to new and its removal from old where the store
-#: takes DualIndex's two searches concurrently: longer than any skew between them.
-REMOVAL_GRACE = 1.0
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    ids: list[PointId]  # encoded to storable vectors, in row order
-    vectors: np.ndarray
-    failed: list[tuple[PointId, str]]  # the encoder's output was unusable
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    ids: list[PointId]  # still in old, in plan order
-    payloads: dict[PointId, dict[str, Any]]
-    already_in_new: list[PointId]
-    loaded: list[PointId]  # whose images were read, in the order of ``pixels``
-    pixels: np.ndarray
-    failed: list[tuple[PointId, str]]
-    gone: int
-    token: str | None  # one collection: the batch's token (see BATCH)
-    others: dict[PointId, dict[str, Any]]  # two collections: each point's other vectors, if any
+__all__ = ["REMOVAL_GRACE", "MigrateOptions", "Migrator", "run_migration"]
 
 
 class Migrator:
@@ -104,7 +70,7 @@ class Migrator:
         """``finishing``: the cutover of a single-collection pair embeds the points written
         without the new vector since it counted them (see cutover.py), in state ``finalizing``."""
         name, state = index.pair.name, index.pair.state
-        if state == "finalizing" and not (finishing and index.pair.single):
+        if state == "finalizing" and not (finishing and layout_of(index.pair).finishing_migration()):
             raise MigrationError(
                 f"a cutover of pair {name!r} is under way: 'rmq finalize --name {name}' completes it"
             )
@@ -123,11 +89,15 @@ class Migrator:
         self.output = index.encoder.info.gallery_output()
         self.dim = index.store.collection(index.pair.new_collection, index.pair.new_using).dim
         # Two collections: the other vectors a point takes to new (one collection: they stay put).
-        self.carried = () if index.pair.single else tuple(carried(index.store, index.pair))
+        self.carried = self.layout.migration_carries(index.store)
 
     @property
     def pair(self) -> PairRecord:
         return self.index.pair
+
+    @property
+    def layout(self) -> Layout:
+        return layout_of(self.index.pair)
 
     def ensure_order(self) -> None:
         """Rank the old points if the order is new, changed, half-written, or some points lack a rank."""
@@ -174,7 +144,7 @@ class Migrator:
         ):
             queue = iter(batches)
 
-            def next_batch() -> Future[_Prepared] | None:
+            def next_batch() -> Future[Prepared] | None:
                 batch = next(queue, None)
                 return None if batch is None else prepare.submit(self._prepare, batch, source, fetch)
 
@@ -219,32 +189,19 @@ class Migrator:
                 "stopping: fix the source, then rerun with --retry-failed (or raise --max-failures)"
             )
 
-    def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> _Prepared:
-        pair, token = self.pair, None
-        if pair.single:  # before the read: a rewrite from here on removes it (see the module's doc)
-            token = uuid.uuid4().hex
-            self.store.mark(pair.old_collection, batch, {BATCH: token})
-        # One collection: the same read says which points have the new vector already.
-        present = self.store.retrieve(
-            pair.old_collection,
-            list(batch),
-            with_vectors=pair.single,
-            vector=pair.new_using,
-            others=self.carried,
-        )
+    def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> Prepared:
+        pair = self.pair
+        claimed = self.layout.claim(self.store, list(batch), self.carried)
+        present, done = claimed.present, claimed.done
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        if pair.single:
-            done = {r.id for r in present if r.vector is not None}
-        else:
-            done = ids_in_new(self.store, pair, ids)
         todo = [i for i in ids if i not in done]
         points = [(i, payloads[i]) for i in todo]
         loaded = load_batch(
             self.encoder, source, pair.uri_rule, points, fetch, workers=self.options.fetch_workers
         )
         already = [i for i in ids if i in done]
-        return _Prepared(
+        return Prepared(
             ids,
             payloads,
             already,
@@ -252,116 +209,25 @@ class Migrator:
             loaded.pixels,
             [(todo[row], reason) for row, reason in loaded.failed],
             len(batch) - len(ids),
-            token,
+            claimed.token,
             {r.id: r.others for r in present} if self.carried else {},
         )
 
-    def _encode(self, prepared: _Prepared) -> _Encoded:
+    def _encode(self, prepared: Prepared) -> Encoded:
         if not prepared.loaded:
-            return _Encoded([], np.zeros((0, self.dim), dtype=np.float32), [])
+            return Encoded([], np.zeros((0, self.dim), dtype=np.float32), [])
         ids = prepared.loaded
         vectors = self.encoder.run_pixels(prepared.pixels, [self.output])[self.output]
         log.debug("encoded %s", ids)
         bad = unusable_rows(vectors, self.pair.distance)
         if not bad.any():
-            return _Encoded(ids, vectors, [])
+            return Encoded(ids, vectors, [])
         reason = "the encoder returned NaN, infinity or a zero vector for this image"
         failed = [(i, reason) for i, b in zip(ids, bad.tolist(), strict=True) if b]
-        return _Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
+        return Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
 
-    def _settle(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
-        if self.pair.single:
-            return self._settle_single(prepared, encoded)
-        pair, store = self.pair, self.store
-        written = encoded.ids
-        if written:
-            payloads = [new_payload(prepared.payloads[i]) for i in written]
-            store.mark(pair.old_collection, written, {MOVING: 1})  # see status.in_both
-            others = [prepared.others[i] for i in written] if self.carried else None
-            store.upsert(
-                pair.new_collection,
-                written,
-                encoded.vectors,
-                payloads,
-                insert_only=True,
-                vector=pair.vector,
-                others=others,
-            )
-            log.debug("acknowledged %s", written)
-        acknowledged = time.monotonic()
-        batch = written + prepared.already_in_new
-        in_new = {
-            r.id: (0 if r.vector is None else len(r.vector), r.payload)
-            for r in store.retrieve(pair.new_collection, batch, with_vectors=True, vector=pair.vector)
-        }
-        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch, with_payload=False)}
-        outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=self.dim)
-        if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
-            store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
-        if store.concurrent_search:  # see REMOVAL_GRACE
-            time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
-        if pair.keep_old:
-            store.mark(pair.old_collection, outcome.remove_from_old, {MIGRATED: 1, ERROR: None, MOVING: None})
-        else:
-            store.delete(pair.old_collection, outcome.remove_from_old)
-        failed = prepared.failed + encoded.failed
-        record_failures(store, pair.old_collection, failed)
-        if outcome.unconfirmed:
-            log.warning("%d written points were not found in new; they stay in old", len(outcome.unconfirmed))
-        removed = set(outcome.remove_from_old)
-        return BatchResult(
-            moved=sum(i in removed for i in written),
-            repaired=sum(i in removed for i in prepared.already_in_new),
-            failed=failed,
-            gone=prepared.gone + len(batch) - len(still_in_old),
-            unconfirmed=len(outcome.unconfirmed),
-            failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
-        )
-
-    def _settle_single(self, prepared: _Prepared, encoded: _Encoded) -> BatchResult:
-        """One collection: add the new vector where the point still lacks it and still has the
-        batch's token (a user's write wins; a deleted point stays deleted), read back, record failures."""
-        pair, store = self.pair, self.store
-        written = encoded.ids
-        if written:
-            ours = active_where(pair) & Where(must={BATCH: prepared.token})
-            store.set_vectors(
-                pair.old_collection, written, encoded.vectors, vector=pair.new_using, where=ours
-            )
-            log.debug("acknowledged %s", written)
-        back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
-        confirmed = {r.id: r.payload for r in back if r.vector is not None and len(r.vector) == self.dim}
-        # A rewrite that copied the payload it read (token included) and changed the image
-        # passes the condition: the vector is the previous image's, so it goes again. (A write
-        # without the token is the user's own: the conditional write did not touch it.)
-        stale = [
-            i
-            for i, now in confirmed.items()
-            if now.get(BATCH) == prepared.token and not pair.uri_rule.same_image(i, prepared.payloads[i], now)
-        ]
-        if stale:
-            store.delete(pair.old_collection, stale, vectors=(pair.new_using,))
-            for i in stale:
-                del confirmed[i]
-        retried = [i for i, payload in confirmed.items() if payload.get(ERROR) is not None]
-        if retried:
-            store.mark(pair.old_collection, retried, {ERROR: None})
-        failed = prepared.failed + encoded.failed
-        record_failures(store, pair.old_collection, failed)
-        unconfirmed = len(back) - len(confirmed)  # rewritten meanwhile without the new vector
-        if unconfirmed:
-            log.warning("%d points were rewritten meanwhile without the new vector", unconfirmed)
-        return BatchResult(
-            moved=len(confirmed),
-            repaired=0,
-            failed=failed,
-            gone=prepared.gone + len(written) - len(back),
-            unconfirmed=unconfirmed,
-            failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
-        )
-
-
-_OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+    def _settle(self, prepared: Prepared, encoded: Encoded) -> BatchResult:
+        return self.layout.settle(self.store, prepared, encoded, self.dim)
 
 
 def run_migration(
@@ -389,7 +255,7 @@ def run_migration(
     skipped = 0
     if not options.retry_failed:
         skipped = index.store.count(
-            index.pair.old_collection, active_where(index.pair) & Where(not_empty=(ERROR,))
+            index.pair.old_collection, layout_of(index.pair).old_where() & Where(not_empty=(ERROR,))
         )
     shards = [options] if workers == 1 else [replace(options, shard=(i, workers)) for i in range(workers)]
     migrators = [Migrator(index, shard) for shard in shards]

@@ -1,11 +1,11 @@
-"""What a migration is asked to do and what it did: the options of a run, each settled batch, a run's
-report, and the per-point failures it records."""
+"""What a migration is asked to do and what it did: the options of a run, a batch on its way,
+each settled batch, a run's report, and the per-point failures it records."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,6 +52,30 @@ class Gallery(Protocol):
     store: Store
     pair: PairRecord
     encoder: OnnxEncoder | None
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A batch as the encoder left it."""
+
+    ids: list[PointId]  # encoded to storable vectors, in row order
+    vectors: np.ndarray
+    failed: list[tuple[PointId, str]]  # the encoder's output was unusable
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A batch read and its images fetched and decoded, before it is encoded."""
+
+    ids: list[PointId]  # still in old, in plan order
+    payloads: dict[PointId, dict[str, Any]]
+    already_in_new: list[PointId]
+    loaded: list[PointId]  # whose images were read, in the order of ``pixels``
+    pixels: np.ndarray
+    failed: list[tuple[PointId, str]]
+    gone: int
+    token: str | None  # one collection: the batch's token (see BATCH)
+    others: dict[PointId, dict[str, Any]]  # two collections: each point's other vectors, if any
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rm_qdrant.core.calibration import Calibration
-from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import INTERNAL_FIELDS, MIGRATED
+from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -107,15 +106,9 @@ class PairRecord:
 
     @property
     def single(self) -> bool:
-        """Whether the pair is one collection with the new model as a second named vector."""
+        """Whether the pair is one collection with the new model as a second named vector
+        (code acts on a pair through its layout object: :func:`rm_qdrant.backfill.layouts.layout_of`)."""
         return self.layout == SINGLE
-
-    @property
-    def arrow(self) -> str:
-        """Where the gallery moves, for messages: ``old -> new``, or ``C: vector OLD -> NEW``."""
-        if self.single:
-            return f"{self.old_collection}: vector {self.vector!r} -> {self.new_using!r}"
-        return f"{self.old_collection} -> {self.new_collection}"
 
     @property
     def new_using(self) -> str:
@@ -144,12 +137,6 @@ class PairRecord:
         """Whether search reads the new collection (not after a rollback)."""
         return self.state != "rolled_back"
 
-    @property
-    def keeps_writes_in_old(self) -> bool:
-        """Whether a user's write goes to old too (by the old model), for a rollback to serve:
-        while backfilling a ``--keep-old`` pair or one collection."""
-        return self.state == "backfilling" and (self.keep_old or self.single)
-
     def to_payload(self) -> dict[str, Any]:
         return {"kind": "pair", "name": self.name, "record": asdict(self)}
 
@@ -161,40 +148,6 @@ class PairRecord:
         if raw.get("old_encoder"):
             raw["old_encoder"] = ModelRef(**raw["old_encoder"])
         return cls(**raw)
-
-
-def active_where(pair: PairRecord) -> Where:
-    """The old points that still serve from old (keep-old mode hides migrated ones; in one
-    collection, the points without the new vector)."""
-    if pair.single:
-        return Where(lacks_vector=(pair.new_using,))
-    return Where(must_not={MIGRATED: 1}) if pair.keep_old else Where()
-
-
-def new_where(pair: PairRecord) -> Where:
-    """The points of ``pair.new_collection`` that serve from new (in one collection: those
-    with the new vector)."""
-    return Where(has_vector=(pair.new_using,)) if pair.single else Where()
-
-
-def count_new(store: Store, pair: PairRecord, where: Where | None = None) -> int:
-    """How many points serve from new (that also match ``where``)."""
-    return store.count(pair.new_collection, new_where(pair) & (where or Where()))
-
-
-def ids_in_new(store: Store, pair: PairRecord, ids: list[PointId]) -> set[PointId]:
-    """Which of ``ids`` are in new (in one collection: have the new vector)."""
-    if not pair.single:
-        return {r.id for r in store.retrieve(pair.new_collection, ids, with_payload=False)}
-    found = store.retrieve(
-        pair.new_collection, ids, with_vectors=True, vector=pair.new_using, with_payload=False
-    )
-    return {r.id for r in found if r.vector is not None}
-
-
-def new_model_key(pair: PairRecord) -> str:
-    """Where :func:`record_collection_model` keeps the model of the new vectors."""
-    return f"{pair.new_collection}/{pair.new_using}" if pair.single else pair.new_collection
 
 
 def _key(kind: str, name: str) -> str:

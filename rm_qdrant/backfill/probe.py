@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.backfill.layouts import active_where, ids_in_new
 from rm_qdrant.backfill.loading import load_batch
-from rm_qdrant.backfill.pair import PairRecord, active_where, ids_in_new
+from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.backfill.ranking import read_all
 from rm_qdrant.core.forecast import (
     DIP_TOLERANCE,

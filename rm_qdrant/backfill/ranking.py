@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import PairRecord, active_where, count_new, save_pair
+from rm_qdrant.backfill.layouts import active_where, count_new, layout_of
+from rm_qdrant.backfill.outcome import MigrateOptions
+from rm_qdrant.backfill.pair import PairRecord, save_pair
 from rm_qdrant.backfill.status import in_both
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import bucket, needs_payloads, needs_vectors, order_keys, ranks, shard_buckets
 from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK, points_to_move
-from rm_qdrant.errors import StoreError
 from rm_qdrant.store import Store, Where
-
-if TYPE_CHECKING:
-    from rm_qdrant.backfill.migrate import MigrateOptions
 
 log = logging.getLogger(__name__)
 _PAGE = 2_000
@@ -140,7 +138,7 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     if options.shard is not None:
         owned = set(shard_buckets(*options.shard))
         repairs = [i for i in repairs if bucket(i) in owned]
-        where = where & _shard_where(store, pair, options.shard, owned)
+        where = where & layout_of(pair).shard_where(store, options.shard, Where(must={BUCKET: sorted(owned)}))
         if moves < old_only:  # --until/--limit: each worker takes its share, rounded up
             moves = -(-moves // options.shard[1])
     if not options.retry_failed:
@@ -152,19 +150,6 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     )
     skip = set(repairs)
     return repairs + [r.id for r in page if r.id not in skip][:moves]
-
-
-def _shard_where(store: Store, pair: PairRecord, shard: tuple[int, int], owned: set[int]) -> Where:
-    """A worker's share: Qdrant's own slices of the ids in one collection, where the store
-    takes them, else the buckets written with the ranks (as in the paired layout)."""
-    if pair.single:
-        sliced = Where(slice=shard)
-        try:
-            store.count(pair.old_collection, sliced)
-            return sliced
-        except StoreError as exc:
-            log.info("slices refused (%s): sharding by rank buckets", exc)
-    return Where(must={BUCKET: sorted(owned)})
 
 
 def unranked(store: Store, pair: PairRecord) -> int:

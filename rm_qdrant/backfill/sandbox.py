@@ -28,7 +28,8 @@ from typing import IO
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import PairRecord, new_model_key, new_where, record_collection_model, save_pair
+from rm_qdrant.backfill.layouts import layout_of
+from rm_qdrant.backfill.pair import PairRecord, record_collection_model, save_pair
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.store import Record, Store, Where, open_store
 
@@ -82,11 +83,12 @@ def sandbox(
     with _owned_folder() as folder, open_store(folder) as copy:
         for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
-        if pair.single:
-            _copy_new_vectors(store, copy, pair)
+        layout = layout_of(pair)
+        for name, vector, where in layout.vector_copies():
+            _copy_vector(store, copy, name, vector, where)
         record = replace(pair, alias=None)
         save_pair(copy, record)
-        record_collection_model(copy, new_model_key(pair), pair.encoder)
+        record_collection_model(copy, layout.new_model_key, pair.encoder)
         yield copy, record
 
 
@@ -156,11 +158,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _copy_new_vectors(source: Store, target: Store, pair: PairRecord) -> None:
-    """One collection: its new vector too (points that hold only it are not copied)."""
-    name, vector = pair.new_collection, pair.new_using
+def _copy_vector(source: Store, target: Store, name: str, vector: str, where: Where) -> None:
+    """A further vector of ``name`` (points that hold only it are not copied)."""
     spec = source.collection(name, vector)
     target.add_vector(name, vector, dim=spec.dim, distance=spec.distance)
-    for _, rows in _pages(source, name, vector, new_where(pair)):
+    for _, rows in _pages(source, name, vector, where):
         if rows:
             target.set_vectors(name, [r.id for r in rows], np.stack([r.vector for r in rows]), vector=vector)

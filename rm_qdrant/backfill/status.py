@@ -5,35 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rm_qdrant.backfill.pair import PairRecord, active_where, count_new
+from rm_qdrant.backfill.layouts import layout_of
+from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import ERROR, MIGRATED, MOVING
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import SourceError
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Store, Where
 
 SAMPLE = 5
-_PAGE = 10_000
 
 
 def in_both(store: Store, pair: PairRecord) -> list[PointId]:
-    """Points that serve from old and are already in new: a migration step cut short
-    between its write to new and its removal from old. Search serves them once (from
-    new) and the next ``rmq migrate`` finishes the step; counts must not take them twice.
-
-    Only points marked ``rmq_moving`` can be in both, so this reads a few batches at most.
-    """
-    if pair.state != "backfilling" or pair.single or not store.has_collection(pair.old_collection):
-        return []  # (in one collection a point is in old or in new, never both)
-    marked: list[PointId] = []
-    offset: PointId | None = None
-    where = active_where(pair) & Where(not_empty=(MOVING,))
-    while True:
-        page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
-        marked += [r.id for r in page]
-        if offset is None:
-            break
-    return [r.id for r in store.retrieve(pair.new_collection, marked)] if marked else []
+    """Points that serve from old and are already in new (see :meth:`Paired.in_both`); counts
+    must not take them twice."""
+    return layout_of(pair).in_both(store)
 
 
 @dataclass(frozen=True)
@@ -66,6 +52,8 @@ class PairStatus:
     layout: str = "paired"
     old_vector: str = ""
     new_vector: str = ""
+    old_place: str = ""
+    new_place: str = ""
 
     @property
     def fraction(self) -> float:
@@ -84,19 +72,17 @@ def _uri(pair: PairRecord, point_id: PointId, payload: dict[str, Any]) -> object
 
 def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     """Both collections' sizes, the failures and the pair's models; needs no encoder."""
-    # (once a single-collection pair is finalized, its old vectors serve no more)
-    ended = ("finalizing", "finalized") if pair.single else ("finalizing",)
-    has_old = store.has_collection(pair.old_collection) and pair.state not in ended
-    active = active_where(pair) if pair.state == "backfilling" else Where()  # after a rollback: all
-    old_count = store.count(pair.old_collection, active) - len(in_both(store, pair)) if has_old else 0
+    layout = layout_of(pair)
+    has_old = store.has_collection(pair.old_collection) and not layout.old_ended()
+    active = layout.old_where() if pair.state == "backfilling" else Where()  # after a rollback: all
+    old_count = store.count(pair.old_collection, active) - len(layout.in_both(store)) if has_old else 0
     failed_where = active & Where(not_empty=(ERROR,))
     failed = store.count(pair.old_collection, failed_where) if has_old else 0
     sample = []
     if failed:
         page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
         sample = [(r.id, shown(_uri(pair, r.id, r.payload)), str(r.payload.get(ERROR))) for r in page]
-    keeping = has_old and pair.keep_old and pair.state == "backfilling"
-    kept = store.count(pair.old_collection, Where(must={MIGRATED: 1})) if keeping else 0
+    kept = layout.kept_count(store) if has_old and pair.state == "backfilling" else 0
     return PairStatus(
         name=pair.name,
         mode=pair.mode,
@@ -104,7 +90,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         old_collection=pair.old_collection,
         new_collection=pair.new_collection,
         old_count=old_count,
-        new_count=count_new(store, pair) if store.has_collection(pair.new_collection) else 0,
+        new_count=layout.count_new(store) if store.has_collection(pair.new_collection) else 0,
         encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
         old_encoder=f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None,
         keep_old=pair.keep_old,
@@ -116,4 +102,6 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         layout=pair.layout,
         old_vector=pair.vector,
         new_vector=pair.new_using,
+        old_place=layout.old_place,
+        new_place=layout.new_place,
     )

@@ -14,15 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rm_qdrant.backfill.create import old_model_ref
-from rm_qdrant.backfill.pair import (
-    ModelRef,
-    PairRecord,
-    count_new,
-    new_model_key,
-    new_where,
-    record_collection_model,
-    save_pair,
-)
+from rm_qdrant.backfill.layouts import count_new, layout_of, new_where
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, record_collection_model, save_pair
 from rm_qdrant.backfill.verify import SAME_OUTPUT, Agreement, agreement
 from rm_qdrant.errors import ConfigError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -98,5 +91,5 @@ def switch_encoder(
             )
     updated = replace(pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model)
     save_pair(store, updated)
-    record_collection_model(store, new_model_key(pair), updated.encoder)
+    record_collection_model(store, layout_of(pair).new_model_key, updated.encoder)
     return updated, measured

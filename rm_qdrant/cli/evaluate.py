@@ -14,6 +14,7 @@ import click
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import scan_image_folder
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.migrate import MigrateOptions
 from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.sandbox import sandbox
@@ -80,9 +81,7 @@ def _copy(store: Store, pair: PairRecord, silent: bool) -> Iterator[Store]:
     """The pair copied into a temporary embedded store (a progress bar meanwhile), removed afterwards."""
     with contextlib.ExitStack() as stack:
         with Progress("copying the pair", hidden=silent, unit="points") as bar:
-            bar.start(
-                store.count(pair.old_collection) + (0 if pair.single else store.count(pair.new_collection))
-            )
+            bar.start(layout_of(pair).stored_points(store))
             copy, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
         yield copy
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.pair import count_new, load_pair
+from rm_qdrant.backfill.layouts import count_new
+from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     FiniteFloat,

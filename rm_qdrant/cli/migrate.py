@@ -13,6 +13,7 @@ import click
 
 from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget
@@ -220,18 +221,7 @@ def finalize_command(
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
     record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
-    if record.single:
-        text = (
-            f"pair {name!r} finalized: {record.old_collection!r} serves vector {record.new_using!r} "
-            f"(search it with using={record.new_using!r})"
-        )
-        text += (
-            f"; dropped vector {record.vector!r}" if record.drop_old else f"; vector {record.vector!r} kept"
-        )
-    else:
-        text = f"pair {name!r} finalized: alias {record.alias!r} -> {record.new_collection}"
-        text += f"; dropped {record.old_collection}" if drop_old else ""
-    emit(dataclasses.asdict(record), as_json, text)
+    emit(dataclasses.asdict(record), as_json, layout_of(record).finalized_text(record, drop_old))
 
 
 @click.command(name="rollback")
@@ -248,13 +238,4 @@ def rollback_command(
     store = open_cli_store(ctx)
     model = OnnxEncoder(old_encoder) if old_encoder else None
     record = rollback(store, load_pair(store, name), alias=alias, old_encoder=model)
-    emit(
-        dataclasses.asdict(record),
-        as_json,
-        f"pair {name!r} rolled back: "
-        + (
-            f"{record.old_collection!r} serves vector {record.vector!r} again"
-            if record.single
-            else f"alias {record.alias!r} -> {record.old_collection}"
-        ),
-    )
+    emit(dataclasses.asdict(record), as_json, layout_of(record).rolled_back_text(record))

@@ -7,6 +7,7 @@ import dataclasses
 import click
 
 from rm_qdrant.backfill.drop import drop_pair
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import list_pairs, load_pair
 from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.cli.common import (
@@ -31,9 +32,8 @@ def pairs_command(ctx: click.Context, as_json: bool) -> None:
     found = list_pairs(open_cli_store(ctx))
     lines = [f"{'pair':16} {'mode':6} {'state':12} collections (old -> new)          encoder"]
     for p in found:
-        lines.append(
-            f"{plain(p.name):16} {p.mode:6} {p.state:12} {plain(p.arrow):34} {plain(p.encoder.name)}"
-        )
+        arrow = plain(layout_of(p).arrow)
+        lines.append(f"{plain(p.name):16} {p.mode:6} {p.state:12} {arrow:34} {plain(p.encoder.name)}")
     emit([dataclasses.asdict(p) for p in found], as_json, "\n".join(lines) if found else "no pairs")
 
 
@@ -48,7 +48,7 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
     """Forget a pair. The old collection is never touched; the new one goes only if empty."""
     done = drop_pair(open_cli_store(ctx), name, force=force)
     p = done.pair
-    new = f"vector {p.new_using!r}" if p.single else repr(p.new_collection)
+    new = layout_of(p).new_half
     kept = f"; {new} deleted (it was empty)" if done.deleted_new else f"; {new} kept"
     text = f"dropped pair {name!r} ({p.state}); {p.old_collection!r} kept, its rmq_* fields removed{kept}"
     emit({"pair": name, "state": p.state, "deleted_new": done.deleted_new}, as_json, text)

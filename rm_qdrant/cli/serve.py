@@ -11,6 +11,7 @@ import click
 from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import index_images, scan_image_folder
+from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
 from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
@@ -137,9 +138,9 @@ def init(
         layout=layout,
         new_vector=new_vector,
     )
-    vector = f" (vector {record.vector!r})" if record.vector and not record.single else ""
+    layout = layout_of(record)
     images = record.uri_rule.describe()
-    text = f"pair {record.name!r} ({record.mode}): {plain(record.arrow)}{vector}; images from {plain(images)}"
+    text = f"pair {record.name!r} ({record.mode}): {plain(layout.created)}; images from {plain(images)}"
     emit(dataclasses.asdict(record), as_json, text)
 
 
@@ -177,7 +178,7 @@ def index(
     store = open_cli_store(ctx, create=True)
     pair = None if collection else load_pair(store, name or "")
     target = collection if pair is None else pair.old_collection
-    vector = pair.vector if pair is not None and pair.single else None
+    vector = None if pair is None else layout_of(pair).index_vector
     items = scan_image_folder(data)
     model = OnnxEncoder(encoder)
     with Progress(f"indexing into {target}", hidden=as_json or quiet(ctx), unit="images") as bar:
@@ -277,10 +278,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         "calibrated": calibrated,
     }
     rolled_back = state.state == "rolled_back"
-    single = state.layout == SINGLE
-    old_where = f"{state.old_collection} (vector {state.old_vector!r})" if single else state.old_collection
-    new_where = f"{state.new_collection} (vector {state.new_vector!r})" if single else state.new_collection
-    old_where, new_where = plain(old_where), plain(new_where)
+    old_where, new_where = plain(state.old_place), plain(state.new_place)
     text = "\n".join(
         [
             f"pair          {plain(state.name)} ({state.mode}, {state.layout}, {state.state})",

@@ -1,0 +1,264 @@
+"""Two collections: the old model's points in ``old_collection``, the new model's in
+``new_collection``. A migrated point is written to new, then deleted from old
+(:class:`Paired`) or kept there marked and hidden for a rollback (:class:`PairedKeepOld`).
+
+A user's write goes to new whole, with the other vectors the point had (read from new, else
+from old) where the write does not give them; then the point leaves old, or (keep-old) is
+written to old too, hidden as migrated points are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from rm_qdrant.backfill.layouts.base import (
+    Claimed,
+    DropPlan,
+    EmbedLate,
+    Layout,
+    Write,
+    check_alias,
+    check_all_moved,
+)
+from rm_qdrant.backfill.outcome import BatchResult, Encoded, Prepared, record_failures
+from rm_qdrant.backfill.pair import PairRecord, clear_bookkeeping, save_pair
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import (
+    ERROR,
+    MIGRATED,
+    MOVING,
+    ORIGIN,
+    ORIGIN_MIGRATE,
+    new_payload,
+    settle,
+    user_payload,
+)
+from rm_qdrant.errors import MigrationError
+from rm_qdrant.store import Record, Store, Where
+from rm_qdrant.store.vectors import OtherVector
+
+log = logging.getLogger(__name__)
+#: Seconds between a batch's write to new and its removal from old where the store
+#: takes DualIndex's two searches concurrently: longer than any skew between them.
+REMOVAL_GRACE = 1.0
+_PAGE = 10_000
+_OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+
+
+class Paired(Layout):
+    """Two collections; a migrated point leaves old."""
+
+    rolls_back = False
+
+    def in_both(self, store: Store) -> list[PointId]:
+        """Points that serve from old and are already in new: a migration step cut short
+        between its write to new and its removal from old. Search serves them once (from
+        new) and the next ``rmq migrate`` finishes the step; counts must not take them twice.
+
+        Only points marked ``rmq_moving`` can be in both, so this reads a few batches at most.
+        """
+        pair = self.pair
+        if pair.state != "backfilling" or not store.has_collection(pair.old_collection):
+            return []
+        marked: list[PointId] = []
+        offset: PointId | None = None
+        where = self.old_where() & Where(not_empty=(MOVING,))
+        while True:
+            page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
+            marked += [r.id for r in page]
+            if offset is None:
+                break
+        return [r.id for r in store.retrieve(pair.new_collection, marked)] if marked else []
+
+    def carried(self, store: Store) -> dict[str, OtherVector]:
+        """The other vectors of the new collection that old has too, alike."""
+        pair = self.pair
+        new = store.collection(pair.new_collection, pair.vector).extra
+        if not new or not store.has_collection(pair.old_collection):
+            return {o.name: o for o in new}
+        old = set(store.collection(pair.old_collection, pair.vector).extra)
+        return {o.name: o for o in new if o in old}
+
+    def migration_carries(self, store: Store) -> tuple[str, ...]:
+        return tuple(self.carried(store))
+
+    # -- a user's writes -----------------------------------------------------------
+
+    def _write(self, store: Store, write: Write, known: Mapping[str, OtherVector]) -> None:
+        pair, ids, bodies, others = self.pair, write.ids, write.bodies, write.others
+        lacking = bool(known) and any(set(known) - set(row) for row in (others or [{}]))
+        keep = any(body is None for body in bodies)
+        found = self._existing(store, ids, list(known) if lacking else [], keep, write.old_there)
+        if keep:
+            kept = {i: user_payload(r.payload) for i, r in found.items()}
+            bodies = [kept.get(i, {}) if body is None else body for i, body in zip(ids, bodies, strict=True)]
+        if lacking:
+            given = others or [{} for _ in ids]
+            others = [
+                {**(found[i].others if i in found else {}), **row} for i, row in zip(ids, given, strict=True)
+            ]
+        carry = others if others and any(others) else None
+        full = [body or {} for body in bodies]
+        store.upsert(pair.new_collection, ids, write.vectors, full, vector=pair.vector, others=carry)
+        if not write.old_there:
+            return
+        if write.old_vectors is not None:  # hidden from search as migrated points are; a rollback serves it
+            hidden = [{**body, MIGRATED: 1} for body in full]
+            store.upsert(
+                pair.old_collection, ids, write.old_vectors, hidden, vector=pair.vector, others=carry
+            )
+        else:
+            store.delete(pair.old_collection, ids)
+
+    def _existing(
+        self, store: Store, ids: list[PointId], names: list[str], payload: bool, old: bool
+    ) -> dict[PointId, Record]:
+        """The points of ``ids`` as they are, with the other vectors ``names``: from new, else old."""
+        if not names and not payload:
+            return {}
+        pair = self.pair
+        found = {
+            r.id: r for r in store.retrieve(pair.new_collection, ids, with_payload=payload, others=names)
+        }
+        rest = [i for i in ids if i not in found]
+        if rest and old:
+            old_points = store.retrieve(pair.old_collection, rest, with_payload=payload, others=names)
+            found.update({r.id: r for r in old_points})
+        return found
+
+    # -- the migration -------------------------------------------------------------
+
+    def claim(self, store: Store, batch: list[PointId], others: tuple[str, ...]) -> Claimed:
+        present = store.retrieve(self.pair.old_collection, batch, others=others)
+        return Claimed(present, self.ids_in_new(store, [r.id for r in present]), None)
+
+    def settle(self, store: Store, prepared: Prepared, encoded: Encoded, dim: int) -> BatchResult:
+        """Insert-only write to new (a fresher write by a user wins), read back from new and old,
+        retire the confirmed points from old, record the failures (see migrate.py)."""
+        pair = self.pair
+        written = encoded.ids
+        if written:
+            payloads = [new_payload(prepared.payloads[i]) for i in written]
+            store.mark(pair.old_collection, written, {MOVING: 1})  # see in_both
+            others = [prepared.others[i] for i in written] if prepared.others else None
+            store.upsert(
+                pair.new_collection,
+                written,
+                encoded.vectors,
+                payloads,
+                insert_only=True,
+                vector=pair.vector,
+                others=others,
+            )
+            log.debug("acknowledged %s", written)
+        acknowledged = time.monotonic()
+        batch = written + prepared.already_in_new
+        in_new = {
+            r.id: (0 if r.vector is None else len(r.vector), r.payload)
+            for r in store.retrieve(pair.new_collection, batch, with_vectors=True, vector=pair.vector)
+        }
+        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch, with_payload=False)}
+        outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=dim)
+        if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
+            store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
+        if store.concurrent_search:  # see REMOVAL_GRACE
+            time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
+        self.retire(store, outcome.remove_from_old)
+        failed = prepared.failed + encoded.failed
+        record_failures(store, pair.old_collection, failed)
+        if outcome.unconfirmed:
+            log.warning("%d written points were not found in new; they stay in old", len(outcome.unconfirmed))
+        removed = set(outcome.remove_from_old)
+        return BatchResult(
+            moved=sum(i in removed for i in written),
+            repaired=sum(i in removed for i in prepared.already_in_new),
+            failed=failed,
+            gone=prepared.gone + len(batch) - len(still_in_old),
+            unconfirmed=len(outcome.unconfirmed),
+            failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
+        )
+
+    def retire(self, store: Store, ids: list[PointId]) -> None:
+        """Take migrated points out of old's search."""
+        store.delete(self.pair.old_collection, ids)
+
+    # -- cutover, rollback, drop ---------------------------------------------------
+
+    def finalize(self, store: Store, alias: str | None, drop_old: bool, embed_late: EmbedLate) -> PairRecord:
+        """Record the cutover (state ``finalizing``), then point the alias at new."""
+        pair = self.pair
+        if pair.state == "finalizing":
+            return self._complete_finalize(store, pair)
+        if pair.state != "backfilling":
+            raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
+        check_all_moved(store, pair, self.old_where())
+        name = alias or pair.alias or pair.name
+        if name != pair.old_collection or not drop_old:
+            check_alias(store, name)
+        starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
+        save_pair(store, starting)
+        return self._complete_finalize(store, starting)
+
+    @staticmethod
+    def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:
+        name = pair.alias or pair.name
+        if pair.drop_old and name == pair.old_collection and store.has_collection(pair.old_collection):
+            # The application keeps its collection name: it becomes an alias of new. Queries
+            # by that name fail between the drop and the alias (a moment); DualIndex is unaffected.
+            store.delete_collection(pair.old_collection)
+        if store.alias(name) != pair.new_collection:  # a resumed cutover may have moved it already
+            store.set_alias(check_alias(store, name), pair.new_collection)
+        if pair.drop_old and store.has_collection(pair.old_collection):
+            store.delete_collection(pair.old_collection)
+        clear_bookkeeping(store, pair)  # the team's collections, as its own code will read them
+        updated = replace(pair, state="finalized")
+        save_pair(store, updated)
+        log.info("finalized %s: alias %s -> %s", pair.name, name, pair.new_collection)
+        return updated
+
+    def plan_drop(self, store: Store) -> DropPlan:
+        pair = self.pair
+        has_new = store.has_collection(pair.new_collection)
+        in_new = store.count(pair.new_collection) if has_new else 0
+        only_new = in_new - (self.kept_count(store) if in_new else 0)  # a user's writes are in new only
+        return DropPlan(
+            has_new, in_new, only_new, f"points live in {pair.new_collection!r} only", "both collections stay"
+        )
+
+    def delete_new(self, store: Store) -> bool:
+        if store.has_collection(self.pair.new_collection):
+            if store.count(self.pair.new_collection):
+                return False
+            store.delete_collection(self.pair.new_collection)
+        return True
+
+    def finalized_text(self, record: PairRecord, dropped: bool) -> str:
+        text = f"pair {record.name!r} finalized: alias {record.alias!r} -> {record.new_collection}"
+        return text + (f"; dropped {record.old_collection}" if dropped else "")
+
+    def rolled_back_text(self, record: PairRecord) -> str:
+        return f"pair {record.name!r} rolled back: alias {record.alias!r} -> {record.old_collection}"
+
+
+class PairedKeepOld(Paired):
+    """Two collections; a migrated point stays in old, marked and hidden, so a rollback serves
+    the whole gallery with the old model at once."""
+
+    old_overlaps = True
+    rolls_back = True
+
+    def old_where(self) -> Where:
+        return Where(must_not={MIGRATED: 1})
+
+    @property
+    def keeps_writes_in_old(self) -> bool:
+        return self.pair.state == "backfilling"
+
+    def kept_count(self, store: Store) -> int:
+        return store.count(self.pair.old_collection, Where(must={MIGRATED: 1}))
+
+    def retire(self, store: Store, ids: list[PointId]) -> None:
+        store.mark(self.pair.old_collection, ids, {MIGRATED: 1, ERROR: None, MOVING: None})
