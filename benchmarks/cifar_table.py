@@ -51,13 +51,13 @@ from rm_qdrant.core.offline import (  # noqa: E402
     reference_rows,
 )
 from rm_qdrant.core.ordering import order_keys  # noqa: E402
-from train.adapter_job import load_adapter, train_adapter_job  # noqa: E402
-from train.backbone import train_backbone  # noqa: E402
-from train.baselines import BaselineConfig, baseline_embeddings, train_baseline  # noqa: E402
-from train.cache import embeddings, file_hash  # noqa: E402
-from train.checkpoints import load_checkpoint  # noqa: E402
-from train.config import AdapterConfig, BackboneConfig, HeadsConfig  # noqa: E402
-from train.heads import load_heads, train_heads  # noqa: E402
+from rm_qdrant_train.adapter_job import load_adapter, train_adapter_job  # noqa: E402
+from rm_qdrant_train.backbone import train_backbone  # noqa: E402
+from rm_qdrant_train.baselines import BaselineConfig, baseline_embeddings, train_baseline  # noqa: E402
+from rm_qdrant_train.cache import embeddings, file_hash  # noqa: E402
+from rm_qdrant_train.checkpoints import load_checkpoint  # noqa: E402
+from rm_qdrant_train.config import AdapterConfig, BackboneConfig, HeadsConfig  # noqa: E402
+from rm_qdrant_train.heads import load_heads, train_heads  # noqa: E402
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu": {"epochs": 20, "limit": 0, "head_epochs": 50, "adapter_epochs": 50, "fct_epochs": 30},

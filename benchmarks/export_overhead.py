@@ -22,11 +22,11 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from exporters.serving import ServingGraph, export_backbone, export_serving
-from train.backbone import load_backbone, save_backbone
-from train.backbones import build_backbone
-from train.config import BackboneConfig, HeadsConfig
-from train.heads import Heads, load_heads, save_heads
+from rm_qdrant_exporters.serving import ServingGraph, export_backbone, export_serving
+from rm_qdrant_train.backbone import load_backbone, save_backbone
+from rm_qdrant_train.backbones import build_backbone
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.heads import Heads, load_heads, save_heads
 
 
 def median_ms(fn, repeats: int) -> float:

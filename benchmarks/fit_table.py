@@ -60,7 +60,7 @@ def rmq(*args: object, store: Path | None = None) -> tuple[str, float]:
 def dataset(name: str, work: Path) -> Path:
     if name == "cifar":
         return cifar_root()
-    from train.demo import write_digits
+    from rm_qdrant_train.demo import write_digits
 
     root = work / "digits"
     if not (root / "test").is_dir():
@@ -105,7 +105,7 @@ def export_and_stamp(runs: Path, onnx: Path) -> None:
     onnx.mkdir(parents=True, exist_ok=True)
     for role in ("old", "new"):
         if not (onnx / f"{role}.onnx").is_file():
-            from exporters.serving import export_backbone
+            from rm_qdrant_exporters.serving import export_backbone
 
             export_backbone(runs / f"{role}.pt", onnx / f"{role}-export.onnx", role=role, scores=False)
             rmq(

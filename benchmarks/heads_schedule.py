@@ -1,6 +1,6 @@
 """The heads' training schedule on a small data set: old defaults against new, by Gain.
 
-On scikit-learn's digits split as ``rmq demo`` writes it (``train.demo.write_digits``,
+On scikit-learn's digits split as ``rmq demo`` writes it (``rm_qdrant_train.demo.write_digits``,
 about 1,260 training images), with the demo's old and new backbones (12 epochs, batch
 64, lr 0.05; old on digits 0-4, new on all ten), this trains MCL + ρ heads under each
 schedule below and several seeds, and scores each offline over the test images (each a
@@ -28,11 +28,11 @@ import torch
 from rm_qdrant.core.metrics import retrieval
 from rm_qdrant.core.offline import BackfillEmbeddings, backfill_table
 from rm_qdrant.paths import CACHE_ENV
-from train.backbone import train_backbone
-from train.cache import embeddings
-from train.config import BackboneConfig, HeadsConfig
-from train.demo import write_digits
-from train.heads import load_heads, steps_per_epoch, train_heads
+from rm_qdrant_train.backbone import train_backbone
+from rm_qdrant_train.cache import embeddings
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.demo import write_digits
+from rm_qdrant_train.heads import load_heads, steps_per_epoch, train_heads
 
 #: name -> HeadsConfig settings; "old defaults" are the settings before the step-sized schedule.
 SCHEDULES: dict[str, dict[str, object]] = {
@@ -65,7 +65,7 @@ def main() -> None:
     if not (root / "train").is_dir():
         write_digits(root)
     runs = args.out / "runs"
-    for role in ("old", "new"):  # as train.demo.run_demo trains them
+    for role in ("old", "new"):  # as rm_qdrant_train.demo.run_demo trains them
         if not (runs / f"{role}.pt").is_file():
             train_backbone(
                 BackboneConfig(

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from exporters.linear import linear_encoder
 from rm_qdrant import InputSpec, open_store
+from rm_qdrant_exporters.linear import linear_encoder
 
 SPEC = InputSpec(height=8, width=8, channels=3)
 

@@ -34,7 +34,7 @@ from cifar_table import ADAPTERS, HEADS, PRESETS, adapter_file, heads_file, rm_m
 
 from rm_qdrant.core.forecast import forecast  # noqa: E402
 from rm_qdrant.core.ordering import order_keys  # noqa: E402
-from train.cache import embeddings  # noqa: E402
+from rm_qdrant_train.cache import embeddings  # noqa: E402
 
 RUNS = ROOT / ".cache" / "runs" / "extended-small-cnn-e20-n0-s0"
 TABLE = ROOT / "benchmarks" / "results" / "cifar-extended-small-cnn.json"

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cifar import ROOT, cifar_root  # noqa: E402
 
 from rm_qdrant.core.metrics import backfill_retrieval, migrated_at, retrieval  # noqa: E402
-from train.backbone import train_backbone  # noqa: E402
-from train.cache import embeddings  # noqa: E402
-from train.config import BackboneConfig, HeadsConfig  # noqa: E402
-from train.heads import load_heads, train_heads  # noqa: E402
+from rm_qdrant_train.backbone import train_backbone  # noqa: E402
+from rm_qdrant_train.cache import embeddings  # noqa: E402
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig  # noqa: E402
+from rm_qdrant_train.heads import load_heads, train_heads  # noqa: E402
 
 FRACTIONS = (0.0, 0.5, 1.0)
 

@@ -25,8 +25,8 @@ import numpy as np
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from exporters.linear import linear_encoder
 from rm_qdrant import DualIndex, InputSpec, open_store, scan_image_folder
+from rm_qdrant_exporters.linear import linear_encoder
 
 SPEC = InputSpec(height=8, width=8, channels=1)
 

@@ -23,11 +23,11 @@ import torch
 from onnx import compose, helper
 from torch import Tensor, nn
 
-from exporters.serving import TOLERANCE, ExportError, FoldedHeads, checked_write, unit
 from rm_qdrant.core.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
 from rm_qdrant.errors import EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
-from train.heads import Heads, load_heads
+from rm_qdrant_exporters.serving import TOLERANCE, ExportError, FoldedHeads, checked_write, unit
+from rm_qdrant_train.heads import Heads, load_heads
 
 PREFIX = "rmq_heads/"
 

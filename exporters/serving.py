@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
-from train.backbone import load_backbone
-from train.heads import load_heads
+from rm_qdrant_train.backbone import load_backbone
+from rm_qdrant_train.heads import load_heads
 
 log = logging.getLogger(__name__)
 OPSET = 17

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from exporters.linear import linear_encoder
 from rm_qdrant import InputSpec, open_store
 from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant.store import Store
+from rm_qdrant_exporters.linear import linear_encoder
 
 SPEC = InputSpec(height=8, width=8, channels=3)
 PIXELS = SPEC.height * SPEC.width * SPEC.channels

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from train.adapters import Adapter, build_adapter, fit_adapter
-from train.cache import embeddings, file_hash
-from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
-from train.config import AdapterConfig
+from rm_qdrant_train.adapters import Adapter, build_adapter, fit_adapter
+from rm_qdrant_train.cache import embeddings, file_hash
+from rm_qdrant_train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
+from rm_qdrant_train.config import AdapterConfig
 
 
 def train_adapter_job(cfg: AdapterConfig) -> Path:

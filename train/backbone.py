@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from train.backbones import Backbone, build_backbone
-from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
-from train.config import BackboneConfig
-from train.data import (
+from rm_qdrant_train.backbones import Backbone, build_backbone
+from rm_qdrant_train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
+from rm_qdrant_train.config import BackboneConfig
+from rm_qdrant_train.data import (
     MEAN,
     STD,
     ImageSet,
@@ -116,7 +116,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
     With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint
     (extended to the new classes, see :func:`_influence_head`) is also applied to
     the new embeddings, and its cross-entropy is added with ``cfg.influence_weight``. With ``cfg.compat``
-    (RACT), :func:`train.baselines.compat_loss` is added with ``cfg.compat_weight``.
+    (RACT), :func:`rm_qdrant_train.baselines.compat_loss` is added with ``cfg.compat_weight``.
     """
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -181,7 +181,9 @@ def train_backbone(cfg: BackboneConfig) -> Path:
 
 
 def _compat_loss(cfg: BackboneConfig, device: torch.device) -> Any:
-    from train.baselines import compat_loss  # here, not at the top: train.baselines imports this module
+    from rm_qdrant_train.baselines import (
+        compat_loss,  # here, not at the top: rm_qdrant_train.baselines imports this module
+    )
 
     return compat_loss(cfg, device)
 

@@ -42,13 +42,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rm_qdrant.core.offline import BackfillEmbeddings
-from train.adapters import adapter_loss
-from train.backbone import load_backbone, pick_device, train_backbone
-from train.cache import Embedded, cache_folder, embeddings, file_hash
-from train.checkpoints import build, load_checkpoint, plain_config, save_checkpoint
-from train.config import BackboneConfig, load_config
-from train.data import augment, batches, folder_key, load_image_folder, to_tensor
-from train.heads import mlp
+from rm_qdrant_train.adapters import adapter_loss
+from rm_qdrant_train.backbone import load_backbone, pick_device, train_backbone
+from rm_qdrant_train.cache import Embedded, cache_folder, embeddings, file_hash
+from rm_qdrant_train.checkpoints import build, load_checkpoint, plain_config, save_checkpoint
+from rm_qdrant_train.config import BackboneConfig, load_config
+from rm_qdrant_train.data import augment, batches, folder_key, load_image_folder, to_tensor
+from rm_qdrant_train.heads import mlp
 
 log = logging.getLogger(__name__)
 METHODS = ("bct", "fct", "bict", "ract")
@@ -226,7 +226,7 @@ def train_side_info(cfg: BaselineConfig) -> tuple[Path, list[float]]:
 def side_embeddings(
     checkpoint: str | Path, folder: str | Path, *, device: str = "auto", cache: Path | None | bool = True
 ) -> np.ndarray:
-    """Bottleneck vectors of every image of ``folder`` (cached like :func:`train.cache.embeddings`)."""
+    """Bottleneck vectors of every image of ``folder``, cached as :func:`rm_qdrant_train.cache.embeddings`."""
     stored = load_checkpoint(checkpoint, "side-info")
     size = stored["image_size"]
     folder_cache = cache_folder() if cache is True else (cache or None)

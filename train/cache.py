@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from rm_qdrant.paths import cache_root, human_size
-from train.backbone import embed, load_backbone, pick_device
-from train.data import folder_key, load_image_folder
+from rm_qdrant_train.backbone import embed, load_backbone, pick_device
+from rm_qdrant_train.data import folder_key, load_image_folder
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import yaml
 
 from rm_qdrant.cli.common import parse_floats
 from rm_qdrant.paths import CACHE_ENV
-from train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
+from rm_qdrant_train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
     level = logging.WARNING if quiet or root.get("quiet") else logging.DEBUG if verbose else logging.INFO
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
-    for name in ("train", "exporters"):
+    for name in ("rm_qdrant_train", "rm_qdrant_exporters"):
         logging.getLogger(name).setLevel(level)
 
 
@@ -122,7 +122,7 @@ def backbone(config: str | None, pairs: tuple[str, ...], **options: Any) -> None
 
     The normalisation used is recorded in the checkpoint and exported into the ONNX graph.
     """
-    from train.backbone import train_backbone
+    from rm_qdrant_train.backbone import train_backbone
 
     for name in ("mean", "std"):
         if options[name] is not None:
@@ -164,7 +164,7 @@ def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
     """
 
     def train_heads(cfg: HeadsConfig) -> Any:
-        from train.heads import train_heads  # torch loads only once the settings are valid
+        from rm_qdrant_train.heads import train_heads  # torch loads only once the settings are valid
 
         return train_heads(cfg)
 
@@ -183,7 +183,7 @@ def heads(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 @click.option("--out", help="Checkpoint path.")
 def adapter(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
     """Fit a query adapter ψ (new → old space, ρ = identity) without contrastive training."""
-    from train.adapter_job import train_adapter_job
+    from rm_qdrant_train.adapter_job import train_adapter_job
 
     _, path = _run(train_adapter_job, AdapterConfig, config, pairs, **options)
     click.echo(f"wrote {path}")
@@ -200,7 +200,7 @@ def adapter(config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
 @click.option("--out", help="Checkpoint path.")
 def baseline(method: str, config: str | None, pairs: tuple[str, ...], **options: Any) -> None:
     """Train a baseline: BCT or RACT (a compatible new backbone), FCT or BiCT (a transformation)."""
-    from train.baselines import BaselineConfig, train_baseline
+    from rm_qdrant_train.baselines import BaselineConfig, train_baseline
 
     _, path = _run(lambda cfg: train_baseline(method, cfg), BaselineConfig, config, pairs, **options)
     click.echo(f"wrote {path}")

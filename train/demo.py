@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from exporters.serving import export_backbone, export_serving
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
 from rm_qdrant.backfill.evaluate import served_retrieval
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.metrics import FRACTIONS, area
-from train.backbone import train_backbone
-from train.config import BackboneConfig, HeadsConfig
-from train.heads import train_heads
+from rm_qdrant_exporters.serving import export_backbone, export_serving
+from rm_qdrant_train.backbone import train_backbone
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.heads import train_heads
 
 log = logging.getLogger(__name__)
 

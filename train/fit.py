@@ -5,12 +5,12 @@ backbone gives φ_new(x) for the same image, so a sample of the gallery is a set
 (φ_new, φ_old) pairs: no old model and, by default, no labels. What is trained on them:
 
 - ``mcl``: the paper's MCL with a learned ρ; needs labels (``--label-field``).
-- ``label-free``: without labels (:mod:`train.label_free`).
+- ``label-free``: without labels (:mod:`rm_qdrant_train.label_free`).
 - ``rqt``: ψ alone, regressed onto the stored old vector (ρ the identity).
 - ``procrustes``: ψ a (semi-)orthogonal map in closed form (ρ the identity).
 
 ``auto`` is ``mcl`` with labels, else ``label-free``. Part of the sample is held out;
-:func:`train.holdout.holdout_forecast` compares the fitted heads with the naive merge on it.
+:func:`rm_qdrant_train.holdout.holdout_forecast` compares the fitted heads with the naive merge on it.
 
 The losses compare directions only, so the fitted heads are scaled afterwards
 (:func:`match_norms`): ψ's output to the stored old vectors (least squares), a learned
@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from rm_qdrant.core.forecast import label_codes
-from train.heads import Heads, procrustes_heads, run_steps
-from train.label_free import fit_label_free
-from train.losses import contrastive_loss, rqt_loss
+from rm_qdrant_train.heads import Heads, procrustes_heads, run_steps
+from rm_qdrant_train.label_free import fit_label_free
+from rm_qdrant_train.losses import contrastive_loss, rqt_loss
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from train.adapters import procrustes
-from train.backbone import pick_device
-from train.cache import as_tensors, embeddings, file_hash
-from train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
-from train.config import HeadsConfig, heads_steps, rho_is_learned
-from train.data import batches
-from train.losses import LOSSES, contrastive_loss, rqt_loss
+from rm_qdrant_train.adapters import procrustes
+from rm_qdrant_train.backbone import pick_device
+from rm_qdrant_train.cache import as_tensors, embeddings, file_hash
+from rm_qdrant_train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
+from rm_qdrant_train.config import HeadsConfig, heads_steps, rho_is_learned
+from rm_qdrant_train.data import batches
+from rm_qdrant_train.losses import LOSSES, contrastive_loss, rqt_loss
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def train_heads(cfg: HeadsConfig) -> tuple[Path, list[float]]:
     """Train ψ (and ρ) on the new model's training images; returns (checkpoint, loss history).
 
     The run lasts ``cfg.steps`` optimizer steps, or ``cfg.epochs`` passes over the images
-    when that is set (:func:`train.config.heads_steps`). The history is the mean loss of
+    when that is set (:func:`rm_qdrant_train.config.heads_steps`). The history is the mean loss of
     each tenth of the run (the windows the progress log shows), or of each epoch when
     ``cfg.epochs`` is set.
     """

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from rm_qdrant.core.forecast import ModeForecast, compare_fitted
 from rm_qdrant.core.metrics import area
-from train.heads import Heads
+from rm_qdrant_train.heads import Heads
 
 
 @torch.no_grad()

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rm_qdrant.core.forecast import holdout_split
-from train.heads import Heads, procrustes_heads, run_steps
-from train.holdout import holdout_forecast
-from train.losses import masked_contrastive_loss
+from rm_qdrant_train.heads import Heads, procrustes_heads, run_steps
+from rm_qdrant_train.holdout import holdout_forecast
+from rm_qdrant_train.losses import masked_contrastive_loss
 
 log = logging.getLogger(__name__)
 

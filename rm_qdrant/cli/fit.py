@@ -90,12 +90,12 @@ def fit_command(
     (or with --force); otherwise nothing is written and rmq exits 3.
     """
     try:
-        from exporters.compose import attach_model
-        from exporters.serving import ExportError
-        from train.cli import show_progress
-        from train.fit import FitSettings, fit_heads, resolve_loss
-        from train.heads import steps_per_epoch
-        from train.holdout import better, holdout_forecast
+        from rm_qdrant_exporters.compose import attach_model
+        from rm_qdrant_exporters.serving import ExportError
+        from rm_qdrant_train.cli import show_progress
+        from rm_qdrant_train.fit import FitSettings, fit_heads, resolve_loss
+        from rm_qdrant_train.heads import steps_per_epoch
+        from rm_qdrant_train.holdout import better, holdout_forecast
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)

@@ -15,7 +15,7 @@ class TrainGroup(click.Group):
 
     def _real(self) -> click.Group:
         try:
-            from train.cli import train as real
+            from rm_qdrant_train.cli import train as real
         except ModuleNotFoundError as exc:
             raise needs_torch(exc) from exc
         return real
@@ -69,9 +69,9 @@ def export_command(
     """Export φ_new+ρ+ψ as one graph (outputs new, rev), the plain new model (--new without
     --heads, for the naive mode) and/or the old model; each is checked against PyTorch."""
     try:
-        from exporters.compose import attach_heads
-        from exporters.serving import ExportError, export_backbone, export_serving
-        from train.cli import show_progress
+        from rm_qdrant_exporters.compose import attach_heads
+        from rm_qdrant_exporters.serving import ExportError, export_backbone, export_serving
+        from rm_qdrant_train.cli import show_progress
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     show_progress()
@@ -138,9 +138,9 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
     from pathlib import Path
 
     try:
-        from exporters.serving import ExportError
-        from train.cli import show_progress
-        from train.demo import run_demo, summary
+        from rm_qdrant_exporters.serving import ExportError
+        from rm_qdrant_train.cli import show_progress
+        from rm_qdrant_train.demo import run_demo, summary
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     show_progress()

@@ -152,7 +152,7 @@ def test_labels_from_the_payload_train_mcl_with_rho(team):
 
 
 def test_without_labels_fit_trains_psi_alone_by_the_label_free_recipe(team, monkeypatch):
-    monkeypatch.setattr("train.label_free.STEPS", 10)
+    monkeypatch.setattr("rm_qdrant_train.label_free.STEPS", 10)
     rmq, tmp, _ = team
     report = json.loads(
         rmq(*FIT, "--backbone", tmp / "new.onnx", "--out", tmp / "lf.onnx", "--force", "--json").output

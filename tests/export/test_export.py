@@ -11,17 +11,17 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from exporters.compose import attach_heads
-from exporters.linear import linear_encoder
-from exporters.serving import ExportError, export_backbone, export_serving
 from rm_qdrant import InputSpec, OnnxEncoder
 from rm_qdrant.cli import cli
 from rm_qdrant.models.stamp import stamp_model
-from train.backbone import load_backbone, save_backbone
-from train.backbones import build_backbone
-from train.config import BackboneConfig, HeadsConfig
-from train.data import load_image_folder, to_tensor
-from train.heads import Heads, load_heads, save_heads
+from rm_qdrant_exporters.compose import attach_heads
+from rm_qdrant_exporters.linear import linear_encoder
+from rm_qdrant_exporters.serving import ExportError, export_backbone, export_serving
+from rm_qdrant_train.backbone import load_backbone, save_backbone
+from rm_qdrant_train.backbones import build_backbone
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.data import load_image_folder, to_tensor
+from rm_qdrant_train.heads import Heads, load_heads, save_heads
 
 
 def checkpoints(tmp_path, arch, *, embed_dim=16, d_old=12):

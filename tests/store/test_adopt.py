@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 
-from exporters.linear import linear_encoder
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, load_pair, open_store, scan_image_folder
 from rm_qdrant.backfill.cutover import rollback
 from rm_qdrant.backfill.drop import drop_pair
@@ -28,6 +27,7 @@ from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
+from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC, make_image_folder
 
 N = 30

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from exporters.linear import linear_encoder
 from rm_qdrant import OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
 from rm_qdrant.cli import cli
+from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import SPEC, make_image_folder
 
 EVIL = "evil\x1b]0;pwned\x07\rforged"

@@ -57,7 +57,7 @@ def test_merged_top_k_equals_exact_top_k_over_the_union(store, models):
 
 def linear_rm_with_dims(models, dim):
     """An rm graph whose 'new' and 'rev' outputs are both `dim` wide (one shared space)."""
-    from exporters.linear import linear_encoder
+    from rm_qdrant_exporters.linear import linear_encoder
     from tests.conftest import SPEC
 
     rng = np.random.default_rng(5)
@@ -186,7 +186,7 @@ def test_vectors_only_index_needs_no_encoder(store, models, pair):
 
 def test_spaces_are_never_mixed(store, models, pair, image_folder):
     """A collection filled by one model refuses vectors or queries from another of the same size."""
-    from exporters.linear import linear_encoder
+    from rm_qdrant_exporters.linear import linear_encoder
     from tests.conftest import SPEC
 
     other = linear_encoder(

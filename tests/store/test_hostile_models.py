@@ -16,13 +16,13 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from exporters.linear import linear_encoder
 from rm_qdrant import InputSpec, OnnxEncoder, create_pair, open_store
 from rm_qdrant.cli import cli
 from rm_qdrant.core.modelinfo import ModelInfo, parse_metadata
 from rm_qdrant.errors import ConfigError, EncoderError
 from rm_qdrant.models.encoder import fingerprint_bytes
 from rm_qdrant.models.stamp import stamp_model
+from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import make_image_folder
 
 SPEC = InputSpec(height=8, width=8, channels=3)

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from exporters.linear import linear_encoder
 from rm_qdrant import OnnxEncoder, scan_image_folder
 from rm_qdrant.cli import cli
+from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import PIXELS, SPEC, make_image_folder
 
 PER_CLASS = 20  # 60 images, 30 left in old at t = 0.5

@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper
 
-from exporters.linear import linear_encoder
 from rm_qdrant import ConfigError, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
 from rm_qdrant.cli import cli
 from rm_qdrant.core.modelinfo import METADATA_KEY
+from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, make_image_folder
 
 N = 30

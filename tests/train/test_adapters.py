@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.adapters import (
+from rm_qdrant_train.adapters import (
     KINDS,
     LowRankAffineAdapter,
     ProcrustesAdapter,

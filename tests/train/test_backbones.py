@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.backbones import ARCHS, Backbone, build_backbone
+from rm_qdrant_train.backbones import ARCHS, Backbone, build_backbone
 
 NUM_CLASSES, EMBED_DIM = 7, 16
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from train.backbone import _influence_head, train_backbone
-from train.baselines import (
+from rm_qdrant_train.backbone import _influence_head, train_backbone
+from rm_qdrant_train.baselines import (
     METHODS,
     BaselineConfig,
     baseline_embeddings,
@@ -21,9 +21,9 @@ from train.baselines import (
     train_side_info,
     train_transformation,
 )
-from train.cache import embeddings
-from train.config import BackboneConfig, load_config
-from train.data import load_image_folder
+from rm_qdrant_train.cache import embeddings
+from rm_qdrant_train.config import BackboneConfig, load_config
+from rm_qdrant_train.data import load_image_folder
 
 CLASSES = ("ant", "bee", "cat", "dog")
 TINY = {"arch": "small-cnn", "epochs": 1, "batch": 16, "device": "cpu"}

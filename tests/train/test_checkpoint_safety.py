@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoints import load_checkpoint
+from rm_qdrant_train.checkpoints import load_checkpoint
 
 
 class _Payload:

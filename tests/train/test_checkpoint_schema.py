@@ -15,13 +15,13 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from exporters.serving import export_backbone
 from rm_qdrant.cli import cli
-from train.backbone import load_backbone, save_backbone
-from train.backbones import build_backbone
-from train.checkpoints import load_checkpoint
-from train.config import BackboneConfig, HeadsConfig
-from train.heads import Heads, save_heads
+from rm_qdrant_exporters.serving import export_backbone
+from rm_qdrant_train.backbone import load_backbone, save_backbone
+from rm_qdrant_train.backbones import build_backbone
+from rm_qdrant_train.checkpoints import load_checkpoint
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.heads import Heads, save_heads
 
 NAN = float("nan")
 

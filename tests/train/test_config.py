@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from rm_qdrant.cli import cli
-from train.config import BackboneConfig, HeadsConfig, heads_steps, load_config
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig, heads_steps, load_config
 
 
 def test_values_become_their_declared_type():
@@ -53,7 +53,7 @@ def test_heads_train_by_steps_unless_epochs_are_set():
 
 
 def test_rho_follows_the_paper_per_loss_unless_set():
-    from train.config import rho_is_learned
+    from rm_qdrant_train.config import rho_is_learned
 
     assert [rho_is_learned(HeadsConfig(loss=loss)) for loss in ("rqt", "cl-s", "cl-m", "mcl")] == [
         False,

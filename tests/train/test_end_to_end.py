@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 from rm_qdrant.cli import cli
 from rm_qdrant.models.encoder import OnnxEncoder
-from train.adapter_job import load_adapter
-from train.backbone import embed, load_backbone, save_backbone
-from train.backbones import build_backbone
-from train.cache import embeddings
-from train.config import BackboneConfig
-from train.data import load_image_folder, to_tensor
-from train.heads import load_heads
+from rm_qdrant_train.adapter_job import load_adapter
+from rm_qdrant_train.backbone import embed, load_backbone, save_backbone
+from rm_qdrant_train.backbones import build_backbone
+from rm_qdrant_train.cache import embeddings
+from rm_qdrant_train.config import BackboneConfig
+from rm_qdrant_train.data import load_image_folder, to_tensor
+from rm_qdrant_train.heads import load_heads
 
 
 def rmq_train(*args):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rm_qdrant.core.forecast import compare_fitted, holdout_split
-from train.fit import FitSettings, fit_heads, resolve_loss
-from train.heads import Heads, procrustes_heads
-from train.holdout import better, holdout_forecast
+from rm_qdrant_train.fit import FitSettings, fit_heads, resolve_loss
+from rm_qdrant_train.heads import Heads, procrustes_heads
+from rm_qdrant_train.holdout import better, holdout_forecast
 
 
 def clusters(n=240, d_new=12, d_old=8, classes=6, seed=0):
@@ -87,7 +87,7 @@ def test_an_untrained_psi_is_found_worse_than_naive():
 
 
 def test_label_free_pseudo_pairs_follow_the_clusterings_and_read_no_label(monkeypatch):
-    from train import label_free
+    from rm_qdrant_train import label_free
 
     codes = torch.tensor([[0, 0], [0, 0], [0, 1], [1, 2]])  # rows 0-1 always together, 0-2 half the time
     cross, within, negative = label_free.consensus_masks(codes)

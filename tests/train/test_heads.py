@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rm_qdrant.paths import CACHE_ENV
-from train.backbone import save_backbone
-from train.backbones import build_backbone
-from train.config import BackboneConfig, HeadsConfig
-from train.heads import Heads, heads_loss, load_heads, mlp, run_steps, train_heads
+from rm_qdrant_train.backbone import save_backbone
+from rm_qdrant_train.backbones import build_backbone
+from rm_qdrant_train.config import BackboneConfig, HeadsConfig
+from rm_qdrant_train.heads import Heads, heads_loss, load_heads, mlp, run_steps, train_heads
 
 
 def toy_embeddings(n=96, classes=4, seed=0):
@@ -64,7 +64,7 @@ def test_run_steps_takes_exactly_the_steps_asked_for_on_a_small_set(caplog):
         new, rev = heads(phi_new[idx])
         return heads_loss(HeadsConfig(loss="mcl"), new, rev, phi_old[idx], labels[idx])
 
-    with caplog.at_level(logging.INFO, logger="train.heads"):
+    with caplog.at_level(logging.INFO, logger="rm_qdrant_train.heads"):
         history = run_steps(heads, step_loss, 7, steps=25, batch=3, lr=1e-3, what="toy")
     assert len(history) == 25 and len(seen) == 25 and min(seen) == 3  # the 1-row batch never reaches the loss
     assert "toy step 25/25 loss" in caplog.text and "toy step 10/25" in caplog.text
@@ -114,7 +114,7 @@ def test_heads_train_for_the_steps_set_whatever_the_data_size(
         hidden=16,
         **settings,
     )
-    with caplog.at_level(logging.INFO, logger="train.heads"):
+    with caplog.at_level(logging.INFO, logger="rm_qdrant_train.heads"):
         path, history = train_heads(cfg)
     _, meta = load_heads(path)
     assert meta["steps"] == steps and len(history) == points

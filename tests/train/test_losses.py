@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.losses import contrastive_loss, cosine_distances, harder_half, rqt_loss
+from rm_qdrant_train.losses import contrastive_loss, cosine_distances, harder_half, rqt_loss
 
 
 def dist(a, b):
