@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from rm_qdrant_train.backbones import Backbone, build_backbone
 from rm_qdrant_train.checkpoints import build, description, load_checkpoint, plain_config, save_checkpoint
@@ -35,6 +36,7 @@ from rm_qdrant_train.data import (
 )
 
 log = logging.getLogger(__name__)
+CompatLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def pick_device(name: str) -> torch.device:
@@ -116,7 +118,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
     With ``cfg.influence`` (BCT), the frozen classifier of that old checkpoint
     (extended to the new classes, see :func:`_influence_head`) is also applied to
     the new embeddings, and its cross-entropy is added with ``cfg.influence_weight``. With ``cfg.compat``
-    (RACT), :func:`rm_qdrant_train.baselines.compat_loss` is added with ``cfg.compat_weight``.
+    (RACT), :func:`compat_loss` is added with ``cfg.compat_weight``.
     """
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
@@ -138,7 +140,7 @@ def train_backbone(cfg: BackboneConfig) -> Path:
         cfg.arch, num_classes=len(classes), embed_dim=cfg.embed_dim, stem=cfg.stem, image_size=cfg.image_size
     ).to(device)
     influence = _influence_head(cfg.influence, device, train, classes) if cfg.influence else None
-    compat = _compat_loss(cfg, device) if cfg.compat else None
+    compat = compat_loss(cfg, device) if cfg.compat else None
     steps = cfg.epochs * math.ceil(len(train) / cfg.batch)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True
@@ -180,14 +182,6 @@ def train_backbone(cfg: BackboneConfig) -> Path:
     return save_backbone(model, cfg, classes, epoch=cfg.epochs, metric={"top1": top1}, norm=(mean, std))
 
 
-def _compat_loss(cfg: BackboneConfig, device: torch.device) -> Any:
-    from rm_qdrant_train.baselines import (
-        compat_loss,  # here, not at the top: rm_qdrant_train.baselines imports this module
-    )
-
-    return compat_loss(cfg, device)
-
-
 def _influence_loss(
     influence: tuple[torch.nn.Linear, list[str]], emb: torch.Tensor, y: torch.Tensor, classes: list[str]
 ) -> torch.Tensor:
@@ -201,6 +195,67 @@ def _influence_loss(
     if not seen.any():
         return emb.sum() * 0.0
     return F.cross_entropy(head(emb[seen]), target[seen])
+
+
+def same_width(d_old: int, d_new: int, method: str) -> None:
+    """Refuse two embedding sizes where ``method`` compares new vectors with old ones directly."""
+    if d_old != d_new:
+        raise ValueError(
+            f"{method} compares new queries with old gallery vectors, so both need one size; "
+            f"old embeds to {d_old}, new to {d_new}"
+        )
+
+
+# --- RACT: the compatibility loss of a backward-compatible new backbone -------------------------------
+
+
+def ract_loss(new: Tensor, old: Tensor, labels: Tensor, *, temperature: float = 0.1) -> Tensor:
+    """RACT's compatibility loss for one batch, on cosine similarities.
+
+    For anchor i, the positive is its own old embedding old_i; the negatives are
+    the old *and* the new embeddings of the batch's other-class images:
+    −log e^{s(new_i, old_i)/τ} / (e^{s(new_i, old_i)/τ} + Σ_{y_j≠y_i} e^{s(new_i, old_j)/τ}
+    + Σ_{y_j≠y_i} e^{s(new_i, new_j)/τ}). The new-side negatives are what keep a
+    new query from landing near a migrated wrong-class item (a negative flip).
+    """
+    new, old = F.normalize(new.float(), dim=1), F.normalize(old.float(), dim=1)
+    other = labels[:, None] != labels[None, :]
+    to_old, to_new = new @ old.T / temperature, new @ new.T / temperature
+    logits = torch.cat(
+        [
+            to_old.diagonal()[:, None],
+            to_old.masked_fill(~other, float("-inf")),
+            to_new.masked_fill(~other, float("-inf")),
+        ],
+        dim=1,
+    )
+    return F.cross_entropy(logits, torch.zeros(len(labels), dtype=torch.long, device=logits.device))
+
+
+def compat_loss(cfg: BackboneConfig, device: torch.device) -> CompatLoss:
+    """The extra loss ``cfg.compat`` names, as ``loss(images, new_embeddings, labels)``.
+
+    The old backbone (``cfg.compat_old``) is frozen, in eval mode, and run on the
+    same augmented batch as the new one.
+
+    Raises:
+        ValueError: unknown ``compat``, no old checkpoint, or embedding sizes that differ.
+    """
+    if cfg.compat != "ract":
+        raise ValueError(f"unknown compatibility loss {cfg.compat!r}; expected 'ract'")
+    if not cfg.compat_old:
+        raise ValueError("compat='ract' needs compat_old, the old backbone's checkpoint")
+    old, meta = load_backbone(cfg.compat_old, device=device)
+    same_width(meta["embed_dim"], cfg.embed_dim, "ract")
+    for p in old.parameters():
+        p.requires_grad_(False)
+
+    def loss(x: Tensor, emb: Tensor, y: Tensor) -> Tensor:
+        with torch.no_grad():
+            old_emb, _ = old(x)
+        return ract_loss(emb, old_emb, y, temperature=cfg.compat_temperature)
+
+    return loss
 
 
 @torch.no_grad()

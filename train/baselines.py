@@ -19,7 +19,7 @@ method at any t. The protocols:
   forward transformation of the old gallery into its space, from φ_old alone.
   Query φ_new; gallery φ_new once migrated, h(φ_old(x)) before.
 - **RACT** (Zhang et al. 2022): the new backbone is trained with cross-entropy
-  plus a contrastive compatibility loss (:func:`ract_loss`) whose negatives come
+  plus a contrastive compatibility loss (``backbone.ract_loss``) whose negatives come
   from both systems, which alleviates negative flips. Query φ_new; gallery φ_new
   once migrated, φ_old before.
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from torch import Tensor, nn
 
 from rm_qdrant.core.offline import BackfillEmbeddings
 from rm_qdrant_train.adapters import adapter_loss
-from rm_qdrant_train.backbone import load_backbone, pick_device, train_backbone
+from rm_qdrant_train.backbone import pick_device, same_width, train_backbone
 from rm_qdrant_train.cache import Embedded, cache_folder, embeddings, file_hash
 from rm_qdrant_train.checkpoints import build, load_checkpoint, plain_config, save_checkpoint
 from rm_qdrant_train.config import BackboneConfig, load_config
@@ -52,7 +51,6 @@ from rm_qdrant_train.heads import mlp
 
 log = logging.getLogger(__name__)
 METHODS = ("bct", "fct", "bict", "ract")
-CompatLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -83,66 +81,6 @@ class BaselineConfig:
 def _check_method(method: str) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown baseline {method!r}; expected one of {', '.join(METHODS)}")
-
-
-def _same_width(d_old: int, d_new: int, method: str) -> None:
-    if d_old != d_new:
-        raise ValueError(
-            f"{method} compares new queries with old gallery vectors, so both need one size; "
-            f"old embeds to {d_old}, new to {d_new}"
-        )
-
-
-# --- RACT ------------------------------------------------------------------------------------------
-
-
-def ract_loss(new: Tensor, old: Tensor, labels: Tensor, *, temperature: float = 0.1) -> Tensor:
-    """RACT's compatibility loss for one batch, on cosine similarities.
-
-    For anchor i, the positive is its own old embedding old_i; the negatives are
-    the old *and* the new embeddings of the batch's other-class images:
-    −log e^{s(new_i, old_i)/τ} / (e^{s(new_i, old_i)/τ} + Σ_{y_j≠y_i} e^{s(new_i, old_j)/τ}
-    + Σ_{y_j≠y_i} e^{s(new_i, new_j)/τ}). The new-side negatives are what keep a
-    new query from landing near a migrated wrong-class item (a negative flip).
-    """
-    new, old = F.normalize(new.float(), dim=1), F.normalize(old.float(), dim=1)
-    other = labels[:, None] != labels[None, :]
-    to_old, to_new = new @ old.T / temperature, new @ new.T / temperature
-    logits = torch.cat(
-        [
-            to_old.diagonal()[:, None],
-            to_old.masked_fill(~other, float("-inf")),
-            to_new.masked_fill(~other, float("-inf")),
-        ],
-        dim=1,
-    )
-    return F.cross_entropy(logits, torch.zeros(len(labels), dtype=torch.long, device=logits.device))
-
-
-def compat_loss(cfg: BackboneConfig, device: torch.device) -> CompatLoss:
-    """The extra loss ``cfg.compat`` names, as ``loss(images, new_embeddings, labels)``.
-
-    The old backbone (``cfg.compat_old``) is frozen, in eval mode, and run on the
-    same augmented batch as the new one.
-
-    Raises:
-        ValueError: unknown ``compat``, no old checkpoint, or embedding sizes that differ.
-    """
-    if cfg.compat != "ract":
-        raise ValueError(f"unknown compatibility loss {cfg.compat!r}; expected 'ract'")
-    if not cfg.compat_old:
-        raise ValueError("compat='ract' needs compat_old, the old backbone's checkpoint")
-    old, meta = load_backbone(cfg.compat_old, device=device)
-    _same_width(meta["embed_dim"], cfg.embed_dim, "ract")
-    for p in old.parameters():
-        p.requires_grad_(False)
-
-    def loss(x: Tensor, emb: Tensor, y: Tensor) -> Tensor:
-        with torch.no_grad():
-            old_emb, _ = old(x)
-        return ract_loss(emb, old_emb, y, temperature=cfg.compat_temperature)
-
-    return loss
 
 
 # --- side-information: a label-free convolutional autoencoder -----------------------------------------
@@ -353,7 +291,7 @@ def train_baseline(method: str, cfg: BaselineConfig) -> Path:
             {"influence": cfg.old} if method == "bct" else {"compat": "ract", "compat_old": cfg.old}
         )
         backbone = load_config(BackboneConfig, **settings)
-        _same_width(
+        same_width(
             load_checkpoint(cfg.old, "backbone")["embed_dim"],
             backbone.embed_dim,
             method,
@@ -400,7 +338,7 @@ def baseline_embeddings(
     e_old, e_new = embeddings(old, folder, device=device), embeddings(new, folder, device=device)
     q = e_new.emb
     if method in ("bct", "ract"):
-        _same_width(e_old.emb.shape[1], q.shape[1], method)
+        same_width(e_old.emb.shape[1], q.shape[1], method)
         return BackfillEmbeddings(q, q, q, e_old.emb, e_new.labels)
     if transformation is None:
         raise ValueError(f"{method} needs the transformation checkpoint")

@@ -42,7 +42,7 @@ class BackboneConfig:
     device: str = "auto"  # auto: CUDA when present (with mixed precision), else CPU
     influence: str = ""  # BCT: the old checkpoint whose classifier must accept the new embeddings
     influence_weight: float = 1.0
-    compat: str = ""  # RACT: "ract" adds its contrastive compatibility loss (train/baselines.py)
+    compat: str = ""  # RACT: "ract" adds its contrastive compatibility loss (train/backbone.py)
     compat_old: str = ""  # the frozen old checkpoint that loss compares with
     compat_weight: float = 1.0
     compat_temperature: float = 0.1

@@ -10,12 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from rm_qdrant_train.backbone import _influence_head, train_backbone
+from rm_qdrant_train.backbone import _influence_head, ract_loss, train_backbone
 from rm_qdrant_train.baselines import (
     METHODS,
     BaselineConfig,
     baseline_embeddings,
-    ract_loss,
     side_embeddings,
     train_baseline,
     train_side_info,
