@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import ConfigError, Refused, RmqError
+from rm_qdrant.errors import Refused, RmqError
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, open_store
 
@@ -189,21 +189,6 @@ def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
         obj["store"] = open_store(obj["qdrant"], api_key=obj["api_key"], create=create)
         ctx.find_root().call_on_close(obj["store"].close)
     return obj["store"]
-
-
-def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
-    """``"0.5,0.5,0.5"`` → ``(0.5, 0.5, 0.5)``, for options such as --mean and --std."""
-    if value is None:
-        return None
-    try:
-        numbers = tuple(float(part) for part in value.split(","))
-    except ValueError:
-        numbers = (math.nan,)
-    if not all(math.isfinite(n) for n in numbers):
-        raise ConfigError(
-            f"bad {option} {value!r}: expected comma-separated finite numbers, e.g. 0.5,0.5,0.5"
-        )
-    return numbers
 
 
 def plain(value: object) -> str:

@@ -205,6 +205,25 @@ def check_input_shape(spec: InputSpec, shape: Sequence[object], what: str) -> in
     return batch if _is_int(batch) and batch > 0 else None  # type: ignore[return-value]
 
 
+def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
+    """``"0.5,0.5,0.5"`` → ``(0.5, 0.5, 0.5)``: an input's per-channel --mean or --std as typed.
+
+    Raises:
+        ConfigError: a part that is not a finite number (``option`` names the option).
+    """
+    if value is None:
+        return None
+    try:
+        numbers = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        numbers = (math.nan,)
+    if not all(math.isfinite(n) for n in numbers):
+        raise ConfigError(
+            f"bad {option} {value!r}: expected comma-separated finite numbers, e.g. 0.5,0.5,0.5"
+        )
+    return numbers
+
+
 def parse_metadata(
     props: Mapping[str, str], graph_outputs: Sequence[str], *, source: str = "encoder"
 ) -> ModelInfo:
