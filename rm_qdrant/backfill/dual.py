@@ -68,8 +68,7 @@ class DualIndex:
         if pair.mode == "naive" and pair.serves_new and encoder is not None and old_encoder is None:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
-        self.pair = pair
-        self.layout: Layout = layout_of(pair)
+        self.pair = pair  # and self.layout
         self.encoder = encoder
         self.old_encoder = old_encoder
         self.exact = exact
@@ -82,6 +81,16 @@ class DualIndex:
         self._pool = (
             ThreadPoolExecutor(max_workers=2) if store.concurrent_search and self._two_queries else None
         )
+
+    @property
+    def pair(self) -> PairRecord:
+        """The pair record as this index last read it."""
+        return self._pair
+
+    @pair.setter
+    def pair(self, record: PairRecord) -> None:
+        self._pair = record
+        self.layout: Layout = layout_of(record)  # what the index asks, always of this record
 
     @classmethod
     def open(
@@ -351,7 +360,6 @@ class DualIndex:
     def refresh(self) -> None:
         """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""
         self.pair = load_pair(self.store, self.pair.name)
-        self.layout = layout_of(self.pair)
         self._carried = None
         ref = self.pair.old_encoder
         if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":
