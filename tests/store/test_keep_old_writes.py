@@ -48,8 +48,9 @@ def _unit(v: np.ndarray) -> np.ndarray:
 def test_writes_during_the_backfill_are_served_after_a_rollback(store, models, pair):
     index, items = pair
     migrated = {r.id for r in store.scroll("p-new", limit=100)[0]}
-    moved = next(i for i in items if i.point_id in migrated)
-    waiting = next(i for i in items if i.point_id not in migrated)
+    others = items[:5] + items[6:-1]  # items[5] is deleted below, items[-1] holds the image
+    moved = next(i for i in others if i.point_id in migrated)
+    waiting = next(i for i in others if i.point_id not in migrated)
     image = items[-1].uri
     added = [10_000 + k for k in range(3)]
     index.upsert(
