@@ -2,8 +2,8 @@
 
 ``rmq eval`` migrates the pair it measures step by step; run on the live pair, that
 would leave a production gallery fully migrated. It runs on a copy instead: both
-collections (vectors, payloads, rm-qdrant's ranks and marks) and the pair record go
-into an embedded store in a temporary folder, removed afterwards.
+collections (vectors, payloads, payload indexes, rm-qdrant's ranks and marks) and the
+pair record go into an embedded store in a temporary folder, removed afterwards.
 
 A process killed with SIGKILL removes nothing, so each sandbox says whose it is: its
 folder is named ``rmq-eval-<pid>-...`` and holds ``.owner``, locked (flock) by that
@@ -31,6 +31,7 @@ import numpy as np
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PairRecord, record_collection_model, save_pair
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK
 from rm_qdrant.store import Record, Store, Where, open_store
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,18 @@ log = logging.getLogger(__name__)
 _PAGE = 2_000
 PREFIX = "rmq-eval-"
 _OWNER = ".owner"
+
+#: The payload indexes the ranking gives the old collection (ranking.prepare_order). The copy
+#: takes them whatever the source reports: qdrant-client's local mode (a ``QdrantClient(path=...)``
+#: folder, ``:memory:``) keeps no indexes and lists none, and the copy, an embedded store, orders
+#: the migration by ``rmq_rank`` only through its index.
+RANKING_INDEXES = {
+    RANK: "integer",
+    BUCKET: "integer",
+    ERROR: "keyword",
+    MIGRATED: "integer",
+    MOVING: "integer",
+}
 
 
 def copy_collection(
@@ -83,6 +96,8 @@ def sandbox(
     with _owned_folder() as folder, open_store(folder) as copy:
         for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
+        for field, kind in RANKING_INDEXES.items():
+            copy.create_index(pair.old_collection, field, kind)
         layout = layout_of(pair)
         for name, vector, where in layout.vector_copies():
             _copy_vector(store, copy, name, vector, where)

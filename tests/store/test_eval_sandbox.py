@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from qdrant_client import QdrantClient
 
 from tests.conftest import make_image_folder
 from tests.store.test_fault_injection import rmq
@@ -134,3 +135,26 @@ def test_sigterm_stops_eval_in_one_line_and_removes_its_copy(live, tmp_path):
     assert "SIGTERM" in err
     assert sandboxes(temp) == set()
     assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output)["fraction"] == 0.25
+
+
+def test_eval_of_a_ranked_pair_in_a_qdrant_client_folder_measures_what_in_place_measures(tmp_path, models):
+    # qdrant-client's local mode keeps no payload indexes; the copy still orders the backfill by rank.
+    store_path, images = tmp_path / "local", make_image_folder(tmp_path / "g", per_class=4)
+    QdrantClient(path=str(store_path)).close()  # an empty QdrantClient(path=...) folder
+    rmq(store_path, "index", "--collection", "photos", "--data", images, "--encoder", models.old)
+    rmq(store_path, "init", "--name", "p", "--old-collection", "photos", "--encoder", models.rm)
+    rmq(store_path, "migrate", "--name", "p", "--until", "0.25")  # ranked
+    status = json.loads(rmq(store_path, "status", "--name", "p", "--json").output)
+    args = ["eval", "--name", "p", "--queries", images, "--at", "0.5,1", "--batch", "4", "--json"]
+
+    on_copy = rmq(store_path, *args, ok=False)
+    assert on_copy.exit_code == 0, on_copy.output
+    assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output) == status  # not moved
+    in_place = json.loads(rmq(store_path, *args, "--in-place").stdout)
+
+    copied = json.loads(on_copy.stdout)
+    assert [p["fraction"] for p in copied["points"]] == [p["fraction"] for p in in_place["points"]]
+    for key in ("map", "top1"):
+        assert [p[key] for p in copied["points"]] == pytest.approx(
+            [p[key] for p in in_place["points"]], abs=1e-6
+        )
