@@ -62,6 +62,26 @@ class ProbeSample:
         return labels if labels and all(label is not None for label in labels) else None
 
 
+def check_probe(store: Store, pair: PairRecord) -> None:
+    """Refuse a pair that has no backfill left to forecast.
+
+    A probe samples the points still served from old, by their stored old vectors: once a
+    cutover has begun or the pair rolled back no backfill is left, and once the old collection
+    is gone (or its name aliases another collection, say the new one after ``finalize --alias
+    OLD --drop-old``) there are no old vectors to read.
+
+    Raises:
+        ConfigError: the pair is not backfilling, or its old collection is gone.
+    """
+    if pair.state != "backfilling":
+        raise ConfigError(f"pair {pair.name!r} is {pair.state}: there is no backfill left to forecast")
+    if not store.has_collection(pair.old_collection):
+        raise ConfigError(
+            f"pair {pair.name!r}: its old collection {pair.old_collection!r} is gone (deleted, or the name "
+            "is now an alias): there are no old vectors to sample"
+        )
+
+
 def draw_sample(
     store: Store,
     pair: PairRecord,
@@ -81,8 +101,10 @@ def draw_sample(
     told how many images will be fetched, ``on_image()`` after each one.
 
     Raises:
-        ConfigError: no encoder, nothing to sample, or fewer than two images could be read.
+        ConfigError: no backfill left (:func:`check_probe`), no encoder, nothing to sample, or
+            fewer than two images could be read.
     """
+    check_probe(store, pair)
     if encoder is None:
         raise ConfigError("probe needs the pair's encoder to re-embed the sample")
     model: OnnxEncoder = encoder

@@ -7,10 +7,11 @@ from typing import Any
 import click
 
 from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.pair import PairRecord
+from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.probe import (
     ProbeSample,
     cache_path,
+    check_probe,
     draw_sample,
     estimate_now,
     forecast_sample,
@@ -68,9 +69,11 @@ def probe_command(
     """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
 
     Quality is recall@k and nDCG@k against the new model's own neighbours over the
-    sample (no labels needed); with payload labels, mAP and top-1 too.
+    sample (no labels needed); with payload labels, mAP and top-1 too. A pair must be
+    backfilling: once finalized or rolled back there is no backfill left to forecast.
     """
     store = open_cli_store(ctx)
+    check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
     index = DualIndex.open(store, name, encoder=encoder)
     spec = check_order(order) if order else (index.pair.order or "random")
     sample = sample_with_progress(

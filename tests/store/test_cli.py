@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
+from qdrant_client import QdrantClient
 
 from rm_qdrant import open_store
+from rm_qdrant.backfill.pair import load_pair, save_pair
 from rm_qdrant.cli import cli
 
 
@@ -274,3 +277,46 @@ def test_probe_bad_input(rmq, models, image_folder):
     assert result.exit_code == 1 and "sampled images could be read" in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "Traceback" not in result.output  # after the progress label, one line
+
+
+@pytest.mark.parametrize("backend", ["edge", "local"])
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ("finalizing", "is finalizing"),
+        ("finalized", "is finalized"),
+        ("finalized, old name aliased to new", "is finalized"),  # the old name now serves 10-d vectors
+        ("rolled_back", "is rolled_back"),
+        ("old collection deleted", "its old collection 'products' is gone"),
+    ],
+)
+def test_probe_refuses_in_one_line_a_pair_with_no_backfill_to_forecast(
+    rmq, models, image_folder, tmp_path, backend, state, why
+):
+    if backend == "local":
+        QdrantClient(path=str(tmp_path / "q")).close()  # a QdrantClient(path=...) folder
+    rmq("index", "--collection", "products", "--data", image_folder, "--encoder", models.old)
+    init = ["init", "--name", "p", "--old-collection", "products", "--encoder", models.rm]
+    rmq(*init, "--keep-old", "--old-encoder", models.old)
+    rmq("migrate", "--name", "p", "--until", "0.5")
+    probe = ["probe", "--name", "p", "--sample", "6", "--k", "3"]
+    assert json.loads(rmq(*probe, "--json").output)["sample"] == 6  # backfilling: a forecast
+    if state == "finalizing":  # what a cutover killed half-way leaves
+        with open_store(tmp_path / "q") as store:
+            save_pair(store, dataclasses.replace(load_pair(store, "p"), state="finalizing"))
+    elif state == "old collection deleted":
+        with open_store(tmp_path / "q") as store:
+            store.delete_collection("products")
+    else:
+        rmq("migrate", "--name", "p")
+        if state == "rolled_back":
+            rmq("rollback", "--name", "p")
+        else:
+            drop = ["--alias", "products", "--drop-old"] if "aliased" in state else []
+            rmq("finalize", "--name", "p", *drop)
+
+    for args in (probe, [*probe, "--json"]):
+        result = rmq(*args, ok=False)
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+        assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.startswith("Error: pair 'p'") and why in result.stderr
