@@ -30,8 +30,8 @@ import numpy as np
 
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PairRecord, record_collection_model, save_pair
+from rm_qdrant.backfill.ranking import RANKING_INDEXES
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK
 from rm_qdrant.store import Record, Store, Where, open_store
 
 log = logging.getLogger(__name__)
@@ -39,18 +39,6 @@ log = logging.getLogger(__name__)
 _PAGE = 2_000
 PREFIX = "rmq-eval-"
 _OWNER = ".owner"
-
-#: The payload indexes the ranking gives the old collection (ranking.prepare_order). The copy
-#: takes them whatever the source reports: qdrant-client's local mode (a ``QdrantClient(path=...)``
-#: folder, ``:memory:``) keeps no indexes and lists none, and the copy, an embedded store, orders
-#: the migration by ``rmq_rank`` only through its index.
-RANKING_INDEXES = {
-    RANK: "integer",
-    BUCKET: "integer",
-    ERROR: "keyword",
-    MIGRATED: "integer",
-    MOVING: "integer",
-}
 
 
 def copy_collection(
@@ -96,6 +84,9 @@ def sandbox(
     with _owned_folder() as folder, open_store(folder) as copy:
         for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
+        # The ranking's indexes, whatever the source reports: qdrant-client's local mode (a
+        # ``QdrantClient(path=...)`` folder, ``:memory:``) keeps none and lists none, and the copy,
+        # an embedded store, orders the migration by ``rmq_rank`` only through its index.
         for field, kind in RANKING_INDEXES.items():
             copy.create_index(pair.old_collection, field, kind)
         layout = layout_of(pair)
