@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store, source_options
+from rm_qdrant.core.inputspec import INTERPOLATIONS
 from rm_qdrant.core.modelinfo import parse_floats
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
@@ -53,6 +54,14 @@ def model() -> None:
     help="Channel order the graph expects; --mean and --std are in this order.",
 )
 @click.option(
+    "--interpolation",
+    type=click.Choice(INTERPOLATIONS),
+    default="bilinear",
+    show_default=True,
+    help="Pillow's filter for every resize (Image.Resampling.<NAME>; antialiased when shrinking, "
+    "except nearest): as the team's pipeline resizes, e.g. torchvision Resize(..., interpolation=BICUBIC).",
+)
+@click.option(
     "--distance",
     type=click.Choice(["cosine", "dot", "euclid", "manhattan"]),
     help="The only distance its vectors serve [default: any: the collection's own].",
@@ -77,6 +86,7 @@ def stamp_command(
     mean: str | None,
     std: str | None,
     channel_order: str,
+    interpolation: str,
     distance: str | None,
     scale: str | None,
     name: str | None,
@@ -102,6 +112,7 @@ def stamp_command(
         mean=parse_floats(mean, "--mean"),
         std=parse_floats(std, "--std"),
         channel_order=channel_order,
+        interpolation=interpolation,
         distance=distance,
         scale=scale,
         name=name,
@@ -167,7 +178,7 @@ def check_command(
     The comparison is the collection's own metric: cosine >= 0.999 for a cosine
     collection; for Euclid, Manhattan and dot, the vectors themselves (relative error
     <= 0.045), so a model that L2-normalises raw vectors fails. A wrong resize, crop,
-    normalisation, channel order or scale shows here, before anything moves. The
+    interpolation, normalisation, channel order or scale shows here, before anything moves. The
     norms of both sides are reported. Exits 1 when they do not match.
     """
     from rm_qdrant.backfill.verify import SAME_OUTPUT, SAME_VECTOR, agreement
@@ -203,5 +214,6 @@ def check_command(
                 if found.metric != "cosine"
                 else ""
             )
-            + "--resize/--crop, --mean/--std, --channel-order and --input-size of 'rmq model stamp'"
+            + "--resize/--crop, --interpolation, --mean/--std, --channel-order and --input-size "
+            "of 'rmq model stamp'"
         )

@@ -11,7 +11,7 @@ is JSON (``rmq model stamp`` writes it for any graph)::
      "output_names": {"embedding": "image_embeds"},
      "input": {"layout": "NCHW", "dtype": "float32", "height": 224, "width": 224,
                "channels": 3, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-               "resize": 256, "crop": 224, "channel_order": "RGB"}}
+               "resize": 256, "crop": 224, "channel_order": "RGB", "interpolation": "bicubic"}}
 
 ``outputs`` maps each role rm-qdrant reads to its dimension: ``new`` (ρ^new, for the
 new collection), ``rev`` (ψ(ρ^new), for the old collection), ``embedding`` (a
@@ -32,72 +32,35 @@ scale (:meth:`ModelInfo.derived_scale`) and its distance.
 
 ``input.dtype`` ``uint8`` feeds raw pixels (normalisation is inside the graph);
 ``float32`` feeds ``(pixel / 255 - mean) / std``, with mean and std in
-``channel_order``. Without ``resize`` an image is resized straight to height × width
-(bilinear); with it, its shorter side becomes ``resize`` and a square ``crop`` is
-taken from the centre, as torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` do.
+``channel_order``. Without ``resize`` an image is resized straight to height × width;
+with it, its shorter side becomes ``resize`` and a square ``crop`` is taken from the
+centre, as torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` do. Every resize uses
+Pillow's ``interpolation`` filter (absent: ``bilinear``; see
+:mod:`rm_qdrant.core.inputspec`, which reads the ``input`` object).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from rm_qdrant.core.inputspec import InputSpec, choice, clip, int_in, is_int, parse_input, show
+from rm_qdrant.core.inputspec import check_input_shape as check_input_shape  # re-exported
+from rm_qdrant.core.inputspec import parse_floats as parse_floats  # re-exported
 from rm_qdrant.core.merge import check_distance
 from rm_qdrant.errors import ConfigError, EncoderError
 
 METADATA_KEY = "rm_qdrant"
 ROLES = ("new", "rev", "embedding", "scores")
 FORMATS = (1, 2)
-LAYOUTS = ("NHWC", "NCHW")
-DTYPES = ("uint8", "float32")
-CHANNEL_ORDERS = ("RGB", "BGR")
 #: ``unit``: every vector is L2-normalised; ``raw``: the vectors' norms carry meaning.
 SCALES = ("unit", "raw")
-#: The largest input side (height, width, resize, crop) a graph may declare.
-MAX_INPUT_SIDE = 8192
 #: The largest output dimension a graph may declare.
 MAX_OUTPUT_DIM = 1 << 20
 #: The longest metadata entry read (a graph's description, not its weights).
 MAX_METADATA_CHARS = 1 << 20
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """How images are laid out and scaled before they enter the graph."""
-
-    height: int
-    width: int
-    channels: int = 3
-    layout: str = "NHWC"
-    dtype: str = "uint8"
-    #: Per-channel normalisation for ``float32`` input, in ``channel_order``; empty means none.
-    mean: tuple[float, ...] = ()
-    std: tuple[float, ...] = ()
-    #: The shorter side after the first resize; None resizes straight to height × width.
-    resize: int | None = None
-    #: The side of the square centre crop taken after ``resize`` (equal to height and width).
-    crop: int | None = None
-    #: The channel order the graph expects, ``RGB`` or ``BGR``.
-    channel_order: str = "RGB"
-
-    def tensor_shape(self, batch: int) -> tuple[int, int, int, int]:
-        """The input tensor's shape for ``batch`` images."""
-        if self.layout == "NCHW":
-            return (batch, self.channels, self.height, self.width)
-        return (batch, self.height, self.width, self.channels)
-
-    def describe(self) -> str:
-        """One line for people, e.g. ``NCHW float32 224x224x3 RGB, resize 256 + centre crop 224, ...``."""
-        text = f"{self.layout} {self.dtype} {self.height}x{self.width}x{self.channels} {self.channel_order}"
-        text += f", resize {self.resize} + centre crop {self.crop}" if self.resize else ", resized directly"
-        if self.dtype == "uint8":
-            return text + ", raw pixels (normalised inside the graph)"
-        if all(m == 0 for m in self.mean) and all(s == 1 for s in self.std):
-            return text + ", x/255 (no mean/std)"
-        return text + f", (x/255 - mean {list(self.mean)}) / std {list(self.std)}"
 
 
 @dataclass(frozen=True)
@@ -174,54 +137,13 @@ class ModelInfo:
             "model_name": self.name,
             "outputs": dict(self.outputs),
             "output_names": dict(self.output_names),
-            "input": {**asdict(self.input), "mean": list(self.input.mean), "std": list(self.input.std)},
+            "input": self.input.to_json(),
         }
         if self.distance is not None:
             body["distance"] = self.distance
         if self.scale is not None:
             body["scale"] = self.scale
         return {METADATA_KEY: json.dumps(body, sort_keys=True)}
-
-
-def check_input_shape(spec: InputSpec, shape: Sequence[object], what: str) -> int | None:
-    """Check a graph input's static shape against ``spec``; return its fixed batch size, or None.
-
-    ``shape`` holds an int for every static dimension (anything else is dynamic).
-
-    Raises:
-        EncoderError: the input is not 4-D, or a static dimension contradicts ``spec``.
-    """
-    if len(shape) != 4:
-        raise EncoderError(f"{what}: expected a 4-D image input, got {len(shape)} dimensions")
-    want = spec.tensor_shape(0)[1:]
-    for got, expected in zip(shape[1:], want, strict=True):
-        if _is_int(got) and got != expected:
-            shown = ", ".join(str(d) if _is_int(d) else "?" for d in shape)
-            raise EncoderError(
-                f"{what}: the graph's input has shape [{shown}], but {spec.layout} "
-                f"{spec.height}x{spec.width}x{spec.channels} needs [N, {', '.join(map(str, want))}]"
-            )
-    batch = shape[0]
-    return batch if _is_int(batch) and batch > 0 else None  # type: ignore[return-value]
-
-
-def parse_floats(value: str | None, option: str) -> tuple[float, ...] | None:
-    """``"0.5,0.5,0.5"`` → ``(0.5, 0.5, 0.5)``: an input's per-channel --mean or --std as typed.
-
-    Raises:
-        ConfigError: a part that is not a finite number (``option`` names the option).
-    """
-    if value is None:
-        return None
-    try:
-        numbers = tuple(float(part) for part in value.split(","))
-    except ValueError:
-        numbers = (math.nan,)
-    if not all(math.isfinite(n) for n in numbers):
-        raise ConfigError(
-            f"bad {option} {value!r}: expected comma-separated finite numbers, e.g. 0.5,0.5,0.5"
-        )
-    return numbers
 
 
 def parse_metadata(
@@ -247,7 +169,7 @@ def parse_metadata(
         raw = json.loads(text)
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of 5,000 digits
         raise EncoderError(
-            f"{source}: '{METADATA_KEY}' metadata is not valid JSON: {_clip(str(exc))}"
+            f"{source}: '{METADATA_KEY}' metadata is not valid JSON: {clip(str(exc))}"
         ) from exc
     try:
         return _parse_body(raw, list(graph_outputs), source)
@@ -262,17 +184,17 @@ def _parse_body(raw: Any, graph_outputs: list[str], source: str) -> ModelInfo:
         kind = {list: "an array", str: "a string", type(None): "null"}.get(type(raw), "a number")
         raise EncoderError(f"metadata must be a JSON object, got {kind}")
     fmt = raw.get("format", 1)
-    if not _is_int(fmt) or fmt not in FORMATS:
-        raise EncoderError(f"unsupported metadata format {_show(fmt)}; this rm-qdrant reads {FORMATS}")
+    if not is_int(fmt) or fmt not in FORMATS:
+        raise EncoderError(f"unsupported metadata format {show(fmt)}; this rm-qdrant reads {FORMATS}")
     outputs, names = _parse_outputs(raw.get("outputs"), raw.get("output_names"), graph_outputs)
     distance = raw.get("distance")  # absent: any distance (the collection's)
     name = raw.get("model_name", source)
     if "distance" in raw and not isinstance(distance, str):
-        raise EncoderError(f"distance must be a string, got {_show(distance)}")
+        raise EncoderError(f"distance must be a string, got {show(distance)}")
     if not isinstance(name, str):
-        raise EncoderError(f"model_name must be a string, got {_show(name)}")
-    scale = _choice(raw["scale"], "scale", SCALES) if "scale" in raw else None
-    spec = _parse_input(raw.get("input"))
+        raise EncoderError(f"model_name must be a string, got {show(name)}")
+    scale = choice(raw["scale"], "scale", SCALES) if "scale" in raw else None
+    spec = parse_input(raw.get("input"))
     return ModelInfo(
         name,
         None if distance is None else check_distance(distance),
@@ -288,112 +210,23 @@ def _parse_outputs(raw: Any, raw_names: Any, graph_outputs: list[str]) -> tuple[
         raise EncoderError("metadata needs an 'outputs' object (role -> dimension)")
     given = {} if raw_names is None else raw_names
     if not isinstance(given, dict):
-        raise EncoderError(f"'output_names' must be an object (role -> graph output), got {_show(given)}")
+        raise EncoderError(f"'output_names' must be an object (role -> graph output), got {show(given)}")
     if extra := sorted(set(given) - set(raw)):
         raise EncoderError(f"'output_names' maps {extra[0]!r}, which 'outputs' lacks")
     outputs, names = {}, {}
     for role, dim in raw.items():
         if role not in ROLES:
-            raise EncoderError(f"unknown output role {_show(role)}; expected {ROLES}")
+            raise EncoderError(f"unknown output role {show(role)}; expected {ROLES}")
         name = given.get(role, role)
         if not isinstance(name, str) or not name:
-            raise EncoderError(f"output_names[{role!r}] must be a graph output name, got {_show(name)}")
+            raise EncoderError(f"output_names[{role!r}] must be a graph output name, got {show(name)}")
         if name not in graph_outputs:
             what = f"output {role!r}" if name == role else f"{role!r} as output {name!r}"
             raise EncoderError(f"metadata lists {what}, graph has {graph_outputs}")
-        outputs[role] = _int_in(dim, f"dimension of output {role!r}", MAX_OUTPUT_DIM)
+        outputs[role] = int_in(dim, f"dimension of output {role!r}", MAX_OUTPUT_DIM)
         names[role] = name
     if len(set(names.values())) != len(names):
         raise EncoderError(f"two roles name the same graph output: {names}")
     if not ({"new", "embedding"} & set(outputs)):
         raise EncoderError(f"needs a 'new' or an 'embedding' output, has {sorted(outputs)}")
     return outputs, names
-
-
-def _parse_input(raw: Any) -> InputSpec:
-    if not isinstance(raw, dict):
-        raise EncoderError("metadata 'input' must be an object with height and width")
-    channels = raw.get("channels", 3)
-    if not _is_int(channels) or channels not in (1, 3):
-        raise EncoderError(f"input.channels must be 1 or 3, got {_show(channels)}")
-    std = _floats(raw.get("std"), "input.std", channels, 1.0)
-    if not all(s > 0 for s in std):
-        raise EncoderError(f"input.std values must be > 0, got {list(std)}")
-    spec = InputSpec(
-        height=_int_in(raw.get("height"), "input.height", MAX_INPUT_SIDE),
-        width=_int_in(raw.get("width"), "input.width", MAX_INPUT_SIDE),
-        channels=channels,
-        layout=_choice(raw.get("layout", "NHWC"), "input.layout", LAYOUTS),
-        dtype=_choice(raw.get("dtype", "uint8"), "input.dtype", DTYPES),
-        mean=_floats(raw.get("mean"), "input.mean", channels, 0.0),
-        std=std,
-        resize=_optional_int(raw.get("resize"), "input.resize"),
-        crop=_optional_int(raw.get("crop"), "input.crop"),
-        channel_order=_choice(raw.get("channel_order", "RGB"), "input.channel_order", CHANNEL_ORDERS),
-    )
-    _check_geometry(spec)
-    return spec
-
-
-def _check_geometry(spec: InputSpec) -> None:
-    if (spec.resize is None) != (spec.crop is None):
-        raise EncoderError("input.resize and input.crop go together (shorter-side resize, then centre crop)")
-    if spec.crop is not None and spec.resize is not None:
-        if spec.crop > spec.resize:
-            raise EncoderError(f"input.crop ({spec.crop}) must not exceed input.resize ({spec.resize})")
-        if spec.crop != spec.height or spec.crop != spec.width:
-            raise EncoderError(
-                f"input.crop ({spec.crop}) must equal input.height and input.width "
-                f"({spec.height}x{spec.width})"
-            )
-    if spec.channel_order == "BGR" and spec.channels != 3:
-        raise EncoderError("input.channel_order BGR needs 3 channels")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_in(value: Any, what: str, high: int) -> int:
-    if not _is_int(value) or not 1 <= value <= high:
-        raise EncoderError(f"{what} must be a positive integer up to {high}, got {_show(value)}")
-    return value
-
-
-def _optional_int(value: Any, what: str) -> int | None:
-    return None if value is None else _int_in(value, what, MAX_INPUT_SIDE)
-
-
-def _choice(value: Any, what: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise EncoderError(f"{what} must be one of {', '.join(choices)}, got {_show(value)}")
-    return value
-
-
-def _floats(value: Any, what: str, channels: int, default: float) -> tuple[float, ...]:
-    if value is None or value == []:
-        return (default,) * channels
-    if not isinstance(value, list) or not all(_finite(v) for v in value) or len(value) != channels:
-        raise EncoderError(
-            f"{what} needs one value per channel ({channels} finite numbers), got {_show(value)}"
-        )
-    return tuple(float(v) for v in value)
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer too large for a float
-        return False
-
-
-def _show(value: Any) -> str:
-    """A value's repr cut to one short line (hostile metadata can hold megabytes)."""
-    return _clip(repr(value))
-
-
-def _clip(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= 80 else text[:77] + "..."

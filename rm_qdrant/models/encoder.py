@@ -254,6 +254,7 @@ class OnnxEncoder:
             resize=spec.resize,
             crop=spec.crop,
             channel_order=spec.channel_order,
+            interpolation=spec.interpolation,
             max_pixels=max_pixels,
         )
 

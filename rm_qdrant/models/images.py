@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from rm_qdrant.core.inputspec import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from rm_qdrant.errors import ConfigError, ImageError, SourceError
 from rm_qdrant.sources.files import read_file
 
@@ -29,6 +30,8 @@ MAX_FILE_BYTES = 20 * 1024 * 1024
 #: Image formats decoded (Pillow's names; JPEG covers the MPO files many cameras write).
 FORMATS = ("JPEG", "PNG", "WEBP", "AVIF", "GIF", "BMP", "DIB", "TIFF", "TGA", "PPM")
 _FORMAT_NAMES = "a JPEG, PNG, WebP, AVIF, GIF, BMP, TIFF, TGA or PPM image"
+#: Pillow's filter for each interpolation name (:data:`rm_qdrant.core.inputspec.INTERPOLATIONS`).
+FILTERS = {name: Image.Resampling[name.upper()] for name in INTERPOLATIONS}
 
 
 def to_pil(image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
@@ -152,22 +155,30 @@ def pixels(
     resize: int | None = None,
     crop: int | None = None,
     channel_order: str = "RGB",
+    interpolation: str = DEFAULT_INTERPOLATION,
 ) -> np.ndarray:
     """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array.
 
-    Without ``resize`` the image is resized straight to height × width (bilinear).
+    Without ``resize`` the image is resized straight to height × width.
     With ``resize`` and ``crop`` it goes through torchvision's ``Resize(resize)`` and
-    ``CenterCrop(crop)`` exactly: the shorter side becomes ``resize`` (bilinear), then
-    the centre ``crop`` × ``crop`` square is kept (``crop`` equals height and width).
+    ``CenterCrop(crop)`` exactly: the shorter side becomes ``resize``, then the centre
+    ``crop`` × ``crop`` square is kept (``crop`` equals height and width). Either resize
+    is Pillow's ``Image.resize`` with the ``interpolation`` filter (``bilinear``,
+    ``bicubic``, ``lanczos``, ``box``, ``hamming``: antialiased when shrinking;
+    ``nearest``: one source pixel each), as torchvision's ``Resize`` on a PIL image.
     ``BGR`` reverses the channels at the end.
 
     Raises:
         ImageError: the image cannot be decoded or converted, is empty, or declares
             (or would be resized to) more than ``max_pixels``.
-        ConfigError: ``resize`` without ``crop``, or a crop that is not height × width.
+        ConfigError: ``resize`` without ``crop``, a crop that is not height × width, or
+            an unknown ``interpolation``.
     """
     if (resize is None) != (crop is None) or (crop is not None and (crop != height or crop != width)):
         raise ConfigError(f"resize {resize} and crop {crop} do not make a {height}x{width} image")
+    if interpolation not in FILTERS:
+        raise ConfigError(f"unknown interpolation {interpolation!r}; expected one of {', '.join(FILTERS)}")
+    resample = FILTERS[interpolation]
     decoded = _decoded(image, "RGB" if channels == 3 else "L", max_pixels)
     if isinstance(decoded, np.ndarray):
         if resize is None and decoded.shape[:2] == (height, width):  # nothing left to do: no Pillow
@@ -178,7 +189,7 @@ def pixels(
     if width_now < 1 or height_now < 1:
         raise ImageError(f"the image is empty ({width_now}x{height_now} pixels)")
     if resize is None:
-        picture = _resized(picture, (width, height))
+        picture = _resized(picture, (width, height), resample)
     else:
         size = shorter_side_size(picture.size, resize)
         if size[0] * size[1] > max_pixels:
@@ -186,7 +197,7 @@ def pixels(
                 f"a {width_now}x{height_now} image resized to shorter side {resize} is "
                 f"{size[0]}x{size[1]} pixels, over the {max_pixels:,}-pixel limit"
             )
-        picture = _resized(picture, size).crop(centre_box(size, crop or 0))
+        picture = _resized(picture, size, resample).crop(centre_box(size, crop or 0))
     array: Any = np.asarray(picture, dtype=np.uint8).reshape(height, width, channels)
     return array[:, :, ::-1] if channel_order == "BGR" else array
 
@@ -226,10 +237,10 @@ def _convert(picture: Image.Image, mode: str) -> Image.Image:
         ) from exc
 
 
-def _resized(picture: Image.Image, size: tuple[int, int]) -> Image.Image:
+def _resized(picture: Image.Image, size: tuple[int, int], resample: Image.Resampling) -> Image.Image:
     if picture.size == size:
         return picture
     try:
-        return picture.resize(size, Image.Resampling.BILINEAR)
+        return picture.resize(size, resample)
     except Exception as exc:  # Pillow can still fail on a lazily decoded or odd image
         raise ImageError(f"cannot resize a {picture.mode} image: {type(exc).__name__}: {exc}") from exc

@@ -2,8 +2,8 @@
 
 A team's own graph keeps its output names (``image_embeds``, ``pooler_output``, ...):
 the entry maps rm-qdrant's roles to them, and says how images are prepared
-(size, shorter-side resize and centre crop, layout, dtype, normalisation, channel
-order). The graph itself is written back byte for byte apart from ``metadata_props``.
+(size, shorter-side resize and centre crop, the resize's Pillow filter, layout, dtype,
+normalisation, channel order). The graph itself is written back byte for byte apart from ``metadata_props``.
 
 Example:
     >>> stamp_model("vit.onnx", "vit-rmq.onnx", outputs={"embedding": "image_embeds"},
@@ -102,6 +102,7 @@ def stamp_model(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     channel_order: str = "RGB",
+    interpolation: str = "bilinear",
     distance: str | None = None,
     scale: str | None = None,
     name: str | None = None,
@@ -120,6 +121,10 @@ def stamp_model(
         mean: Per-channel mean for ``float32`` input (in ``channel_order``); default none.
         std: Per-channel std for ``float32`` input; default none.
         channel_order: ``RGB`` or ``BGR``.
+        interpolation: The Pillow filter of every resize, as the team's pipeline uses it:
+            ``nearest``, ``bilinear`` (default), ``bicubic``, ``lanczos``, ``box`` or
+            ``hamming`` (``Image.resize`` with ``Image.Resampling.<NAME>``, antialiased
+            when shrinking, except ``nearest``).
         distance: The distance the vectors are meant for; None (default): any, the
             collection's own (checked there by ``rmq model check``).
         scale: ``unit`` (every vector L2-normalised: checked on random images), ``raw``
@@ -146,6 +151,7 @@ def stamp_model(
         resize=resize,
         crop=crop,
         channel_order=channel_order,
+        interpolation=interpolation,
     )
     if spec.dtype == "uint8" and (spec.mean or spec.std):
         raise ConfigError("mean and std apply to float32 input; a uint8 graph normalises inside itself")
