@@ -18,6 +18,7 @@ from rm_qdrant.backfill.pair import (
     record_collection_model,
     save_pair,
 )
+from rm_qdrant.core.paths import check_path
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
@@ -66,7 +67,8 @@ def create_pair(
     Args:
         old_vector: the old collection's vector (None: its only one).
         uri: where each point's image is (default: payload field ``uri``).
-        label_field: the payload field with class labels, if the gallery has them.
+        label_field: the payload field with class labels, if the gallery has them (a path:
+            ``meta.dept`` is nested, see :mod:`rm_qdrant.core.paths`).
         layout: ``paired`` or ``single-collection``.
         new_vector: the new vector's name (single-collection layout).
 
@@ -79,6 +81,7 @@ def create_pair(
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    check_path(label_field, "--label-field")
     single = layout == SINGLE
     existing = _get(store, "pair", name)
     if existing is not None:

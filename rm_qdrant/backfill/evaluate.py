@@ -21,6 +21,7 @@ from rm_qdrant.backfill.layouts import active_where, count_new, ids_in_new
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
+from rm_qdrant.core.paths import payload_value
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Where
 
@@ -61,7 +62,7 @@ def average_precision(
     (the hit whose image, ``uri_of(hit)``, is ``skip_uri``).
     """
     ranked = [h for h in hits if uri_of(h) != skip_uri][:k]
-    flags = np.array([h.payload.get(label_field) == label for h in ranked], dtype=bool)
+    flags = np.array([payload_value(h.payload, label_field) == label for h in ranked], dtype=bool)
     denominator = min(relevant, k) if k is not None else relevant
     if denominator == 0 or len(flags) == 0:
         return 0.0, bool(len(flags) and flags[0])

@@ -34,6 +34,7 @@ from rm_qdrant.core.forecast import (
 )
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
+from rm_qdrant.core.paths import payload_value
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.paths import cache_root
@@ -57,8 +58,9 @@ class ProbeSample:
     gallery: int = 0  # points the sample was drawn from
 
     def labels(self, field: str = "label") -> list[Any] | None:
-        """Each point's payload label (``field``), or None unless every sampled point has one."""
-        labels = [p.get(field) for p in self.payloads]
+        """Each point's payload label (``field``, a payload path such as ``meta.dept``), or None
+        unless every sampled point has one."""
+        labels = [payload_value(p, field) for p in self.payloads]
         return labels if labels and all(label is not None for label in labels) else None
 
 

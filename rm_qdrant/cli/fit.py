@@ -29,6 +29,7 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split
+from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
@@ -46,7 +47,10 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
     help="The team's new model (.onnx), described by 'rmq model stamp'.",
 )
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where the fitted graph goes.")
-@click.option("--label-field", help="Payload field with a class label: trains the paper's MCL + ρ.")
+@click.option(
+    "--label-field",
+    help="Payload field with a class label ('meta.dept': nested): trains the paper's MCL + ρ.",
+)
 @click.option(
     "--loss",
     default="auto",
@@ -119,6 +123,8 @@ def fit_command(
             f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
             f"pair {name!r}'s new collection holds {new_dim}-d vectors"
         )
+    if label_field is not None:
+        check_path(label_field, "--label-field")
     try:
         chosen = resolve_loss(loss, label_field is not None)
     except ValueError as exc:

@@ -27,6 +27,7 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import status_estimate
 from rm_qdrant.core.merge import Hit
+from rm_qdrant.core.paths import payload_value
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -79,12 +80,23 @@ def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
     is_flag=True,
     help="Keep migrated points in old (hidden) so 'rmq rollback' works (needs --old-encoder).",
 )
-@click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
+@click.option(
+    "--uri-field",
+    default="uri",
+    show_default=True,
+    help="Payload field with each image's URI; dots go into objects: 'asset.url'.",
+)
 @click.option(
     "--uri-template",
-    help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg' ({id}: the id).",
+    help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg' or "
+    "'https://cdn/{asset.path}' ({id}: the id).",
 )
-@click.option("--label-field", default="label", show_default=True, help="Payload field with class labels.")
+@click.option(
+    "--label-field",
+    default="label",
+    show_default=True,
+    help="Payload field with class labels; dots go into objects: 'meta.dept'.",
+)
 @json_option
 @click.pass_context
 def init(
@@ -240,6 +252,11 @@ def search(
     emit(rows, as_json, "\n".join(_hit_lines(hits, pair)))
 
 
+def _label(payload: dict[str, Any], field: str) -> object:
+    value = payload_value(payload, field)
+    return "" if value is None else value
+
+
 def _hit_lines(hits: list[Hit], pair: PairRecord) -> list[str]:
     """The hit table: a dot product as a score (higher is closer), any other metric as a distance."""
     by_score = pair.distance == "dot"
@@ -251,7 +268,7 @@ def _hit_lines(hits: list[Hit], pair: PairRecord) -> list[str]:
         value = hit.score if by_score else hit.distance
         lines.append(
             f"{rank:>3}  {value:10.4f}  {hit.source:6}  "
-            f"{plain(hit.payload.get(pair.label_field, '')):10}  {hit.id}  {plain(where)}"
+            f"{plain(_label(hit.payload, pair.label_field)):10}  {hit.id}  {plain(where)}"
         )
     if by_score and pair.old_distance is not None and any(h.source == "old" for h in hits):
         lines.append(

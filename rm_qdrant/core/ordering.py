@@ -13,6 +13,9 @@ the first to move are the ones the old model serves worst (the paper's appendix)
   old vectors, for galleries without labels.
 - ``payload:FIELD``: any sortable payload field (numbers, or strings such as ISO
   dates), ascending; points without it go last.
+
+A field (``payload:asset.created_at``, the label field ``meta.dept``) is a payload
+path: dots go into objects (:mod:`rm_qdrant.core.paths`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.paths import check_path, payload_value
 from rm_qdrant.errors import ConfigError
 
 ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised", "payload:FIELD")
@@ -33,7 +37,10 @@ BUCKETS = 256
 
 def check_order(spec: str) -> str:
     """Return ``spec`` if it names an order, else raise ConfigError."""
-    if spec in ORDERS[:4] or (spec.startswith("payload:") and len(spec) > len("payload:")):
+    if spec in ORDERS[:4]:
+        return spec
+    if spec.startswith("payload:") and len(spec) > len("payload:"):
+        check_path(spec.split(":", 1)[1], "--order payload:FIELD")
         return spec
     raise ConfigError(f"unknown backfill order {spec!r}; expected one of {', '.join(ORDERS)}")
 
@@ -66,7 +73,7 @@ def _random_keys(ids: Sequence[PointId], seed: int) -> np.ndarray:
 
 
 def _numeric_field(payloads: Sequence[Mapping[str, Any]], field: str, hint: str) -> np.ndarray:
-    values = [p.get(field) for p in payloads]
+    values = [payload_value(p, field) for p in payloads]
     missing = sum(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values)
     if missing:
         raise ConfigError(f"{missing} of {len(values)} points have no numeric payload {field!r}; {hint}")
@@ -75,7 +82,7 @@ def _numeric_field(payloads: Sequence[Mapping[str, Any]], field: str, hint: str)
 
 def _sortable_field(payloads: Sequence[Mapping[str, Any]], field: str) -> np.ndarray:
     """Positions in ascending order of ``field`` (numbers or strings, one kind); missing last."""
-    values = [p.get(field) for p in payloads]
+    values = [payload_value(p, field) for p in payloads]
     present = [v for v in values if v is not None]
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
     if not present or not (numbers or all(isinstance(v, str) for v in present)):
@@ -151,7 +158,7 @@ def order_keys(
     if vectors is None or len(vectors) != len(ids):
         raise ConfigError(f"order {spec!r} needs the old vectors of every point")
     if spec == "centroid":
-        labels = [p.get(label_field) for p in payloads]
+        labels = [payload_value(p, label_field) for p in payloads]
         odd = sorted({type(v).__name__ for v in labels if isinstance(v, (list, dict, tuple))})
         if odd:
             raise ConfigError(

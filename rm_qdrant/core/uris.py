@@ -3,12 +3,17 @@
 A pair knows it in one of two ways, given to ``rmq init``:
 
 - ``--uri-field FIELD``: the payload field that holds the image's URI or path
-  (``uri`` by default, what ``rmq index`` writes);
+  (``uri`` by default, what ``rmq index`` writes); ``asset.url`` names a nested
+  field (:mod:`rm_qdrant.core.paths`);
 - ``--uri-template TEMPLATE``: a URI built from payload fields, e.g.
-  ``s3://bucket/{sku}.jpg`` or ``https://cdn.example.com/{category}/{sku}.jpg``;
-  ``{id}`` is the point's id when the payload has no ``id`` field. Format specs work
-  (``{n:06d}``); attribute and index access do not. A value with a ``..`` path
-  segment is refused: it would reach another folder than the template names.
+  ``s3://bucket/{sku}.jpg``, ``https://cdn.example.com/{category}/{sku}.jpg`` or
+  ``https://cdn.example.com/{asset.path}``; ``{id}`` is the point's id when the
+  payload has no ``id`` field. Format specs work (``{n:06d}``); a field is a payload
+  path (object keys joined by dots), never attribute or index access. A value with a
+  ``..`` path segment is refused: it would reach another folder than the template names.
+
+A point whose payload lacks the field (or a template's field) fails with
+"payload has no 'asset.url'"; the batch goes on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.paths import check_path, payload_value
 from rm_qdrant.errors import ConfigError, SourceError
 
 _FORMATTER = string.Formatter()
@@ -37,12 +43,14 @@ class UriRule:
             fields = template_fields(self.template)
             if not fields:
                 raise ConfigError(f"--uri-template {self.template!r} uses no payload field, e.g. {{sku}}")
-        elif not self.field:
-            raise ConfigError("--uri-field must name a payload field")
+        else:
+            check_path(self.field, "--uri-field")
 
     def same_image(self, point_id: PointId, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
         """Whether two payloads of one point name the same image (a URI that cannot be built
         from one of them is not the same)."""
+        if self.template is None:
+            return bool(payload_value(before, self.field) == payload_value(after, self.field))
         try:
             return bool(self.uri(point_id, before) == self.uri(point_id, after))
         except SourceError:
@@ -52,16 +60,20 @@ class UriRule:
         """The point's image URI (the raw field value; the source checks it).
 
         Raises:
-            SourceError: a template field is missing or empty in this payload.
+            SourceError: the field, or a template field, is missing (or empty, for a
+                template) in this payload.
         """
         if self.template is None:
-            return payload.get(self.field)
+            value = payload_value(payload, self.field)
+            if value is None:
+                raise SourceError(f"payload has no {self.field!r}")
+            return value
         parts = []
         for literal, name, spec, _ in _FORMATTER.parse(self.template):
             parts.append(literal)
             if name is None:
                 continue
-            value = point_id if name == "id" and "id" not in payload else payload.get(name)
+            value = point_id if name == "id" and "id" not in payload else payload_value(payload, name)
             if value is None or value == "":
                 raise SourceError(f"payload has no {name!r} for the uri template {self.template!r}")
             if isinstance(value, (list, dict, tuple, bool)):
@@ -117,7 +129,8 @@ def template_fields(template: str) -> list[str]:
     ['category', 'sku']
 
     Raises:
-        ConfigError: the template is malformed or uses attribute/index access or conversions.
+        ConfigError: the template is malformed, or uses index access, conversions or a
+            field that is not a payload path (:func:`~rm_qdrant.core.paths.check_path`).
     """
     try:
         parsed = list(_FORMATTER.parse(template))
@@ -127,10 +140,13 @@ def template_fields(template: str) -> list[str]:
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
-        if not name or any(c in name for c in ".[]") or conversion or "{" in (spec or ""):
+        if not name or any(c in name for c in "[]") or conversion or "{" in (spec or ""):
             raise ConfigError(
-                f"bad --uri-template {template!r}: fields are plain payload names like {{sku}} "
-                "(no attributes, indexes, conversions or nested fields)"
+                f"bad --uri-template {template!r}: fields are payload names like {{sku}} or {{asset.sku}} "
+                "(no indexes or conversions)"
             )
-        fields.append(name)
+        try:
+            fields.append(check_path(name, "field"))
+        except ConfigError as exc:
+            raise ConfigError(f"bad --uri-template {template!r}: {exc}") from exc
     return fields

@@ -150,8 +150,8 @@ def test_uri_templates_and_missing_fields(store, models, tmp_path):
     report = run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
     assert (report.moved, report.failed) == (N - 1, 1)
     assert "payload has no 'file' for the uri template" in store.retrieve("products", [0])[0].payload[ERROR]
-    with pytest.raises(ConfigError, match="plain payload names"):
-        UriRule(template="s3://b/{sku.__class__}.jpg")
+    with pytest.raises(ConfigError, match="no indexes or conversions"):
+        UriRule(template="s3://b/{sku[0]}.jpg")
     with pytest.raises(ConfigError, match="uses no payload field"):
         UriRule(template="s3://b/fixed.jpg")
 
