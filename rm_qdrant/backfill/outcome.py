@@ -11,7 +11,7 @@ import numpy as np
 
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import ERROR
+from rm_qdrant.core.planning import ATTEMPTS, ERROR
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -139,9 +139,31 @@ def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:
 
 
 def record_failures(store: Store, collection: str, failed: Sequence[tuple[PointId, str]]) -> None:
-    """Write each failed point's reason on it (one store operation per distinct reason)."""
-    by_reason: dict[str, list[PointId]] = {}
+    """Write on each failed point its reason and how many attempts failed so far (one read, then
+    one store operation per distinct reason and count)."""
+    if not failed:
+        return
+    before = {r.id: r.payload.get(ATTEMPTS) for r in store.retrieve(collection, [i for i, _ in failed])}
+    groups: dict[tuple[str, int], list[PointId]] = {}
     for point_id, reason in failed:
-        by_reason.setdefault(reason, []).append(point_id)
-    for reason, ids in by_reason.items():
-        store.mark(collection, ids, {ERROR: reason})
+        tried = before.get(point_id)
+        count = tried + 1 if isinstance(tried, int) and not isinstance(tried, bool) else 1
+        groups.setdefault((reason, count), []).append(point_id)
+    for (reason, count), ids in groups.items():
+        store.mark(collection, ids, {ERROR: reason, ATTEMPTS: count})
+
+
+def waiting_refusal(pair: PairRecord, remaining: int, failed: int) -> str:
+    """Why a cutover is refused while ``remaining`` points (``failed`` of them failed) still serve
+    from old, and the ways out: finish the migration, or retry the failed points, or list them
+    and cut over without them."""
+    name, old = pair.name, pair.old_collection
+    if not failed:
+        return (
+            f"{remaining} points still serve from {old!r}: finish the migration (rmq migrate --name {name})"
+        )
+    return (
+        f"{remaining} points still serve from {old!r} ({failed} of them failed): retry them (rmq migrate "
+        f"--name {name} --retry-failed), or list them (rmq failures --name {name}) and cut over without "
+        f"them (rmq finalize --name {name} --drop-failed)"
+    )

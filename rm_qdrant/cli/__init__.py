@@ -11,6 +11,7 @@ from PIL import Image
 from rm_qdrant.cli.calibrate import calibrate_command
 from rm_qdrant.cli.common import Group, RedactingFormatter
 from rm_qdrant.cli.evaluate import eval_command
+from rm_qdrant.cli.failures import failures_command
 from rm_qdrant.cli.fit import fit_command
 from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
 from rm_qdrant.cli.model import model
@@ -82,6 +83,7 @@ cli.add_command(probe_command)
 cli.add_command(fit_command)
 cli.add_command(calibrate_command)
 cli.add_command(finalize_command)
+cli.add_command(failures_command)
 cli.add_command(rollback_command)
 cli.add_command(model)
 cli.add_command(pairs_command)

@@ -7,12 +7,14 @@ import dataclasses
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.failures import finalize_dropping_failed
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import load_pair
@@ -28,8 +30,10 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
+from rm_qdrant.cli.failures import default_list_path
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -204,6 +208,18 @@ def migrate(
     help="One collection: override the encoder path the pair recorded (it embeds points written "
     "with the old vector only while the cutover runs).",
 )
+@click.option(
+    "--drop-failed",
+    is_flag=True,
+    help="First remove the points whose migration failed (listed by 'rmq failures'), after "
+    "writing their list to --out.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="With --drop-failed: the list's file (JSON lines, never overwritten) "
+    "[default: ./rmq-failures-<pair>-<UTC time>.jsonl].",
+)
 @source_options
 @json_option
 @click.pass_context
@@ -213,15 +229,36 @@ def finalize_command(
     alias: str | None,
     drop_old: bool,
     encoder: str | None,
+    drop_failed: bool,
+    out: str | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
     """Cut over: point the serving alias at new (one collection: serve its new vector); search
-    then uses new alone."""
+    then uses new alone.
+
+    Points whose image cannot be read never migrate: --drop-failed writes their list, removes
+    them from the gallery, then cuts over (points that still wait without having failed stop it).
+    """
+    if out is not None and not drop_failed:
+        raise ConfigError("--out is the list of --drop-failed: give both, or neither")
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
-    record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
-    emit(dataclasses.asdict(record), as_json, layout_of(record).finalized_text(record, drop_old))
+    if not drop_failed:
+        record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
+        emit(dataclasses.asdict(record), as_json, layout_of(record).finalized_text(record, drop_old))
+        return
+    path = Path(out) if out is not None else default_list_path(name)
+    record, dropped = finalize_dropping_failed(
+        store, pair, path, alias=alias, drop_old=drop_old, encoder=encoder, source=source
+    )
+    text = layout_of(record).finalized_text(record, drop_old)
+    if dropped.path is not None:
+        text = f"removed {dropped.removed} failed points (listed in {dropped.path}); {text}"
+    else:
+        text = f"no failed points to remove; {text}"
+    data = {**dataclasses.asdict(record), "dropped_failed": dropped.removed, "failures_list": dropped.path}
+    emit(data, as_json, text)
 
 
 @click.command(name="rollback")

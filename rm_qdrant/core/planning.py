@@ -17,6 +17,7 @@ from rm_qdrant.errors import ConfigError
 RANK = "rmq_rank"  # position in the backfill order (old points)
 BUCKET = "rmq_bucket"  # shard bucket, from the id (old points)
 ERROR = "rmq_error"  # why the last migration attempt failed (old points)
+ATTEMPTS = "rmq_attempts"  # how many migration attempts of this point failed (old points, next to ERROR)
 MIGRATED = "rmq_migrated"  # keep-old mode: 1 once this old point has a copy in new (an int:
 # qdrant-edge 0.9 does not match booleans in filters)
 MOVING = "rmq_moving"  # 1 on old points whose batch is being written to new (a crash can
@@ -25,7 +26,7 @@ ORIGIN = "rmq_origin"  # "migrate" on new points the migration wrote
 ORIGIN_MIGRATE = "migrate"
 BATCH = "rmq_batch"  # one collection: the token of the batch that read this point's payload; the
 # write of its new vector requires it, and a user's rewrite of the point (a new payload) removes it
-INTERNAL_FIELDS = (RANK, BUCKET, ERROR, MIGRATED, MOVING, ORIGIN, BATCH)
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH)
 
 
 def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:

@@ -1,0 +1,63 @@
+"""``rmq failures``: the points a migration could not move, with why and how often."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import click
+
+from rm_qdrant.backfill.failures import as_json as failure_json
+from rm_qdrant.backfill.failures import failure_line, iter_failures, write_failures
+from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.cli.common import json_option, name_option, open_cli_store, public, safe_text
+from rm_qdrant.errors import ConfigError
+
+
+def default_list_path(name: str) -> Path:
+    """Where ``rmq finalize --drop-failed`` writes the list without ``--out``: the current
+    folder, ``rmq-failures-<pair>-<UTC time>.jsonl`` (the pair's name made file-safe)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]
+    return Path(f"rmq-failures-{safe}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.jsonl")
+
+
+@click.command(name="failures")
+@name_option
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Write the list to this file as JSON lines (never overwrites a file).",
+)
+@json_option
+@click.pass_context
+def failures_command(ctx: click.Context, name: str, out: str | None, as_json: bool) -> None:
+    """List the points whose migration failed: id, image (redacted), reason, attempts.
+
+    They still serve from the old model. Fix their source and run 'rmq migrate --retry-failed',
+    or cut over without them: 'rmq finalize --drop-failed'.
+    """
+    if out is not None and as_json:
+        raise ConfigError("use --json (to stdout) or --out FILE (JSON lines), not both")
+    store = open_cli_store(ctx)
+    pair = load_pair(store, name)
+    if out is not None:
+        written = write_failures(Path(out), iter_failures(store, pair))
+        click.echo(safe_text(f"wrote {written} failed points of pair {name!r} to {out}"))
+        return
+    if as_json:
+        # Streamed: a page of points at a time, whatever the number of failures.
+        click.echo(json.dumps({"pair": public(name)}, ensure_ascii=True)[:-1] + ', "points": [')
+        count = 0
+        for failure in iter_failures(store, pair):
+            separator = "," if count else ""
+            click.echo(separator + json.dumps(public(failure_json(failure)), ensure_ascii=True))
+            count += 1
+        click.echo(f'], "failed": {count}}}')
+        return
+    count = 0
+    for failure in iter_failures(store, pair):
+        click.echo(safe_text(failure_line(failure)))
+        count += 1
+    click.echo(safe_text(f"{count} failed points in pair {name!r}"))
