@@ -6,9 +6,11 @@ searches both and the hits are merged by distance.
 
 from __future__ import annotations
 
+from rm_qdrant.api import migrate
 from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
+from rm_qdrant.backfill.outcome import BatchResult, MigrateOptions, MigrationReport
 from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
@@ -29,6 +31,7 @@ from rm_qdrant.store import Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchResult",
     "CollectionNotFound",
     "ConfigError",
     "DimensionMismatch",
@@ -39,6 +42,8 @@ __all__ = [
     "ImageItem",
     "IndexReport",
     "InputSpec",
+    "MigrateOptions",
+    "MigrationReport",
     "ModelInfo",
     "OnnxEncoder",
     "PairRecord",
@@ -51,6 +56,7 @@ __all__ = [
     "index_images",
     "load_pair",
     "merge",
+    "migrate",
     "open_store",
     "pair_status",
     "scan_image_folder",

@@ -1,0 +1,108 @@
+"""The library's one-call entry points for code that would otherwise shell out to ``rmq``."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.backfill.outcome import BatchResult, MigrationReport
+from rm_qdrant.core.ordering import check_order
+from rm_qdrant.core.planning import parse_shard
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.store import Store
+
+#: The keyword options :func:`migrate` takes besides its own (``MigrateOptions``' fields).
+MIGRATE_OPTIONS = tuple(f.name for f in dataclasses.fields(MigrateOptions))
+
+
+def migrate(
+    store: Store,
+    name: str,
+    *,
+    workers: int = 1,
+    encoder: OnnxEncoder | str | None = None,
+    on_batch: Callable[[BatchResult], None] | None = None,
+    stop: threading.Event | None = None,
+    **options: Any,
+) -> MigrationReport:
+    """Move the gallery of pair ``name`` to the new model: what ``rmq migrate --name NAME`` does.
+
+    The run ranks the gallery in backfill order once, then moves batches until the plan is
+    done (``until``, ``limit``), ``stop`` is set (the batch in flight is settled first), or
+    more than ``max_failure_share`` of a batch fails. All state is in the store, so a run
+    stopped or killed at any moment is resumed by calling this again.
+
+    Args:
+        store: the store holding the pair (:func:`rm_qdrant.open_store`).
+        name: the pair's name.
+        workers: threads moving disjoint shares of the gallery (with the embedded store, the
+            one process that opens it; against a server, ``shard=(i, n)`` splits the work
+            across processes instead).
+        encoder: the pair's new model, as a path or a loaded :class:`OnnxEncoder` (default:
+            the file the pair recorded).
+        on_batch: called with each settled batch (from a worker thread), for progress.
+        stop: set it (from another thread, a signal handler, or ``on_batch``) to stop after
+            the batch in flight; the report then says ``stopped_early``.
+        **options: the fields of :class:`~rm_qdrant.backfill.migrate.MigrateOptions`:
+            ``batch``, ``until``, ``limit``, ``order``, ``seed``, ``shard`` (``(i, n)`` or
+            ``"i/n"``), ``retry_failed``, ``max_failure_share``, ``fetch_workers``, ``source``
+            (a :class:`~rm_qdrant.sources.SourceConfig`).
+
+    Returns:
+        What the run did: points planned, moved, repaired, failed, gone meanwhile, seconds.
+
+    Raises:
+        ConfigError: an unknown option or a bad value, or an encoder that is not the pair's.
+        MigrationError: the pair is not backfilling, or too much of a batch failed (that batch
+            is settled first).
+
+    Example:
+        An orchestrator task (Airflow, Prefect, a cron job) that moves the gallery a tenth
+        at a time and stops cleanly when the scheduler cancels it::
+
+            import threading
+            import rm_qdrant
+
+            def backfill_step(step: int, cancelled: threading.Event) -> dict:
+                store = rm_qdrant.open_store("http://qdrant:6333")
+                try:
+                    report = rm_qdrant.migrate(
+                        store,
+                        "photos",
+                        until=step / 10,
+                        batch=1000,
+                        stop=cancelled,
+                        on_batch=lambda b: print(f"moved {b.moved}, failed {len(b.failed)}"),
+                    )
+                finally:
+                    store.close()
+                if report.failed:
+                    print(f"{report.failed} points failed: see 'rmq failures --name photos'")
+                return {"moved": report.moved, "stopped_early": report.stopped_early}
+    """
+    settings = _options(options)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    with DualIndex.open(store, name, encoder=encoder) as index:
+        return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch)
+
+
+def _options(options: dict[str, Any]) -> MigrateOptions:
+    """``MigrateOptions`` from keyword options, each name and the order and shard checked."""
+    unknown = sorted(set(options) - set(MIGRATE_OPTIONS))
+    if unknown:
+        many = "s" if len(unknown) > 1 else ""
+        raise ConfigError(
+            f"unknown migrate option{many} {', '.join(map(repr, unknown))}: the options are "
+            f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, on_batch and stop"
+        )
+    if options.get("order") is not None:
+        options["order"] = check_order(str(options["order"]))
+    if isinstance(options.get("shard"), str):
+        options["shard"] = parse_shard(options["shard"])
+    return MigrateOptions(**options)
