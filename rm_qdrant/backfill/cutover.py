@@ -10,14 +10,12 @@ from rm_qdrant.backfill.dual import _open_encoder
 from rm_qdrant.backfill.layouts import active_where, layout_of
 from rm_qdrant.backfill.layouts.base import check_alias
 from rm_qdrant.backfill.migrate import MigrateOptions, Migrator
-from rm_qdrant.backfill.outcome import waiting_refusal
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, clear_bookkeeping, load_pair, save_pair
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, clear_bookkeeping, save_pair
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.store import Store, Where
+from rm_qdrant.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +52,7 @@ def finalize(
             be embedded (the pair stays ``finalizing``; a rerun completes it).
     """
     late = _Late(encoder, source or SourceConfig())
-    try:
-        return layout_of(pair).finalize(
-            store, alias, drop_old, lambda now: _embed_late_writes(store, now, late)
-        )
-    except MigrationError as exc:
-        if pair.state == "backfilling" and load_pair(store, pair.name).state == "backfilling":
-            _refuse_waiting(store, pair, exc)  # refused before the cutover began: points wait
-        raise
-
-
-def _refuse_waiting(store: Store, pair: PairRecord, refusal: MigrationError) -> None:
-    """Raise the refusal of a cutover while points still serve from old, naming the ways out
-    (retry the failed ones, or list and drop them); nothing if none waits (another refusal)."""
-    active = active_where(pair)
-    remaining = store.count(pair.old_collection, active)
-    if remaining:
-        failed = store.count(pair.old_collection, active & Where(not_empty=(ERROR,)))
-        raise MigrationError(waiting_refusal(pair, remaining, failed)) from refusal
+    return layout_of(pair).finalize(store, alias, drop_old, lambda now: _embed_late_writes(store, now, late))
 
 
 @dataclass(frozen=True)

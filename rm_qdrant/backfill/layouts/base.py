@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.outcome import BatchResult, Encoded, Prepared
+from rm_qdrant.backfill.outcome import BatchResult, Encoded, Prepared, waiting_refusal
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
@@ -151,8 +151,9 @@ class Layout:
         return {self.pair.vector: "the models' own vector (the old model's in old, the new one's in new)"}
 
     def old_ended(self) -> bool:
-        """Whether the old half no longer serves or counts (a cutover has begun)."""
-        return self.pair.state == "finalizing"
+        """Whether the old half no longer serves or counts (a cutover has begun or is done: what
+        old still holds, kept copies or a finalized pair's kept collection, is not the gallery's)."""
+        return self.pair.state in ("finalizing", "finalized")
 
     def finishing_migration(self) -> bool:
         """Whether a migration may run during the cutover (to embed late writes)."""
@@ -290,7 +291,4 @@ def check_all_moved(store: Store, pair: PairRecord, active: Where) -> None:
     remaining = store.count(pair.old_collection, active)
     if remaining:
         failed = store.count(pair.old_collection, active & Where(not_empty=(ERROR,)))
-        raise MigrationError(
-            f"{remaining} points still serve from {pair.old_collection!r} ({failed} of them failed; "
-            "see 'rmq status'): finish the migration (rmq migrate --retry-failed) first"
-        )
+        raise MigrationError(waiting_refusal(pair, remaining, failed))
