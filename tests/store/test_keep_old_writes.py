@@ -103,3 +103,14 @@ def test_finalize_after_app_writes_serves_new_and_keeps_them(store, pair):
     hits = index.search(items[0].uri, limit=2 * N)
     assert record.state == "finalized" and {h.source for h in hits} == {"new"}
     assert _once(hits) == {i.point_id for i in items} | {777}
+
+
+def test_a_finalized_keep_old_pair_counts_its_kept_copies_no_more(store, pair):
+    """After the cutover new serves alone: the copies kept in old for a rollback are not
+    points still to migrate (status said 50 % migrated here)."""
+    index, items = pair
+    run_migration(index, MigrateOptions(batch=7))
+    record = finalize(store, index.pair)
+    status = pair_status(store, record)
+    assert (status.old_count, status.new_count, status.kept_count) == (0, len(items), 0)
+    assert status.fraction == 1.0

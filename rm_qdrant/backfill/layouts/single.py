@@ -84,9 +84,6 @@ class OneCollection(Layout):
     def managed(self) -> dict[str, str]:
         return {self.pair.vector: "the old model's vector", self.pair.new_using: "the new model's vector"}
 
-    def old_ended(self) -> bool:
-        return self.pair.state in ("finalizing", "finalized")  # the old vectors serve no more
-
     def finishing_migration(self) -> bool:
         return True
 
