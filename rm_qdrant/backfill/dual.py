@@ -11,6 +11,7 @@ import numpy as np
 
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import ModelRef, PairRecord, load_pair
+from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
@@ -18,8 +19,9 @@ from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
-from rm_qdrant.store import Filter, ScoredRecord, Store
+from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import MergedQuery
+from rm_qdrant.store.filters import as_where
 from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
 log = logging.getLogger(__name__)
@@ -152,29 +154,29 @@ class DualIndex:
             raise ConfigError("this DualIndex has no encoder: pass vectors (search_vectors, upsert_vectors)")
         return self.encoder
 
-    def search(self, image: ImageLike, limit: int = 10, filter: Filter | None = None) -> list[Hit]:
-        """The ``limit`` closest gallery points to one query image, closest first."""
-        return self.search_batch([image], limit=limit, filter=filter)[0]
+    def search(
+        self, image: ImageLike, limit: int = 10, filter: Filter | None = None, **options: Any
+    ) -> list[Hit]:
+        """The ``limit`` closest gallery points to one query image, closest first.
+
+        ``options`` are :meth:`search_vectors_batch`'s (``score_threshold``, ``offset``, ...).
+        """
+        return self.search_batch([image], limit=limit, filter=filter, **options)[0]
 
     def search_batch(
-        self, images: Sequence[ImageLike], limit: int = 10, filter: Filter | None = None
+        self, images: Sequence[ImageLike], limit: int = 10, filter: Filter | None = None, **options: Any
     ) -> list[list[Hit]]:
         """:meth:`search` for several images, encoded in one batch."""
         new, old = self.query_vectors(images)
-        return self.search_vectors_batch(new, old, limit=limit, filter=filter)
+        return self.search_vectors_batch(new, old, limit=limit, filter=filter, **options)
 
     def search_vectors(
-        self,
-        new_vector: np.ndarray,
-        old_vector: np.ndarray,
-        *,
-        limit: int = 10,
-        filter: Filter | None = None,
+        self, new_vector: np.ndarray, old_vector: np.ndarray, *, limit: int = 10, **options: Any
     ) -> list[Hit]:
         """Search with ready-made vectors: ``new_vector`` for new, ``old_vector`` for old."""
         new = np.asarray(new_vector, dtype=np.float32).reshape(1, -1)
         old = np.asarray(old_vector, dtype=np.float32).reshape(1, -1)
-        return self.search_vectors_batch(new, old, limit=limit, filter=filter)[0]
+        return self.search_vectors_batch(new, old, limit=limit, **options)[0]
 
     def search_vectors_batch(
         self,
@@ -183,29 +185,63 @@ class DualIndex:
         *,
         limit: int = 10,
         filter: Filter | None = None,
+        score_threshold: float | None = None,
+        offset: int = 0,
+        with_payload: bool | Sequence[str] = True,
+        with_vectors: bool = False,
+        exact: bool | None = None,
+        hnsw_ef: int | None = None,
     ) -> list[list[Hit]]:
         """Search the serving collections for each row and merge each pair of lists by distance.
 
         While the pair backfills, both collections are searched; once finalized,
         only new (``old_vectors`` may be None); once rolled back, only old.
+
+        Args:
+            filter: a qdrant-client ``models.Filter``, or a dict (see :data:`rm_qdrant.store.Filter`).
+            score_threshold: Qdrant's, in the pair's score: cosine and dot keep ``score >= t``,
+                euclid and manhattan ``score <= t`` (compared as the merged distance).
+            offset: skip the first ``offset`` merged hits.
+            with_payload: True, False, or the payload fields to return.
+            with_vectors: give each hit its vector (:attr:`Hit.vector`) as its side stores it.
+            exact, hnsw_ef: this call's search parameters (None: the index's own).
+
+        Example:
+            >>> from qdrant_client import models
+            >>> cheap = models.Filter(must=[models.FieldCondition(key="price", range=models.Range(lt=10))])
+            >>> index.search_vectors_batch(new, old, filter=cheap, offset=10)  # doctest: +SKIP
         """
+        opts = SearchOptions(score_threshold, offset, with_payload, with_vectors, exact, hnsw_ef)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError(f"limit must be an integer >= 0, got {limit!r}")
+        merged = self._search(new_vectors, old_vectors, limit + offset, as_where(filter), opts)
+        rows = [opts.finish(hits, limit, self.pair.distance) for hits in merged]
+        return with_vectors_of(self.store, self.pair, rows) if with_vectors else rows
+
+    def _search(
+        self,
+        new_vectors: np.ndarray | None,
+        old_vectors: np.ndarray | None,
+        limit: int,
+        filter: Where | None,
+        opts: SearchOptions,
+    ) -> list[list[Hit]]:
         pair = self.pair
         new_q = self._check(new_vectors, self._new_dim, "new") if pair.serves_new else None
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
+        exact = self.exact if opts.exact is None else opts.exact
+        hnsw_ef = self.hnsw_ef if opts.hnsw_ef is None else opts.hnsw_ef
         if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
             try:
-                return self._merged(old_q, new_q, limit, filter)
+                query = MergedQuery(pair.vector, pair.new_using, pair.distance, limit, filter, exact, hnsw_ef)
+                results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
+                return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
             except Unsupported as exc:
                 log.warning("%s; searching the two vectors one after the other", exc)
                 self._two_queries = True
-        args: dict[str, Any] = {
-            "limit": limit,
-            "filter": filter,
-            "exact": self.exact,
-            "hnsw_ef": self.hnsw_ef,
-        }
+        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": exact, "hnsw_ef": hnsw_ef}
         old_args = {**args, "filter": self.layout.old_filter(filter), "vector": pair.vector}
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
@@ -224,16 +260,6 @@ class DualIndex:
             old_raw = pending.result()
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
-
-    def _merged(
-        self, old_q: np.ndarray, new_q: np.ndarray, limit: int, filter: Filter | None
-    ) -> list[list[Hit]]:
-        pair = self.pair
-        query = MergedQuery(
-            pair.vector, pair.new_using, pair.distance, limit, filter, self.exact, self.hnsw_ef
-        )
-        results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
-        return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
         if vectors is None or dim is None:

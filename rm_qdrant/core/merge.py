@@ -31,6 +31,7 @@ class Hit:
             is the paper's cosine distance, ``1 - cosine similarity``.
         source: ``"old"`` or ``"new"``: the collection the hit came from.
         payload: The point's payload.
+        vector: The point's vector as its side stores it (``with_vectors=True`` only).
     """
 
     id: PointId
@@ -38,6 +39,7 @@ class Hit:
     distance: float
     source: Source
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
+    vector: Any = field(default=None, compare=False, repr=False)
 
 
 def check_distance(distance: str) -> str:

@@ -144,6 +144,7 @@ def client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -
     present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
     must: list[Any] = [condition(k, v) for k, v in where.must.items()] + empty + by_id
     must += [models.HasVectorCondition(has_vector=v) for v in where.has_vector]
+    must += list(where.clauses)
     if where.slice is not None:
         index, total = where.slice
         must.append(models.SliceCondition(slice=models.Slice(index=index, total=total)))

@@ -13,6 +13,7 @@ from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where, normalize_id
 from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.qfilter import to_edge
 from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {
@@ -38,6 +39,7 @@ def edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> 
         must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
     must += [qe.IsEmptyCondition(k) for k in where.empty]
     must += [qe.HasVectorCondition(v) for v in where.has_vector]
+    must += [to_edge(c) for c in where.clauses]
     if where.slice is not None:
         must.append(qe.SliceCondition(index=where.slice[0], total=where.slice[1]))
     must_not: list[Any] = [condition(k, v) for k, v in where.must_not.items()]

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdrant_client import models
+
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.store.qfilter import range_condition
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class Where:
         has_vector: named vectors the point must have.
         lacks_vector: named vectors the point must not have.
         slice: ``(i, n)``: the i-th of n disjoint slices of the points (by id hash).
+        clauses: qdrant-client ``models.Filter`` s that must hold too (the search API's filters).
     """
 
     must: Mapping[str, Any] = field(default_factory=dict)
@@ -30,6 +34,7 @@ class Where:
     has_vector: tuple[str, ...] = ()
     lacks_vector: tuple[str, ...] = ()
     slice: tuple[int, int] | None = None
+    clauses: tuple[models.Filter, ...] = ()
 
     def __and__(self, other: Where) -> Where:
         if self.slice is not None and other.slice is not None and self.slice != other.slice:
@@ -42,6 +47,7 @@ class Where:
             self.has_vector + other.has_vector,
             self.lacks_vector + other.lacks_vector,
             self.slice or other.slice,
+            self.clauses + other.clauses,
         )
 
     def __bool__(self) -> bool:
@@ -53,21 +59,44 @@ class Where:
             or self.has_vector
             or self.lacks_vector
             or self.slice
+            or self.clauses
         )
 
 
-#: What the search API takes as a filter: a :class:`Where`, or a plain mapping
-#: (every key must equal its value, a list matching any of its values), for example
-#: ``{"label": "cat", "shard": [0, 1]}``.
-Filter = Where | Mapping[str, Any]
+#: What the search API takes as a filter: a qdrant-client ``models.Filter`` (every condition
+#: but geo on the embedded store), a :class:`Where`, or a plain mapping: every key must equal
+#: its value, a list matching any of its values, and a dict value is a range with Qdrant's
+#: keys (numbers, or ISO dates): ``{"label": "cat", "shard": [0, 1], "created_at": {"gte":
+#: "2025-01-01"}}``. A dict with other keys is refused, never read as an equality.
+Filter = Where | models.Filter | Mapping[str, Any]
 
 
 def as_where(filter: Filter | None) -> Where | None:
-    """Turn the public filter forms into a :class:`Where` (None when there is no condition)."""
+    """Turn the public filter forms into a :class:`Where` (None when there is no condition).
+
+    Raises:
+        ConfigError: a mapping whose dict value is not a range.
+    """
     if filter is None:
         return None
-    where = filter if isinstance(filter, Where) else Where(must=dict(filter))
+    if isinstance(filter, models.Filter):
+        where = Where(clauses=(filter,))
+    elif isinstance(filter, Where):
+        where = filter
+    elif isinstance(filter, Mapping):
+        where = _from_mapping(filter)
+    else:
+        raise ConfigError(f"a filter is a models.Filter, a Where or a dict, not {type(filter).__name__}")
     return where if where else None
+
+
+def _from_mapping(filter: Mapping[str, Any]) -> Where:
+    ranges = {k: v for k, v in filter.items() if isinstance(v, Mapping)}
+    if not ranges:
+        return Where(must=dict(filter))
+    equal = {k: v for k, v in filter.items() if k not in ranges}
+    clause = models.Filter(must=[range_condition(k, v) for k, v in ranges.items()])
+    return Where(must=equal, clauses=(clause,))
 
 
 def match_values(value: Any) -> tuple[list[Any] | None, Any]:

@@ -1,0 +1,106 @@
+"""The per-call options of :meth:`DualIndex.search`, in qdrant-client's vocabulary, and what
+they do to a merged hit list (threshold, offset, payload selection)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rm_qdrant.backfill.pair import PairRecord
+from rm_qdrant.core.merge import Hit, PointId, score_to_distance
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.store import Store
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What one search asks besides its vectors, limit and filter.
+
+    Attributes:
+        score_threshold: Qdrant's: keep hits at least this close, in the pair's score
+            (cosine, dot: ``score >= t``; euclid, manhattan: ``score <= t``). It is compared
+            with each hit's merged :attr:`Hit.distance` (``distance <= score_to_distance(t)``),
+            so an old hit of a naive pair is judged on its calibrated distance.
+        offset: skip this many merged hits (each side is searched for ``limit + offset``).
+        with_payload: True, False (empty payloads) or the field names to keep (a dotted
+            name keeps that nested value).
+        with_vectors: attach each hit's vector, as the side it came from stores it.
+        exact: scan every point (None: the index's default).
+        hnsw_ef: HNSW search breadth (None: the index's default).
+    """
+
+    score_threshold: float | None = None
+    offset: int = 0
+    with_payload: bool | Sequence[str] = True
+    with_vectors: bool = False
+    exact: bool | None = None
+    hnsw_ef: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offset, int) or isinstance(self.offset, bool) or self.offset < 0:
+            raise ConfigError(f"offset must be an integer >= 0, got {self.offset!r}")
+        if self.score_threshold is not None and (
+            isinstance(self.score_threshold, bool) or not isinstance(self.score_threshold, (int, float))
+        ):
+            raise ConfigError(f"score_threshold must be a number, got {self.score_threshold!r}")
+        payload = self.with_payload
+        if not isinstance(payload, bool) and (
+            isinstance(payload, str) or not all(isinstance(f, str) for f in payload)
+        ):
+            raise ConfigError(f"with_payload is True, False or a list of field names, got {payload!r}")
+        if not isinstance(self.with_vectors, bool):
+            raise ConfigError(f"with_vectors is True or False, got {self.with_vectors!r}")
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise ConfigError(f"exact is True or False, got {self.exact!r}")
+        if self.hnsw_ef is not None and (
+            not isinstance(self.hnsw_ef, int) or isinstance(self.hnsw_ef, bool) or self.hnsw_ef <= 0
+        ):
+            raise ConfigError(f"hnsw_ef must be a positive integer, got {self.hnsw_ef!r}")
+
+    def finish(self, hits: list[Hit], limit: int, distance: str) -> list[Hit]:
+        """The merged list (``limit + offset`` long) as the caller asked for it."""
+        if self.score_threshold is not None:
+            bound = score_to_distance(float(self.score_threshold), distance)
+            hits = [h for h in hits if h.distance <= bound]
+        hits = hits[self.offset : self.offset + limit]
+        if self.with_payload is True:
+            return hits
+        return [replace(h, payload=select(h.payload, self.with_payload)) for h in hits]
+
+
+def select(payload: dict[str, Any], fields: bool | Sequence[str]) -> dict[str, Any]:
+    """The part of ``payload`` that ``with_payload`` asks for."""
+    if fields is False:
+        return {}
+    kept: dict[str, Any] = {}
+    for name in fields if not isinstance(fields, bool) else ():
+        source, target, parts = payload, kept, name.split(".")
+        for part in parts[:-1]:
+            if not isinstance(source.get(part), dict):
+                break
+            source = source[part]
+            target = target.setdefault(part, {})
+        else:
+            if parts[-1] in source:
+                target[parts[-1]] = source[parts[-1]]
+    return kept
+
+
+def with_vectors_of(store: Store, pair: PairRecord, rows: list[list[Hit]]) -> list[list[Hit]]:
+    """The hits with their vectors, read from the side each came from (one read per side).
+
+    A point rewritten between the search and this read gives its vector as of the read; one
+    deleted meanwhile keeps ``vector=None``.
+    """
+    sides = {
+        "old": (pair.old_collection, pair.vector),
+        "new": (pair.new_collection, pair.new_using),
+    }
+    vectors: dict[tuple[str, PointId], Any] = {}
+    for source, (name, vector) in sides.items():
+        ids = list({h.id for hits in rows for h in hits if h.source == source})
+        if ids:
+            for record in store.retrieve(name, ids, with_vectors=True, vector=vector, with_payload=False):
+                vectors[(source, record.id)] = record.vector
+    return [[replace(h, vector=vectors.get((h.source, h.id))) for h in hits] for hits in rows]

@@ -1,0 +1,147 @@
+"""qdrant-client's ``models.Filter`` as the search API's filter: read from the public forms,
+and translated for qdrant-edge, whose filter model is its own.
+
+qdrant-client takes a ``models.Filter`` as it is (one more ``must`` clause); qdrant-edge
+gets the same conditions rebuilt from its classes. A condition neither can express (geo,
+for now, on the embedded store) is refused with a :class:`ConfigError` that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, date, datetime
+from typing import Any
+
+import qdrant_edge as qe
+from pydantic import ValidationError
+from qdrant_client import models
+
+from rm_qdrant.errors import ConfigError
+
+#: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
+RANGE_KEYS = frozenset({"gt", "gte", "lt", "lte"})
+
+
+def parse_filter(raw: Mapping[str, Any]) -> models.Filter:
+    """A filter in Qdrant's REST/JSON shape (``{"must": [{"key": "price", "range": {"gte": 10}}]}``).
+
+    Raises:
+        ConfigError: the mapping is not a valid Qdrant filter (the first problem, in one line).
+    """
+    try:
+        return models.Filter.model_validate(dict(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"not a Qdrant filter: {where}: {first['msg']}") from None
+
+
+def range_condition(key: str, bounds: Mapping[str, Any]) -> models.FieldCondition:
+    """``{"gte": 10}`` on ``key`` as a Qdrant range: numbers give a ``Range``, dates (ISO strings
+    or ``datetime``) a ``DatetimeRange``.
+
+    Raises:
+        ConfigError: a key that is not one of gt/gte/lt/lte, or a bound that is neither.
+    """
+    unknown = sorted(set(bounds) - RANGE_KEYS)
+    if unknown or not bounds:
+        raise ConfigError(
+            f"filter on {key!r}: a dict value is a range with the keys gt, gte, lt, lte "
+            f"(got {sorted(bounds)}); for equality with a dict, use models.Filter"
+        )
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds.values())
+    try:
+        if numeric:
+            return models.FieldCondition(key=key, range=models.Range(**bounds))
+        return models.FieldCondition(key=key, range=models.DatetimeRange(**bounds))
+    except ValidationError:
+        raise ConfigError(
+            f"filter on {key!r}: range bounds must be numbers or dates, got {dict(bounds)}"
+        ) from None
+
+
+def to_edge(filter: models.Filter) -> qe.Filter:
+    """The same filter in qdrant-edge's classes.
+
+    Raises:
+        ConfigError: a condition the embedded store cannot express.
+    """
+    return qe.Filter(
+        must=_conditions(filter.must),
+        should=_conditions(filter.should),
+        must_not=_conditions(filter.must_not),
+        min_should=None
+        if filter.min_should is None
+        else qe.MinShould(_conditions(filter.min_should.conditions) or [], filter.min_should.min_count),
+    )
+
+
+def _conditions(given: Any) -> list[Any] | None:
+    if given is None:
+        return None
+    return [_condition(c) for c in (given if isinstance(given, list) else [given])]
+
+
+def _condition(c: Any) -> Any:
+    if isinstance(c, models.Filter):
+        return to_edge(c)
+    if isinstance(c, models.FieldCondition):
+        return _field(c)
+    if isinstance(c, models.IsEmptyCondition):
+        return qe.IsEmptyCondition(c.is_empty.key)
+    if isinstance(c, models.IsNullCondition):
+        return qe.IsNullCondition(c.is_null.key)
+    if isinstance(c, models.HasIdCondition):
+        from rm_qdrant.store.base import normalize_id  # base imports this module's users
+
+        return qe.HasIdCondition({normalize_id(i) for i in c.has_id})
+    if isinstance(c, models.HasVectorCondition):
+        return qe.HasVectorCondition(c.has_vector)
+    if isinstance(c, models.NestedCondition):
+        return qe.NestedCondition(c.nested.key, to_edge(c.nested.filter))
+    raise ConfigError(f"the embedded store cannot filter by {type(c).__name__}")
+
+
+def _field(c: models.FieldCondition) -> qe.FieldCondition:
+    if c.geo_bounding_box or c.geo_radius or c.geo_polygon:
+        raise ConfigError(f"filter on {c.key!r}: the embedded store does not take geo conditions here")
+    count = c.values_count
+    return qe.FieldCondition(
+        key=c.key,
+        match=None if c.match is None else _match(c.key, c.match),
+        range=None if c.range is None else _range(c.range),
+        values_count=None
+        if count is None
+        else qe.ValuesCount(lt=count.lt, gt=count.gt, lte=count.lte, gte=count.gte),
+        is_empty=c.is_empty,
+        is_null=c.is_null,
+    )
+
+
+def _match(key: str, match: Any) -> Any:
+    if isinstance(match, models.MatchValue):
+        return qe.MatchValue(match.value)
+    if isinstance(match, models.MatchAny):
+        return qe.MatchAny(list(match.any))
+    if isinstance(match, models.MatchExcept):
+        return qe.MatchExcept(list(match.except_))
+    if isinstance(match, models.MatchText):
+        return qe.MatchText(match.text)
+    if isinstance(match, models.MatchPhrase):
+        return qe.MatchPhrase(match.phrase)
+    raise ConfigError(f"filter on {key!r}: the embedded store cannot match by {type(match).__name__}")
+
+
+def _range(r: models.Range | models.DatetimeRange) -> Any:
+    bounds = {k: getattr(r, k) for k in ("gt", "gte", "lt", "lte")}
+    if isinstance(r, models.DatetimeRange):
+        return qe.RangeDateTime(**{k: None if v is None else _iso(v) for k, v in bounds.items()})
+    return qe.RangeFloat(**{k: None if v is None else float(v) for k, v in bounds.items()})
+
+
+def _iso(value: datetime | date) -> str:
+    if not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if value.tzinfo is None:  # Qdrant reads a date without a zone as UTC
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat()
