@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
 
@@ -32,21 +33,41 @@ from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import shown
+from rm_qdrant.store import Where, qfilter
 
 
-def parse_filter(pairs: tuple[str, ...]) -> dict[str, Any] | None:
-    """``FIELD=VALUE`` pairs. A value written as an integer (``3``, ``-7``, not ``007``) matches
-    integers; anything else, or a value in double quotes (``sku="3"``), matches strings."""
-    parsed: dict[str, Any] = {}
-    for item in pairs:
+def parse_filter(given: tuple[str, ...]) -> Where | None:
+    """Each ``--filter``: a JSON object in Qdrant's filter shape (``{"must": [{"key": "price",
+    "range": {"gte": 10}}]}``), or ``FIELD=VALUE``: a value written as an integer (``3``,
+    ``-7``, not ``007``) matches integers; anything else, or a value in double quotes
+    (``sku="3"``), matches strings. All of them must hold."""
+    equal: dict[str, Any] = {}
+    where = Where()
+    for item in given:
+        if item.lstrip().startswith(("{", "[")):
+            where = where & Where(clauses=(_json_filter(item),))
+            continue
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"bad --filter {item!r}: expected FIELD=VALUE")
+            raise ConfigError(
+                f'bad --filter {item!r}: expected FIELD=VALUE or a JSON filter {{"must": [...]}}'
+            )
         if len(value) >= 2 and value[0] == value[-1] == '"':
-            parsed[key] = value[1:-1]
+            equal[key] = value[1:-1]
         else:
-            parsed[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
-    return parsed or None
+            equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
+    where = where & Where(must=equal)
+    return where or None
+
+
+def _json_filter(item: str) -> Any:
+    try:
+        raw = json.loads(item)
+    except ValueError as exc:
+        raise ConfigError(f"bad --filter: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("bad --filter: a JSON filter is a JSON object, as Qdrant's filter")
+    return qfilter.parse_filter(raw)
 
 
 @click.command()
@@ -213,7 +234,9 @@ def index(
     "--filter",
     "filters",
     multiple=True,
-    help='Payload filter FIELD=VALUE (repeatable); 3 matches integers, "3" (quoted) or 003 strings.',
+    help="Payload filter (repeatable, all must hold): FIELD=VALUE (3 matches integers, "
+    '"3" (quoted) or 003 strings), or Qdrant\'s JSON filter, e.g. '
+    '\'{"must": [{"key": "price", "range": {"gte": 10}}]}\'.',
 )
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
@@ -248,7 +271,7 @@ def search(
     with opened as dual:
         hits = dual.search(image, limit=limit, filter=parse_filter(filters))
         pair = dual.pair
-    rows = [dataclasses.asdict(h) for h in hits]
+    rows = [{k: v for k, v in dataclasses.asdict(h).items() if k != "vector"} for h in hits]
     emit(rows, as_json, "\n".join(_hit_lines(hits, pair)))
 
 

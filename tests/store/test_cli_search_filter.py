@@ -1,0 +1,44 @@
+"""``rmq search --filter``: Qdrant's JSON filter shape besides the FIELD=VALUE form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.store.test_cli import rmq  # noqa: F401 - the fixture
+
+
+@pytest.fixture
+def demo(rmq, models, image_folder):  # noqa: F811 - the fixture imported above
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    return sorted(image_folder.glob("b/*"))[0]
+
+
+def labels(rmq, query, *filters):  # noqa: F811
+    args = [a for f in filters for a in ("--filter", f)]
+    out = rmq("search", "--name", "demo", query, "--limit", "30", "--exact", "--json", *args).output
+    return sorted({h["payload"]["label"] for h in json.loads(out)})
+
+
+def test_a_json_filter_in_qdrants_shape(rmq, demo):  # noqa: F811
+    any_of = json.dumps({"must": [{"key": "label", "match": {"any": ["a", "c"]}}]})
+    assert labels(rmq, demo, any_of) == ["a", "c"]
+    but_not = json.dumps({"must_not": [{"key": "label", "match": {"value": "a"}}]})
+    assert labels(rmq, demo, any_of, but_not) == ["c"]
+    assert labels(rmq, demo, but_not, "label=b") == ["b"]
+    assert labels(rmq, demo, "label=a") == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ('{"must": [', "not valid JSON"),
+        ('{"must": [{"key": "label", "match": {"nope": 1}}]}', "not a Qdrant filter"),
+        ("[1, 2]", "a JSON object"),
+    ],
+)
+def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):  # noqa: F811
+    result = rmq("search", "--name", "demo", demo, "--filter", given, ok=False)
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
