@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rm_qdrant.backfill.layouts import layout_of
@@ -54,6 +56,7 @@ def create_pair(
     label_field: str = "label",
     layout: str = PAIRED,
     new_vector: str | None = None,
+    source: dict[str, Any] | None = None,
 ) -> PairRecord:
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
@@ -71,6 +74,8 @@ def create_pair(
             ``meta.dept`` is nested, see :mod:`rm_qdrant.core.paths`).
         layout: ``paired`` or ``single-collection``.
         new_vector: the new vector's name (single-collection layout).
+        source: the source settings every command reading the pair's images uses
+            (plain data, as :mod:`rm_qdrant.sources.settings` reads it), or None.
 
     Raises:
         CollectionNotFound: the old collection does not exist.
@@ -143,6 +148,7 @@ def create_pair(
         label_field=label_field,
         layout=layout,
         new_vector=new_vector if single else None,
+        source=source or None,
     )
     save_pair(store, record)
     record_collection_model(store, layout_of(record).new_model_key, record.encoder)

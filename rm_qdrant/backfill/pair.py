@@ -80,6 +80,9 @@ class PairRecord:
             (``old_collection`` and ``new_collection`` are the same) where migrating a point
             adds its ``new_vector``; ``vector`` is the old model's.
         new_vector: the new model's vector name in the single-collection layout.
+        source: the source settings ``rmq init`` was given (``--root``, ``--timeout``, ...,
+            keyed by SourceConfig field; see :mod:`rm_qdrant.sources.settings`), which every
+            command reading the pair's images uses; None: the defaults.
     """
 
     name: str
@@ -103,6 +106,7 @@ class PairRecord:
     calibration: dict[str, list[float]] | None = None
     layout: str = PAIRED
     new_vector: str | None = None
+    source: dict[str, Any] | None = None
 
     @property
     def single(self) -> bool:

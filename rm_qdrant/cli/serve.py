@@ -24,6 +24,8 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     plain,
     quiet,
+    recorded_source_options,
+    source_lines,
     store_location,
 )
 from rm_qdrant.cli.probe import status_estimate
@@ -118,6 +120,7 @@ def _json_filter(item: str) -> Any:
     show_default=True,
     help="Payload field with class labels; dots go into objects: 'meta.dept'.",
 )
+@recorded_source_options
 @json_option
 @click.pass_context
 def init(
@@ -136,10 +139,14 @@ def init(
     uri_field: str,
     uri_template: str | None,
     label_field: str,
+    source_settings: dict[str, Any],
     as_json: bool,
 ) -> None:
     """Create the new collection (mirroring the old one's schema), or the new vector of a
-    single collection, and the pair record."""
+    single collection, and the pair record.
+
+    The source options given are recorded: every later command that reads the pair's
+    images uses them (a value given to that command overrides it for that run)."""
     if (
         uri_template is not None
         and ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
@@ -170,6 +177,7 @@ def init(
         label_field=label_field,
         layout=layout,
         new_vector=new_vector,
+        source=source_settings,
     )
     layout = layout_of(record)
     images = record.uri_rule.describe()
@@ -316,6 +324,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         "fraction": state.fraction,
         "estimate": estimate,
         "calibrated": calibrated,
+        "source": pair.source or {},
     }
     rolled_back = state.state == "rolled_back"
     old_where, new_where = plain(state.old_place), plain(state.new_place)
@@ -338,6 +347,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"old encoder   {plain(state.old_encoder or '-')}",
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {plain(state.alias or '-')}",
+            f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
             f"estimate      {_estimate_line(estimate)}",
         ]
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -23,6 +23,7 @@ from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.sources.files import confine, read_file
 from rm_qdrant.sources.http import HttpFetcher
 from rm_qdrant.sources.s3 import S3Fetcher
+from rm_qdrant.sources.settings import Header, header_values, parse_header
 
 __all__ = ["ImageSource", "SourceConfig", "shown"]
 
@@ -51,6 +52,9 @@ class SourceConfig:
             metadata addresses (refused by default). ``s3://`` and ``gs://`` go to the
             configured endpoint whatever the URI, so the guard does not apply to them.
         max_redirects: Redirects followed per fetch.
+        headers: HTTP(S) request headers, ``(name, value)``; a value written ``$NAME`` is
+            read from the environment when the source opens. Never shown: output prints
+            ``***`` (or the ``$NAME``) in place of a value.
     """
 
     root: Path | None = None
@@ -62,8 +66,11 @@ class SourceConfig:
     max_pixels: int = 40_000_000
     allow_private: bool = False
     max_redirects: int = 5
+    headers: tuple[Header, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        for name, value in self.headers:
+            parse_header(f"{name}: {value}")
         for name in ("timeout", "backoff"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0) or (name == "timeout" and value == 0):
@@ -105,6 +112,7 @@ class ImageSource:
         self.config = config or SourceConfig()
         self._stop = stop
         self._root = None if self.config.root is None else _resolved(Path(self.config.root))
+        self._headers = header_values(self.config.headers)
         self._http: HttpFetcher | None = None
         self._objects: S3Fetcher | None = None
         self._lock = threading.Lock()
@@ -159,6 +167,7 @@ class ImageSource:
                     max_redirects=c.max_redirects,
                     allow_private=c.allow_private,
                     schemes=tuple(s for s in c.schemes if s in ("http", "https")),
+                    headers=self._headers,
                 )
             return self._http
 

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpcore
@@ -109,6 +109,7 @@ class HttpFetcher:
         max_redirects: redirects followed per fetch.
         allow_private: let fetches reach loopback, private and link-local addresses.
         schemes: schemes a redirect may lead to.
+        headers: sent with every request (values never logged or shown).
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class HttpFetcher:
         max_redirects: int,
         allow_private: bool,
         schemes: tuple[str, ...],
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if retries < 0:
             raise SourceError(f"retries must be >= 0, got {retries}")
@@ -137,7 +139,7 @@ class HttpFetcher:
             transport=transport,
             timeout=timeout,
             trust_env=False,
-            headers={"Accept-Encoding": "gzip, deflate"},  # what _decoder handles
+            headers={"Accept-Encoding": "gzip, deflate", **(headers or {})},  # gzip: what _decoder handles
         )
 
     def _remaining(self) -> float:

@@ -1,0 +1,103 @@
+"""Source settings as plain data (what a pair record keeps), and HTTP request headers.
+
+A header is ``Name: value``. Its value is a secret as far as output goes: it is shown
+as ``***``, unless it is written ``$NAME``, which names an environment variable read
+when images are fetched (so the secret itself is never stored). Pure: no network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rm_qdrant.errors import ConfigError
+
+__all__ = ["Header", "from_settings", "header_values", "parse_header", "shown_header", "shown_settings"]
+
+Header = tuple[str, str]
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
+_VARIABLE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+#: The settings a pair may record, by the name of the SourceConfig field, and their option.
+OPTIONS = {
+    "root": "--root",
+    "schemes": "--allow-scheme",
+    "timeout": "--timeout",
+    "max_pixels": "--max-pixels",
+    "allow_private": "--allow-private-network",
+    "headers": "--http-header",
+}
+
+
+def parse_header(text: str) -> Header:
+    """``"Name: value"`` as ``(name, value)``; the value is never echoed in an error.
+
+    >>> parse_header("Authorization: $CDN_TOKEN")
+    ('Authorization', '$CDN_TOKEN')
+    """
+    name, colon, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    if not colon or not _TOKEN.fullmatch(name) or not value:
+        raise ConfigError("--http-header takes 'Name: value' (a header name, a colon, then its value)")
+    _check_value(name, value)
+    return name, value
+
+
+def _check_value(name: str, value: str) -> None:
+    if not value.isascii() or any(c in value for c in "\r\n\0"):
+        raise ConfigError(f"--http-header {name}: the value holds a line break, NUL or non-ASCII; refused")
+
+
+def shown_header(header: Header) -> str:
+    """How a header appears in output: ``Name: $VARIABLE`` or ``Name: ***``."""
+    name, value = header
+    return f"{name}: {value if _VARIABLE.fullmatch(value) else '***'}"
+
+
+def header_values(headers: tuple[Header, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers to send, ``$NAME`` values read from the environment now.
+
+    Raises:
+        ConfigError: a ``$NAME`` is not set in the environment (or holds a line break).
+    """
+    environ = os.environ if environ is None else environ
+    sent = {}
+    for name, value in headers:
+        if (variable := _VARIABLE.fullmatch(value)) is not None:
+            if variable.group(1) not in environ:
+                raise ConfigError(f"--http-header {name}: ${variable.group(1)} is not set in the environment")
+            value = environ[variable.group(1)]
+            _check_value(name, value)
+        sent[name] = value
+    return sent
+
+
+def from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """SourceConfig keyword arguments from recorded settings (plain data: lists, strings)."""
+    known = {k: v for k, v in settings.items() if k in OPTIONS}
+    if "root" in known:
+        known["root"] = Path(known["root"])
+    if "schemes" in known:
+        known["schemes"] = tuple(known["schemes"])
+    if "headers" in known:
+        known["headers"] = tuple((str(n), str(v)) for n, v in known["headers"])
+    return known
+
+
+def shown_value(key: str, value: Any) -> str:
+    """One setting's value as output shows it (headers redacted)."""
+    if key == "headers":
+        return ", ".join(shown_header(h) for h in value) or "-"
+    if key == "schemes":
+        return ",".join(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def shown_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Recorded settings as plain data safe to print: header values redacted."""
+    out = dict(settings)
+    if "headers" in out:
+        out["headers"] = [shown_header((str(n), str(v))) for n, v in out["headers"]]
+    return out
