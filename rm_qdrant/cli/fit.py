@@ -26,6 +26,7 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
+from rm_qdrant.cli.migrate import preflight
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split
@@ -123,6 +124,7 @@ def fit_command(
             f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
             f"pair {name!r}'s new collection holds {new_dim}-d vectors"
         )
+    preflight(store, pair, encoder, source)
     if label_field is not None:
         check_path(label_field, "--label-field")
     try:

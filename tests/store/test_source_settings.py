@@ -154,3 +154,14 @@ def test_a_literal_header_value_is_redacted_everywhere(rmq, models, gallery, ser
     shown.append(rmq("-v", "migrate", "--name", "demo", "--json"))
     assert json.loads(shown[-1].stdout)["moved"] == 24
     assert all(SECRET not in result.output for result in shown)
+
+
+def test_fit_reads_a_few_images_before_sampling(rmq, models, gallery, served, tmp_path):
+    pytest.importorskip("torch", reason="rmq fit needs the train extra")
+    _init(rmq, models, served())  # no --allow-private-network: every fetch is refused
+    out = tmp_path / "fitted.onnx"
+    fit = ["fit", "--name", "demo", "--backbone", models.new_only, "--out", out, "--sample", 8]
+    result = rmq(*fit, ok=False)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could be read" in lines[0] and not out.exists()
