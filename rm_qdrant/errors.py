@@ -51,6 +51,10 @@ class ImageError(RmqError):
     """An image could not be read or decoded."""
 
 
+class TooLarge(ImageError):
+    """An image is over the pixel limit (``--max-pixels``)."""
+
+
 class SourceError(RmqError):
     """A point's source image could not be fetched (bad URI, missing file, HTTP error)."""
 

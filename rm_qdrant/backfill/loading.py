@@ -10,6 +10,7 @@ failure is recorded with its reason and the batch goes on.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -17,12 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.backfill.layouts import layout_of
+from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ImageError, SourceError
+from rm_qdrant.errors import ImageError, SourceError, TooLarge
 from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.sources import ImageSource, shown
+from rm_qdrant.sources import ImageSource, SourceConfig, shown
+from rm_qdrant.store import Store, Where
 
 log = logging.getLogger(__name__)
 #: Most points one task decodes: small enough for slow network fetches to spread over the pool.
@@ -91,3 +96,58 @@ def load_batch(
     rows = [row for row, error in enumerate(errors) if error is None]
     failed = [(row, error) for row, error in enumerate(errors) if error is not None]
     return LoadedBatch(rows, images if not failed else images[rows], failed)
+
+
+def preflight(
+    store: Store,
+    pair: PairRecord,
+    encoder: OnnxEncoder | None,
+    source: SourceConfig,
+    *,
+    retry_failed: bool = False,
+    sample: int = 5,
+    stop: threading.Event | None = None,
+) -> None:
+    """Fetch a few old points' images before a long step; refuse at once if none can be fetched
+    (``stop`` set: the fetches give up, and nothing is refused).
+
+    A wrong source setting (a private network refused, a missing header, a wrong root, a
+    wrong --uri-field) fails every point; found here it costs five fetches, not a ranking
+    pass and a batch of points marked failed. What was fetched but does not decode (a
+    broken file) says the settings work: that point fails on its own, as in any run.
+
+    Raises:
+        SourceError: not one of the sampled images could be fetched.
+    """
+    if encoder is None or not pair.serves_old:
+        return
+    old = layout_of(pair).old_where()
+    page, _ = store.scroll(pair.old_collection, limit=sample, where=old & Where(empty=(ERROR,)))
+    if not page and retry_failed:
+        page, _ = store.scroll(pair.old_collection, limit=sample, where=old)
+    if not page:
+        return
+    with ImageSource(source, stop=stop) as images:
+        reasons = [_setting_error(encoder, images, pair.uri_rule, p.id, p.payload or {}) for p in page]
+    if all(reasons) and not (stop is not None and stop.is_set()):  # a stop: the run ends at once
+        raise SourceError(
+            f"none of {len(page)} sampled images could be read, so nothing was started and no point "
+            f"was marked failed: {reasons[0]} (the source options: see 'rmq status --name {pair.name}')"
+        )
+
+
+def _setting_error(
+    encoder: OnnxEncoder, images: ImageSource, rule: UriRule, point_id: PointId, payload: Mapping[str, Any]
+) -> str:
+    """Why the source settings could not read the point's image ("" if they could: a file that
+    was fetched but does not decode is the file's fault, not the settings')."""
+    try:
+        uri = rule.uri(point_id, payload)
+        encoder.decode(images.fetch(uri), max_pixels=images.config.max_pixels)
+    except SourceError as exc:
+        return str(exc)
+    except TooLarge as exc:
+        return f"{shown(uri)}: {exc}"
+    except Exception:  # noqa: BLE001 - the migration records it on the point, as for any image
+        return ""
+    return ""

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from rm_qdrant.backfill.layouts import count_new
+from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
@@ -26,7 +27,6 @@ from rm_qdrant.cli.common import (
     quiet,
     source_options,
 )
-from rm_qdrant.cli.migrate import preflight
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split

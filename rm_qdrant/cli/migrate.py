@@ -16,9 +16,9 @@ from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.failures import finalize_dropping_failed
 from rm_qdrant.backfill.layouts import layout_of
-from rm_qdrant.backfill.loading import load_pixels
+from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
-from rm_qdrant.backfill.pair import PairRecord, load_pair
+from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget
 from rm_qdrant.cli.common import (
     SEED,
@@ -33,11 +33,11 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.failures import default_list_path
 from rm_qdrant.core.ordering import ORDERS, check_order
-from rm_qdrant.core.planning import ERROR, parse_shard
-from rm_qdrant.errors import ConfigError, SourceError
+from rm_qdrant.core.planning import parse_shard
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Store, Where
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.store import Store
 
 
 @contextlib.contextmanager
@@ -97,41 +97,6 @@ def _summary(report: MigrationReport) -> str:
     if report.stopped_early:
         text += "\nstopped early: run the same command again to continue"
     return text
-
-
-def preflight(
-    store: Store,
-    pair: PairRecord,
-    encoder: OnnxEncoder | None,
-    source: SourceConfig,
-    *,
-    retry_failed: bool = False,
-    sample: int = 5,
-) -> None:
-    """Read a few old points' images before a long step; refuse at once if none can be read.
-
-    A wrong source setting (a private network refused, a missing header, a wrong root)
-    fails every point; found here it costs five fetches, not a ranking pass and a batch
-    of points marked failed.
-
-    Raises:
-        SourceError: not one of the sampled images could be fetched and decoded.
-    """
-    if encoder is None or not pair.serves_old:
-        return
-    old = layout_of(pair).old_where()
-    page, _ = store.scroll(pair.old_collection, limit=sample, where=old & Where(empty=(ERROR,)))
-    if not page and retry_failed:
-        page, _ = store.scroll(pair.old_collection, limit=sample, where=old)
-    if not page:
-        return
-    with ImageSource(source) as images:
-        reasons = [load_pixels(encoder, images, pair.uri_rule, p.id, p.payload or {})[1] for p in page]
-    if all(reasons):
-        raise SourceError(
-            f"none of {len(page)} sampled images could be read, so nothing was started and no point "
-            f"was marked failed: {reasons[0]} (the source options: see 'rmq status --name {pair.name}')"
-        )
 
 
 @click.command()
@@ -206,23 +171,21 @@ def migrate(
         planned = plan_summary(store, index, options)
         emit(planned, as_json, "\n".join(f"{k:20} {v}" for k, v in planned.items()))
         return
-    preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed)
     if prepare:
         options = dataclasses.replace(options, limit=0)
-    with (
-        stop_on_signals(echo=not as_json) as stop,
-        Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar,
-    ):
-        report = run_migration(
-            index,
-            options,
-            workers=workers,
-            stop=stop,
-            on_batch=lambda r: bar.advance(
-                r.moved + r.repaired + len(r.failed) + r.gone + r.unconfirmed, done=r.moved
-            ),
-            on_plan=bar.start,
-        )
+    with stop_on_signals(echo=not as_json) as stop:
+        preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)
+        with Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar:
+            report = run_migration(
+                index,
+                options,
+                workers=workers,
+                stop=stop,
+                on_batch=lambda r: bar.advance(
+                    r.moved + r.repaired + len(r.failed) + r.gone + r.unconfirmed, done=r.moved
+                ),
+                on_plan=bar.start,
+            )
     if prepare:
         emit(
             {"pair": name, "order": index.pair.order}, as_json, f"ranked {name!r} in {index.pair.order} order"

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from rm_qdrant.core.inputspec import DEFAULT_INTERPOLATION, INTERPOLATIONS
-from rm_qdrant.errors import ConfigError, ImageError, SourceError
+from rm_qdrant.errors import ConfigError, ImageError, SourceError, TooLarge
 from rm_qdrant.sources.files import read_file
 
 try:  # libjpeg-turbo without Pillow's per-image overhead; Pillow decodes everything without it
@@ -67,7 +67,7 @@ def _read(image: str | os.PathLike) -> tuple[bytes, str]:
 
 
 def _too_large(what: str, width: int, height: int, max_pixels: int) -> ImageError:
-    return ImageError(f"{what} is {width}x{height} pixels, over the {max_pixels:,}-pixel limit")
+    return TooLarge(f"{what} is {width}x{height} pixels, over the {max_pixels:,}-pixel limit")
 
 
 def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
@@ -193,7 +193,7 @@ def pixels(
     else:
         size = shorter_side_size(picture.size, resize)
         if size[0] * size[1] > max_pixels:
-            raise ImageError(
+            raise TooLarge(
                 f"a {width_now}x{height_now} image resized to shorter side {resize} is "
                 f"{size[0]}x{size[1]} pixels, over the {max_pixels:,}-pixel limit"
             )
