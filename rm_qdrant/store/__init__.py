@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from rm_qdrant.errors import StoreError
-from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, Where, normalize_id
+from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, Where
+from rm_qdrant.store.ids import normalize_id
 
 __all__ = [
     "CollectionSpec",

@@ -8,8 +8,6 @@ its in-memory local mode for tests).
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -336,33 +334,6 @@ def resolve(store: Store, name: str) -> str:
     if store.has_collection(name):
         return name
     return store.alias(name) or name
-
-
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def normalize_id(point_id: object) -> PointId:
-    """Return a point id in the one form both backends agree on.
-
-    Qdrant ids are unsigned integers or UUIDs; UUIDs are returned as their
-    canonical lower-case string whatever form they came in.
-    """
-    if isinstance(point_id, bool):
-        raise ConfigError(f"invalid point id {point_id!r}")
-    if isinstance(point_id, (int, np.integer)):
-        if point_id < 0:
-            raise ConfigError(f"invalid point id {point_id}: ids are unsigned integers or UUIDs")
-        return int(point_id)
-    if isinstance(point_id, uuid.UUID):
-        return str(point_id)
-    if isinstance(point_id, str):
-        if _CANONICAL_UUID.fullmatch(point_id):  # already canonical: the hot path of a migration
-            return point_id
-        try:
-            return str(uuid.UUID(point_id))
-        except ValueError:
-            raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs") from None
-    raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
 
 
 def check_collection_name(name: str) -> str:

@@ -31,7 +31,6 @@ from rm_qdrant.store.base import (
     Where,
     check_spec,
     check_vectors,
-    normalize_id,
     pick_vector,
 )
 from rm_qdrant.store.client_query import (
@@ -45,6 +44,7 @@ from rm_qdrant.store.client_query import (
     vector_facts,
     vectors_config,
 )
+from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.points import (
     is_missing_point,
     merged_from,

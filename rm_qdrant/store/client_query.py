@@ -14,8 +14,9 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import CollectionNotFound, StoreError
-from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where, normalize_id
+from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
 from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {

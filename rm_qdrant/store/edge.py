@@ -43,7 +43,6 @@ from rm_qdrant.store.base import (
     check_collection_name,
     check_spec,
     check_vectors,
-    normalize_id,
     pick_vector,
 )
 from rm_qdrant.store.edge_folder import (
@@ -65,6 +64,7 @@ from rm_qdrant.store.edge_query import (
     sparse,
     update_operations,
 )
+from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.points import (
     is_missing_point,
     merged_from,

@@ -11,8 +11,9 @@ import qdrant_edge as qe
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where, normalize_id
+from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
 from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.qfilter import to_edge
 from rm_qdrant.store.vectors import SparseVector
 

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.core.merge import higher_is_closer
-from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord, normalize_id
+from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord
+from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.vectors import SparseVector, read_vector
 
 

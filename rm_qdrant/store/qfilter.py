@@ -9,7 +9,7 @@ for now, on the embedded store) is refused with a :class:`ConfigError` that name
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, date, datetime
+from datetime import date, datetime, timezone
 from typing import Any
 
 import qdrant_edge as qe
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.store.ids import normalize_id
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
 RANGE_KEYS = frozenset({"gt", "gte", "lt", "lte"})
@@ -92,8 +93,6 @@ def _condition(c: Any) -> Any:
     if isinstance(c, models.IsNullCondition):
         return qe.IsNullCondition(c.is_null.key)
     if isinstance(c, models.HasIdCondition):
-        from rm_qdrant.store.base import normalize_id  # base imports this module's users
-
         return qe.HasIdCondition({normalize_id(i) for i in c.has_id})
     if isinstance(c, models.HasVectorCondition):
         return qe.HasVectorCondition(c.has_vector)
@@ -143,5 +142,5 @@ def _iso(value: datetime | date) -> str:
     if not isinstance(value, datetime):
         value = datetime(value.year, value.month, value.day)
     if value.tzinfo is None:  # Qdrant reads a date without a zone as UTC
-        value = value.replace(tzinfo=UTC)
+        value = value.replace(tzinfo=timezone.utc)
     return value.isoformat()

@@ -1,0 +1,37 @@
+"""Point ids in the one form both backends agree on."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import numpy as np
+
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.errors import ConfigError
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def normalize_id(point_id: object) -> PointId:
+    """Return a point id in the one form both backends agree on.
+
+    Qdrant ids are unsigned integers or UUIDs; UUIDs are returned as their
+    canonical lower-case string whatever form they came in.
+    """
+    if isinstance(point_id, bool):
+        raise ConfigError(f"invalid point id {point_id!r}")
+    if isinstance(point_id, (int, np.integer)):
+        if point_id < 0:
+            raise ConfigError(f"invalid point id {point_id}: ids are unsigned integers or UUIDs")
+        return int(point_id)
+    if isinstance(point_id, uuid.UUID):
+        return str(point_id)
+    if isinstance(point_id, str):
+        if _CANONICAL_UUID.fullmatch(point_id):  # already canonical: the hot path of a migration
+            return point_id
+        try:
+            return str(uuid.UUID(point_id))
+        except ValueError:
+            raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs") from None
+    raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
