@@ -25,9 +25,9 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    source_options,
 )
 from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.calibration import MAPS, default_map, fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
 from rm_qdrant.errors import ConfigError, Refused

@@ -25,8 +25,8 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    source_options,
 )
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.errors import ConfigError

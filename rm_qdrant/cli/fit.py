@@ -25,9 +25,9 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    source_options,
 )
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.cli.training import needs_torch
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.core.paths import check_path

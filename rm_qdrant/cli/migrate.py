@@ -29,9 +29,9 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    source_options,
 )
 from rm_qdrant.cli.failures import default_list_path
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
 from rm_qdrant.errors import ConfigError

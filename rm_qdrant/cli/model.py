@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store, source_options
+from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.inputspec import INTERPOLATIONS
 from rm_qdrant.core.modelinfo import parse_floats
 from rm_qdrant.core.uris import UriRule

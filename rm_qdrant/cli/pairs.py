@@ -17,8 +17,8 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     plain,
-    source_options,
 )
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.errors import Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig

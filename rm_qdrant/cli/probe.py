@@ -26,9 +26,9 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    source_options,
     store_location,
 )
+from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.forecast import ModeForecast, recommend
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder

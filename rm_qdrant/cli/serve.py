@@ -24,11 +24,10 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     plain,
     quiet,
-    recorded_source_options,
-    source_lines,
     store_location,
 )
 from rm_qdrant.cli.probe import status_estimate
+from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import payload_value
 from rm_qdrant.core.uris import UriRule
