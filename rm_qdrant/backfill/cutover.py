@@ -6,11 +6,10 @@ import logging
 from dataclasses import dataclass, replace
 
 from rm_qdrant.backfill.create import old_model_ref
-from rm_qdrant.backfill.dual import _open_encoder
 from rm_qdrant.backfill.layouts import active_where, layout_of
 from rm_qdrant.backfill.layouts.base import check_alias
 from rm_qdrant.backfill.migrate import MigrateOptions, Migrator
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, clear_bookkeeping, save_pair
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, clear_bookkeeping, open_encoder, save_pair
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -85,7 +84,7 @@ def _embed_late_writes(store: Store, pair: PairRecord, late: _Late) -> None:
     if not store.count(pair.old_collection, active_where(pair)):
         return  # the usual case: nothing written meanwhile
     try:
-        encoder = _open_encoder(late.encoder, pair.encoder, pair.name, "encoder")
+        encoder = open_encoder(late.encoder, pair.encoder, pair.name, "encoder")
     except RmqError as exc:
         why = f"embedding needs the pair's encoder: {exc}"
         raise _stranded(store, pair, _lacking(store, pair), {}, why) from exc

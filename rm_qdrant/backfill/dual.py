@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, load_pair
+from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
 from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.core.planning import user_payload
+from rm_qdrant.core.planning import user_bodies, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -25,16 +25,6 @@ from rm_qdrant.store.filters import as_where
 from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
 log = logging.getLogger(__name__)
-
-
-def _open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
-    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path)
-    if encoder.fingerprint != ref.fingerprint:
-        raise ConfigError(
-            f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "
-            f"{pair!r} was created with ({ref.name}, fingerprint {ref.fingerprint})"
-        )
-    return encoder
 
 
 class DualIndex:
@@ -116,13 +106,13 @@ class DualIndex:
             EncoderError: an encoder file cannot be loaded.
         """
         pair = load_pair(store, name)
-        new_side = _open_encoder(encoder, pair.encoder, name, "encoder")
+        new_side = open_encoder(encoder, pair.encoder, name, "encoder")
         old_side = None
         # While a rollback is possible, the old model also embeds a user's writes.
         keeps_old = layout_of(pair).keeps_writes_in_old
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
-            old_side = _open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
+            old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
         return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)
 
     # -- queries ---------------------------------------------------------------
@@ -353,7 +343,7 @@ class DualIndex:
         if other_vectors is not None:
             managed = self.layout.managed
             others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
-        write = Write(list(ids), new, self._bodies(payloads, rows), old, others, self._old_dim is not None)
+        write = Write(list(ids), new, user_bodies(payloads, rows), old, others, self._old_dim is not None)
         self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
@@ -361,18 +351,6 @@ class DualIndex:
         if len(array) != rows:
             raise ConfigError(f"{len(array)} {side} vectors for {rows} ids")
         return array
-
-    @staticmethod
-    def _bodies(
-        payloads: Sequence[Mapping[str, Any] | None] | None, rows: int
-    ) -> list[dict[str, Any] | None]:
-        # Bookkeeping fields are rm-qdrant's: a user's write that carried them (a hit's payload
-        # written back, say) would pass for a migration copy, which the migration may delete.
-        if payloads is None:
-            return [None] * rows
-        if len(payloads) != rows:
-            raise ConfigError(f"{len(payloads)} payloads for {rows} ids")
-        return [None if p is None else user_payload(p) for p in payloads]
 
     def _others(self) -> dict[str, OtherVector]:
         if self._carried is None:
@@ -389,7 +367,7 @@ class DualIndex:
         self._carried = None
         ref = self.pair.old_encoder
         if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":
-            self.old_encoder = _open_encoder(None, ref, self.pair.name, "old encoder")
+            self.old_encoder = open_encoder(None, ref, self.pair.name, "old encoder")
 
     # -- state -----------------------------------------------------------------
 

@@ -154,6 +154,18 @@ class PairRecord:
         return cls(**raw)
 
 
+def open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
+    """``given`` (a graph or its path; default: the one ``ref`` recorded), if it is the model ``ref``
+    says ``pair`` was created with."""
+    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path)
+    if encoder.fingerprint != ref.fingerprint:
+        raise ConfigError(
+            f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "
+            f"{pair!r} was created with ({ref.name}, fingerprint {ref.fingerprint})"
+        )
+    return encoder
+
+
 def _key(kind: str, name: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{kind}:{name}"))
 

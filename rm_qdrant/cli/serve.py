@@ -37,7 +37,7 @@ from rm_qdrant.sources import shown
 from rm_qdrant.store import Where, qfilter
 
 
-def parse_filter(given: tuple[str, ...]) -> Where | None:
+def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
     """Each ``--filter``: a JSON object in Qdrant's filter shape (``{"must": [{"key": "price",
     "range": {"gte": 10}}]}``), or ``FIELD=VALUE``: a value written as an integer (``3``,
     ``-7``, not ``007``) matches integers; anything else, or a value in double quotes
@@ -57,8 +57,9 @@ def parse_filter(given: tuple[str, ...]) -> Where | None:
             equal[key] = value[1:-1]
         else:
             equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
-    where = where & Where(must=equal)
-    return where or None
+    if not where.clauses:
+        return equal or None  # plain FIELD=VALUE terms: an equality filter, as before JSON filters
+    return where & Where(must=equal)
 
 
 def _json_filter(item: str) -> Any:

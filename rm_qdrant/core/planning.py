@@ -126,3 +126,16 @@ def chunks(items: Sequence[PointId], size: int) -> Iterable[Sequence[PointId]]:
         raise ConfigError(f"batch size must be >= 1, got {size}")
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def user_bodies(
+    payloads: Sequence[Mapping[str, Any] | None] | None, rows: int
+) -> list[dict[str, Any] | None]:
+    """A user's write's payloads without rm-qdrant's fields (None: keep the point's). A write that
+    carried them (a hit's payload written back, say) would pass for a migration copy, which the
+    migration may delete."""
+    if payloads is None:
+        return [None] * rows
+    if len(payloads) != rows:
+        raise ConfigError(f"{len(payloads)} payloads for {rows} ids")
+    return [None if p is None else user_payload(p) for p in payloads]
