@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,8 +127,11 @@ def preflight(
         page, _ = store.scroll(pair.old_collection, limit=sample, where=old)
     if not page:
         return
-    with ImageSource(source, stop=stop) as images:
-        reasons = [_setting_error(encoder, images, pair.uri_rule, p.id, p.payload or {}) for p in page]
+    with ImageSource(source, stop=stop) as images, ThreadPoolExecutor(len(page), "rmq-preflight") as pool:
+        # side by side: a slow source costs one fetch deadline, not one per sampled point
+        reasons = list(
+            pool.map(lambda p: _setting_error(encoder, images, pair.uri_rule, p.id, p.payload or {}), page)
+        )
     if all(reasons) and not (stop is not None and stop.is_set()):  # a stop: the run ends at once
         raise SourceError(
             f"none of {len(page)} sampled images could be read, so nothing was started and no point "

@@ -47,7 +47,7 @@ from rm_qdrant.backfill.outcome import (
     unusable_rows,
 )
 from rm_qdrant.backfill.pair import PairRecord
-from rm_qdrant.backfill.ranking import plan, prepare_order, unranked
+from rm_qdrant.backfill.ranking import order_ready, plan, prepare_order
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR, chunks, over_failure_limit
 from rm_qdrant.errors import ConfigError, MigrationError
@@ -101,9 +101,9 @@ class Migrator:
 
     def ensure_order(self) -> None:
         """Rank the old points if the order is new, changed, half-written, or some points lack a rank."""
-        wanted = self.options.order or self.pair.order or "random"
-        if wanted == self.pair.order and self.pair.order_ready and unranked(self.store, self.pair) == 0:
+        if order_ready(self.store, self.pair, self.options.order):
             return
+        wanted = self.options.order or self.pair.order or "random"
         if self.options.shard is not None:
             raise MigrationError(
                 f"the {wanted} order is not prepared for every point; run 'rmq migrate --prepare' "

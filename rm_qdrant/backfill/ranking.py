@@ -153,6 +153,13 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
     return repairs + [r.id for r in page if r.id not in skip][:moves]
 
 
+def order_ready(store: Store, pair: PairRecord, wanted: str | None) -> bool:
+    """Whether the old points are ranked in ``wanted`` (None: the pair's order, else random)
+    already, so a run needs no ranking pass first."""
+    wanted = wanted or pair.order or "random"
+    return wanted == pair.order and pair.order_ready and unranked(store, pair) == 0
+
+
 def unranked(store: Store, pair: PairRecord) -> int:
     """Old points that serve from old but have no rank (added after the order was computed)."""
     return store.count(pair.old_collection, active_where(pair) & Where(empty=(RANK,)))

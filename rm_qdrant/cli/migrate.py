@@ -19,7 +19,7 @@ from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.ranking import budget
+from rm_qdrant.backfill.ranking import budget, order_ready
 from rm_qdrant.cli.common import (
     SEED,
     FiniteFloat,
@@ -174,7 +174,8 @@ def migrate(
     if prepare:
         options = dataclasses.replace(options, limit=0)
     with stop_on_signals(echo=not as_json) as stop:
-        preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)
+        if not order_ready(store, index.pair, options.order):  # before the ranking pass, not each run
+            preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)
         with Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar:
             report = run_migration(
                 index,
