@@ -174,7 +174,8 @@ def migrate(
     if prepare:
         options = dataclasses.replace(options, limit=0)
     with stop_on_signals(echo=not as_json) as stop:
-        if not order_ready(store, index.pair, options.order):  # before the ranking pass, not each run
+        ranks = index.pair.state == "backfilling" and not order_ready(store, index.pair, options.order)
+        if ranks:  # before the ranking pass, not each run (other states: the run says why it cannot)
             preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)
         with Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar:
             report = run_migration(
