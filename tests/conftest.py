@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
 from rm_qdrant import InputSpec, open_store
+from rm_qdrant.cli import cli
 from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant.store import Store
 from rm_qdrant_exporters.linear import linear_encoder
@@ -212,3 +214,17 @@ def bucket(aws: str) -> tuple[str, Callable[[str, bytes], None]]:
         client.put_object(Bucket=name, Key=key, Body=data)
 
     return name, put
+
+
+@pytest.fixture
+def rmq(tmp_path: Path) -> Callable[..., object]:
+    """``rmq --qdrant tmp_path/q ARGS`` in-process; ``ok`` (default) asserts exit status 0."""
+    runner = CliRunner()
+
+    def run(*args: object, ok: bool = True):
+        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    return run

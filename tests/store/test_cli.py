@@ -8,25 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 from qdrant_client import QdrantClient
 
 from rm_qdrant import open_store
 from rm_qdrant.backfill.pair import load_pair, save_pair
-from rm_qdrant.cli import cli
-
-
-@pytest.fixture
-def rmq(tmp_path):
-    runner = CliRunner()
-
-    def run(*args, ok=True):
-        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return run
 
 
 def test_index_init_search_status(rmq, models, image_folder):

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
 from rm_qdrant import (
@@ -21,7 +20,6 @@ from rm_qdrant import (
 from rm_qdrant.backfill.cutover import finalize
 from rm_qdrant.backfill.failures import drop_failures, finalize_dropping_failed, iter_failures, write_failures
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.cli import cli
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.store import Store
 from tests.conftest import make_image_folder
@@ -132,17 +130,10 @@ def test_the_list_is_never_overwritten(tmp_path):
 
 
 @pytest.fixture
-def rmq(tmp_path, monkeypatch):
+def rmq(rmq, tmp_path, monkeypatch):
+    """conftest's rmq, run from tmp_path (finalize --drop-failed writes its list to the working folder)."""
     monkeypatch.chdir(tmp_path)
-    runner = CliRunner()
-
-    def run(*args, ok=True):
-        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return run
+    return rmq
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

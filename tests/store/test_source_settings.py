@@ -11,9 +11,6 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from click.testing import CliRunner
-
-from rm_qdrant.cli import cli
 
 SECRET = "s3cr3t-bearer-value"  # noqa: S105 - a test value
 
@@ -59,19 +56,6 @@ def served():
     for server in servers:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture
-def rmq(tmp_path):
-    runner = CliRunner()
-
-    def run(*args, ok=True):
-        result = runner.invoke(cli, ["--qdrant", str(tmp_path / "q"), *map(str, args)])
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return run
 
 
 @pytest.fixture
