@@ -6,23 +6,21 @@ import json
 
 import pytest
 
-from tests.store.test_cli import rmq  # noqa: F401 - the fixture
-
 
 @pytest.fixture
-def demo(rmq, models, image_folder):  # noqa: F811 - the fixture imported above
+def demo(rmq, models, image_folder):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
     return sorted(image_folder.glob("b/*"))[0]
 
 
-def labels(rmq, query, *filters):  # noqa: F811
+def labels(rmq, query, *filters):
     args = [a for f in filters for a in ("--filter", f)]
     out = rmq("search", "--name", "demo", query, "--limit", "30", "--exact", "--json", *args).output
     return sorted({h["payload"]["label"] for h in json.loads(out)})
 
 
-def test_a_json_filter_in_qdrants_shape(rmq, demo):  # noqa: F811
+def test_a_json_filter_in_qdrants_shape(rmq, demo):
     any_of = json.dumps({"must": [{"key": "label", "match": {"any": ["a", "c"]}}]})
     assert labels(rmq, demo, any_of) == ["a", "c"]
     but_not = json.dumps({"must_not": [{"key": "label", "match": {"value": "a"}}]})
@@ -39,6 +37,6 @@ def test_a_json_filter_in_qdrants_shape(rmq, demo):  # noqa: F811
         ("[1, 2]", "a JSON object"),
     ],
 )
-def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):  # noqa: F811
+def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):
     result = rmq("search", "--name", "demo", demo, "--filter", given, ok=False)
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
