@@ -7,6 +7,7 @@ searches both and the hits are merged by distance.
 from __future__ import annotations
 
 from rm_qdrant.api import migrate
+from rm_qdrant.backfill.async_dual import AsyncDualIndex
 from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
@@ -31,6 +32,7 @@ from rm_qdrant.store import Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncDualIndex",
     "BatchResult",
     "CollectionNotFound",
     "ConfigError",
