@@ -1,8 +1,9 @@
 """Source settings as plain data (what a pair record keeps), and HTTP request headers.
 
 A header is ``Name: value``. Its value is a secret as far as output goes: it is shown
-as ``***``, unless it is written ``$NAME``, which names an environment variable read
-when images are fetched (so the secret itself is never stored). Pure: no network.
+as ``***``. Where it holds ``$NAME`` or ``${NAME}`` (``Bearer $CDN_TOKEN``), each names an
+environment variable read when images are fetched, so the secret itself is never stored;
+output shows the variables and masks the rest. Pure: no network.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["Header", "from_settings", "header_values", "parse_header", "shown_he
 
 Header = tuple[str, str]
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
-_VARIABLE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 #: The settings a pair may record, by the name of the SourceConfig field, and their option.
 OPTIONS = {
     "root": "--root",
@@ -51,24 +52,34 @@ def _check_value(name: str, value: str) -> None:
 
 
 def shown_header(header: Header) -> str:
-    """How a header appears in output: ``Name: $VARIABLE`` or ``Name: ***``."""
+    """How a header appears in output: its variables as written, every other word ``***``.
+
+    >>> shown_header(("Authorization", "Bearer ${CDN_TOKEN}"))
+    'Authorization: *** ${CDN_TOKEN}'
+    """
     name, value = header
-    return f"{name}: {value if _VARIABLE.fullmatch(value) else '***'}"
+    words = [w if _VARIABLE.fullmatch(w) else "***" for w in value.split()]
+    return f"{name}: {' '.join(words) if any(w != '***' for w in words) else '***'}"
 
 
 def header_values(headers: tuple[Header, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The headers to send, ``$NAME`` values read from the environment now.
+    """The headers to send, each ``$NAME`` or ``${NAME}`` in a value read from the environment now.
 
     Raises:
-        ConfigError: a ``$NAME`` is not set in the environment (or holds a line break).
+        ConfigError: a variable is not set in the environment (or holds a line break).
     """
     environ = os.environ if environ is None else environ
+
+    def variable(match: re.Match[str]) -> str:
+        key = match.group(1) or match.group(2)
+        if key not in environ:
+            raise ConfigError(f"--http-header {name}: ${key} is not set in the environment")
+        return environ[key]
+
     sent = {}
     for name, value in headers:
-        if (variable := _VARIABLE.fullmatch(value)) is not None:
-            if variable.group(1) not in environ:
-                raise ConfigError(f"--http-header {name}: ${variable.group(1)} is not set in the environment")
-            value = environ[variable.group(1)]
+        if _VARIABLE.search(value) is not None:
+            value = _VARIABLE.sub(variable, value)
             _check_value(name, value)
         sent[name] = value
     return sent

@@ -82,7 +82,7 @@ def export(path: Path, dim: int, output: str, seed: int) -> Path:
     return path
 
 
-def team_embed(model: Path, images: list[bytes]) -> np.ndarray:
+def team_embed(model: Path, images: list[bytes], resample: int = Image.BILINEAR) -> np.ndarray:
     """The team's own preprocessing and inference: PIL, numpy, onnxruntime."""
     import io
 
@@ -91,7 +91,7 @@ def team_embed(model: Path, images: list[bytes]) -> np.ndarray:
         picture = Image.open(io.BytesIO(data)).convert("RGB")
         w, h = picture.size
         scale = 36 / min(w, h)
-        picture = picture.resize((max(36, int(w * scale)), max(36, int(h * scale))), Image.BILINEAR)
+        picture = picture.resize((max(36, int(w * scale)), max(36, int(h * scale))), resample)
         w, h = picture.size
         left, top = int(round((w - 32) / 2.0)), int(round((h - 32) / 2.0))
         pixels = np.asarray(picture.crop((left, top, left + 32, top + 32)), np.float32) / 255.0
