@@ -81,7 +81,7 @@ def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dic
     }
 
 
-def _summary(report: MigrationReport) -> str:
+def _summary(report: MigrationReport, name: str) -> str:
     rate = report.moved / report.seconds if report.seconds else 0.0
     text = (
         f"moved {report.moved} points in {report.seconds:.1f} s ({rate:,.0f} points/s); "
@@ -91,8 +91,9 @@ def _summary(report: MigrationReport) -> str:
         text += f"\nfirst failure: {report.failure_sample[0][1]}"
     if report.skipped_failed:
         text += (
-            f"\n{report.skipped_failed} points that failed before were not tried again ('rmq status' "
-            "lists them): fix their source, then rerun with --retry-failed"
+            f"\n{report.skipped_failed} points that failed before were not tried again (rmq failures "
+            f"--name {name} lists them): fix their source and rerun with --retry-failed, or cut over "
+            f"without them (rmq finalize --name {name} --drop-failed)"
         )
     if report.stopped_early:
         text += "\nstopped early: run the same command again to continue"
@@ -193,7 +194,7 @@ def migrate(
             {"pair": name, "order": index.pair.order}, as_json, f"ranked {name!r} in {index.pair.order} order"
         )
     else:
-        emit(dataclasses.asdict(report), as_json, _summary(report))
+        emit(dataclasses.asdict(report), as_json, _summary(report, name))
 
 
 @click.command(name="finalize")

@@ -247,7 +247,8 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         serve_like_a_service(index, query, by_id)
         index.close()
 
-    rmq("migrate", *pair)
+    rest = rmq("migrate", *pair).output
+    assert "rmq failures --name upgrade" in rest and "--drop-failed" in rest
     listed = json.loads(rmq("failures", *pair, "--json").output)
     assert listed["failed"] == 4 and {p["id"] for p in listed["points"]} == broken(rows)
     reasons = " ".join(p["reason"] for p in listed["points"])
