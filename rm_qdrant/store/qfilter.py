@@ -2,8 +2,8 @@
 and translated for qdrant-edge, whose filter model is its own.
 
 qdrant-client takes a ``models.Filter`` as it is (one more ``must`` clause); qdrant-edge
-gets the same conditions rebuilt from its classes. A condition neither can express (geo,
-for now, on the embedded store) is refused with a :class:`ConfigError` that names it.
+gets the same conditions rebuilt from its classes (geo, text, nested and the rest). A
+condition it cannot express is refused with a :class:`ConfigError` that names it.
 """
 
 from __future__ import annotations
@@ -102,8 +102,6 @@ def _condition(c: Any) -> Any:
 
 
 def _field(c: models.FieldCondition) -> qe.FieldCondition:
-    if c.geo_bounding_box or c.geo_radius or c.geo_polygon:
-        raise ConfigError(f"filter on {c.key!r}: the embedded store does not take geo conditions here")
     count = c.values_count
     return qe.FieldCondition(
         key=c.key,
@@ -114,7 +112,26 @@ def _field(c: models.FieldCondition) -> qe.FieldCondition:
         else qe.ValuesCount(lt=count.lt, gt=count.gt, lte=count.lte, gte=count.gte),
         is_empty=c.is_empty,
         is_null=c.is_null,
+        **_geo(c),
     )
+
+
+def _geo(c: models.FieldCondition) -> dict[str, Any]:
+    def point(p: models.GeoPoint) -> qe.GeoPoint:
+        return qe.GeoPoint(lon=p.lon, lat=p.lat)
+
+    def ring(line: models.GeoLineString) -> list[qe.GeoPoint]:
+        return [point(p) for p in line.points]
+
+    geo: dict[str, Any] = {}
+    if (box := c.geo_bounding_box) is not None:
+        geo["geo_bounding_box"] = qe.GeoBoundingBox(point(box.top_left), point(box.bottom_right))
+    if (circle := c.geo_radius) is not None:
+        geo["geo_radius"] = qe.GeoRadius(point(circle.center), circle.radius)
+    if (polygon := c.geo_polygon) is not None:
+        holes = [ring(r) for r in polygon.interiors] if polygon.interiors else None
+        geo["geo_polygon"] = qe.GeoPolygon(ring(polygon.exterior), holes)
+    return geo
 
 
 def _match(key: str, match: Any) -> Any:
@@ -128,6 +145,8 @@ def _match(key: str, match: Any) -> Any:
         return qe.MatchText(match.text)
     if isinstance(match, models.MatchPhrase):
         return qe.MatchPhrase(match.phrase)
+    if isinstance(match, models.MatchTextAny):
+        return qe.MatchTextAny(match.text_any)
     raise ConfigError(f"filter on {key!r}: the embedded store cannot match by {type(match).__name__}")
 
 
