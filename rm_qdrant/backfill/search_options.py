@@ -3,14 +3,18 @@ they do to a merged hit list (threshold, offset, payload selection)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import Hit, PointId, score_to_distance
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Store
+from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
+
+if TYPE_CHECKING:
+    from qdrant_client import models
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,11 @@ class SearchOptions:
         with_vectors: attach each hit's vector, as the side it came from stores it.
         exact: scan every point (None: the index's default).
         hnsw_ef: HNSW search breadth (None: the index's default).
+        search_params: qdrant-client's ``models.SearchParams`` (or a dict of its fields):
+            ``indexed_only``, ``quantization``, ``acorn``, and ``exact`` / ``hnsw_ef`` unless
+            given above (a different value there is a ConfigError).
+        timeout: the request's timeout in seconds, for a server.
+        consistency: how many replicas a server reads (an int, or ``models.ReadConsistencyType``).
     """
 
     score_threshold: float | None = None
@@ -36,6 +45,9 @@ class SearchOptions:
     with_vectors: bool = False
     exact: bool | None = None
     hnsw_ef: int | None = None
+    search_params: models.SearchParams | Mapping[str, Any] | None = None
+    timeout: int | None = None
+    consistency: models.ReadConsistency | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.offset, int) or isinstance(self.offset, bool) or self.offset < 0:
@@ -57,6 +69,16 @@ class SearchOptions:
             not isinstance(self.hnsw_ef, int) or isinstance(self.hnsw_ef, bool) or self.hnsw_ef <= 0
         ):
             raise ConfigError(f"hnsw_ef must be a positive integer, got {self.hnsw_ef!r}")
+        check_timeout(self.timeout)
+        check_consistency(self.consistency)
+
+    def params(self, exact: bool, hnsw_ef: int | None) -> models.SearchParams:
+        """This call's search parameters, an index's ``exact`` / ``hnsw_ef`` where it sets neither.
+
+        Raises:
+            ConfigError: bad ``search_params``, or ones that contradict ``exact`` / ``hnsw_ef``.
+        """
+        return with_defaults(merge_params(self.search_params, self.exact, self.hnsw_ef), exact, hnsw_ef)
 
     def finish(self, hits: list[Hit], limit: int, distance: str) -> list[Hit]:
         """The merged list (``limit + offset`` long) as the caller asked for it."""

@@ -17,6 +17,7 @@ from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
 from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
     COLLECTION,
+    FiniteFloat,
     Progress,
     emit,
     json_option,
@@ -246,6 +247,13 @@ def index(
     '"3" (quoted) or 003 strings), or Qdrant\'s JSON filter, e.g. '
     '\'{"must": [{"key": "price", "range": {"gte": 10}}]}\'.',
 )
+@click.option(
+    "--score-threshold",
+    type=FiniteFloat(),
+    help="Keep hits at least this close, in the pair's score (cosine, dot: score >= T; "
+    "euclid, manhattan: score <= T).",
+)
+@click.option("--offset", default=0, type=click.IntRange(min=0), help="Skip this many merged hits first.")
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
@@ -258,6 +266,8 @@ def search(
     image: str,
     limit: int,
     filters: tuple[str, ...],
+    score_threshold: float | None,
+    offset: int,
     exact: bool,
     hnsw_ef: int | None,
     encoder: str | None,
@@ -265,6 +275,9 @@ def search(
     as_json: bool,
 ) -> None:
     """Search the pair with one image; hits from both collections, merged by distance.
+
+    --offset N skips the N closest merged hits (paging: --offset 10 --limit 10 is page two);
+    --score-threshold keeps only hits at least that close, in the pair's score (as Qdrant's).
 
     A dot collection's hits show their score (the dot product, higher is closer); cosine,
     Euclid and Manhattan hits their distance (1 - cosine, or the distance; lower is closer).
@@ -277,10 +290,11 @@ def search(
         open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
     )
     with opened as dual:
-        hits = dual.search(image, limit=limit, filter=parse_filter(filters))
+        where = parse_filter(filters)
+        hits = dual.search(image, limit=limit, filter=where, score_threshold=score_threshold, offset=offset)
         pair = dual.pair
     rows = [{k: v for k, v in dataclasses.asdict(h).items() if k != "vector"} for h in hits]
-    emit(rows, as_json, "\n".join(_hit_lines(hits, pair)))
+    emit(rows, as_json, "\n".join(_hit_lines(hits, pair, first=offset + 1)))
 
 
 def _label(payload: dict[str, Any], field: str) -> object:
@@ -288,12 +302,13 @@ def _label(payload: dict[str, Any], field: str) -> object:
     return "" if value is None else value
 
 
-def _hit_lines(hits: list[Hit], pair: PairRecord) -> list[str]:
-    """The hit table: a dot product as a score (higher is closer), any other metric as a distance."""
+def _hit_lines(hits: list[Hit], pair: PairRecord, *, first: int = 1) -> list[str]:
+    """The hit table (ranks from ``first``): a dot product as a score (higher is closer), any other
+    metric as a distance."""
     by_score = pair.distance == "dot"
     head = "score" if by_score else "distance"
     lines = [f"{'#':>3}  {head:>10}  {'source':6}  {pair.label_field[:10]:10}  id / image"]
-    for rank, hit in enumerate(hits, 1):
+    for rank, hit in enumerate(hits, first):
         found = pair.uri_rule.find(hit.id, hit.payload)
         where = "-" if found is None else shown(found)
         value = hit.score if by_score else hit.distance

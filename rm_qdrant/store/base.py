@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from rm_qdrant.core.merge import PointId, check_distance
 from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.store.filters import Filter, Where
 from rm_qdrant.store.vectors import OtherVector
+
+if TYPE_CHECKING:
+    from qdrant_client import models
+
 
 #: Payload index kinds a store can create (and mirror from a team's collection).
 INDEX_KINDS = ("integer", "float", "keyword", "bool", "datetime", "uuid", "text", "geo")
@@ -120,6 +124,8 @@ class MergedQuery:
     searched in one request, and the union ranked by distance (see :mod:`rm_qdrant.core.merge`).
 
     The old prefetch sees only points that lack ``new_vector``, so each point counts once.
+    ``search_params``, ``timeout`` and ``consistency`` are :meth:`Store.search`'s; both
+    prefetches take ``search_params``.
     """
 
     old_vector: str
@@ -129,6 +135,9 @@ class MergedQuery:
     filter: Filter | None = None
     exact: bool = False
     hnsw_ef: int | None = None
+    search_params: models.SearchParams | None = None
+    timeout: int | None = None
+    consistency: models.ReadConsistency | None = None
 
 
 class Store(Protocol):
@@ -306,11 +315,22 @@ class Store(Protocol):
         exact: bool = False,
         hnsw_ef: int | None = None,
         vector: str = "",
+        search_params: models.SearchParams | None = None,
+        timeout: int | None = None,
+        consistency: models.ReadConsistency | None = None,
     ) -> list[list[ScoredRecord]]:
         """One result list per row of ``queries`` (a 2-D float array), searched on ``vector``.
 
         ``exact`` scans every point; otherwise the HNSW index is used where one is
-        built, with ``hnsw_ef`` candidates (Qdrant's default when None).
+        built, with ``hnsw_ef`` candidates (Qdrant's default when None). ``search_params``
+        (qdrant-client's ``models.SearchParams``: ``indexed_only``, ``quantization``...) is
+        the rest; ``exact`` and ``hnsw_ef`` fill in what it leaves unset. ``timeout``
+        (seconds) and ``consistency`` (replicas to read) are the request's, for a server;
+        in-process stores accept and ignore them.
+
+        Raises:
+            ConfigError: a bad parameter, one the store cannot express, or ``exact`` or
+                ``hnsw_ef`` contradicting ``search_params``.
         """
         ...
 

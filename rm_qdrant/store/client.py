@@ -19,7 +19,7 @@ from qdrant_client import QdrantClient, models
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import CollectionNotFound, StoreError, Unsupported
+from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
@@ -36,10 +36,13 @@ from rm_qdrant.store.base import (
 from rm_qdrant.store.client_query import (
     DISTANCES,
     client_filter,
+    merged_options,
     merged_requests,
+    query_options,
     search_requests,
     sparse,
     translated,
+    unsupported_merge,
     update_operations,
     vector_facts,
     vectors_config,
@@ -381,13 +384,15 @@ class ClientStore:
         exact: bool = False,
         hnsw_ef: int | None = None,
         vector: str = "",
+        search_params: models.SearchParams | None = None,
+        timeout: int | None = None,
+        consistency: models.ReadConsistency | None = None,
     ) -> list[list[ScoredRecord]]:
         matrix = check_vectors(self.collection(name, vector), queries)
-        # qdrant-client's local mode is always exact and warns about search params.
-        params = models.SearchParams(hnsw_ef=hnsw_ef, exact=exact) if self._remote else None
+        params, options = query_options(search_params, exact, hnsw_ef, timeout, consistency, self._remote)
         requests = search_requests(matrix.tolist(), vector, limit, client_filter(filter), params)
         with self._errors(f"search in {name!r}", name):
-            responses = self._client.query_batch_points(name, requests)
+            responses = self._client.query_batch_points(name, requests, **options)
         return [[scored_from(p) for p in r.points] for r in responses]
 
     def merged_search(
@@ -395,15 +400,10 @@ class ClientStore:
     ) -> list[list[ScoredRecord]]:
         old = check_vectors(self.collection(name, query.old_vector), old_queries)
         new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
-        params = models.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact) if self._remote else None
+        params, options = merged_options(query, self._remote)
         requests = merged_requests(query, old.tolist(), new.tolist(), params)
-        try:
-            with self._errors(f"merged search in {name!r}", name):
-                responses = self._client.query_batch_points(name, requests)
-        except StoreError as exc:
-            if "HTTP 4" in str(exc) and any(w in str(exc).lower() for w in ("formula", "max", "prefetch")):
-                raise Unsupported(f"Qdrant at {self._shown} cannot merge in one query: {exc}") from exc
-            raise
+        with unsupported_merge(self._shown), self._errors(f"merged search in {name!r}", name):
+            responses = self._client.query_batch_points(name, requests, **options)
         return [[merged_from(p, query) for p in r.points] for r in responses]
 
     def close(self) -> None:

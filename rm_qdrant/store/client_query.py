@@ -13,10 +13,11 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.errors import CollectionNotFound, StoreError, Unsupported
 from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
 from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
 from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {
@@ -66,6 +67,43 @@ def vector_facts(info: models.CollectionInfo) -> tuple[dict[str, VectorFacts], d
         for k, v in (info.config.params.sparse_vectors or {}).items()
     }
     return dense, idf
+
+
+def query_options(
+    search_params: models.SearchParams | None,
+    exact: bool,
+    hnsw_ef: int | None,
+    timeout: int | None,
+    consistency: models.ReadConsistency | None,
+    remote: bool,
+) -> tuple[models.SearchParams | None, dict[str, Any]]:
+    """A search's ``params`` (``exact``, ``hnsw_ef`` filling in what ``search_params`` leaves
+    unset) and the ``timeout`` and ``consistency`` keywords of ``query_batch_points``.
+
+    The local mode gets no params (it always searches exactly, and warns about them) but the
+    same keywords, which it accepts and ignores.
+    """
+    params = merge_params(search_params, exact or None, hnsw_ef)
+    options = {"timeout": check_timeout(timeout), "consistency": check_consistency(consistency)}
+    return (params if remote else None), options
+
+
+def merged_options(query: MergedQuery, remote: bool) -> tuple[models.SearchParams | None, dict[str, Any]]:
+    """:func:`query_options` of a merged query."""
+    return query_options(
+        query.search_params, query.exact, query.hnsw_ef, query.timeout, query.consistency, remote
+    )
+
+
+@contextlib.contextmanager
+def unsupported_merge(where: str) -> Iterator[None]:
+    """A server's refusal of the merged query's formula or prefetches as :class:`Unsupported`."""
+    try:
+        yield
+    except StoreError as exc:
+        if "HTTP 4" in str(exc) and any(w in str(exc).lower() for w in ("formula", "max", "prefetch")):
+            raise Unsupported(f"Qdrant at {where} cannot merge in one query: {exc}") from exc
+        raise
 
 
 def search_requests(

@@ -57,6 +57,7 @@ from rm_qdrant.store.edge_query import (
     Specs,
     edge_config,
     edge_filter,
+    edge_params,
     merged_requests,
     read_specs,
     run,
@@ -375,21 +376,20 @@ class EdgeStore:
         exact: bool = False,
         hnsw_ef: int | None = None,
         vector: str = "",
+        **request: Any,  # search_params, timeout, consistency: see Store.search and edge_params
     ) -> list[list[ScoredRecord]]:
-        spec, shard = self.collection(name, vector), self._open(name)[1]
-        matrix = check_vectors(spec, queries)
-        params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact)
+        matrix = check_vectors(self.collection(name, vector), queries)
+        params = edge_params(exact=exact, hnsw_ef=hnsw_ef, **request)
         requests = search_requests(matrix.tolist(), vector, limit, edge_filter(filter), params)
-        return [[scored_from(p) for p in hits] for hits in run(shard, requests)]
+        return [[scored_from(p) for p in hits] for hits in run(self._open(name)[1], requests)]
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
     ) -> list[list[ScoredRecord]]:
-        shard = self._open(name)[1]
         old = check_vectors(self.collection(name, query.old_vector), old_queries)
         new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
         requests = merged_requests(query, old.tolist(), new.tolist())
-        return [[merged_from(p, query) for p in hits] for hits in run(shard, requests)]
+        return [[merged_from(p, query) for p in hits] for hits in run(self._open(name)[1], requests)]
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import qdrant_edge as qe
+from qdrant_client import models
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
 from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
 from rm_qdrant.store.qfilter import to_edge
 from rm_qdrant.store.vectors import SparseVector
 
@@ -72,6 +74,44 @@ def edge_config(spec: CollectionSpec) -> qe.EdgeConfig:
     return qe.EdgeConfig(vectors=dense, sparse_vectors=sparse_params or None)
 
 
+#: The fields of qdrant-client's ``SearchParams`` that qdrant-edge's own ``SearchParams`` takes.
+_EDGE_FIELDS = ("hnsw_ef", "exact", "quantization", "indexed_only", "acorn")
+
+
+def edge_params(
+    *,
+    search_params: models.SearchParams | None = None,
+    exact: bool = False,
+    hnsw_ef: int | None = None,
+    timeout: int | None = None,
+    consistency: models.ReadConsistency | None = None,
+) -> qe.SearchParams:
+    """qdrant-client's search parameters (``exact``, ``hnsw_ef`` filling in what ``search_params`` leaves
+    unset) as qdrant-edge's. ``timeout`` and ``consistency`` are checked and have no effect: the
+    shard is in this process (no network) and is its own only replica.
+
+    Raises:
+        ConfigError: a bad value, or a parameter qdrant-edge cannot express (named).
+    """
+    check_timeout(timeout)
+    check_consistency(consistency)
+    params = merge_params(search_params, exact or None, hnsw_ef)
+    for name in type(params).model_fields:
+        if name not in _EDGE_FIELDS and getattr(params, name) is not None:
+            raise ConfigError(f"search_params.{name} is not supported by the embedded store (qdrant-edge)")
+    q, acorn = params.quantization, params.acorn
+    quantization = (
+        None if q is None else qe.QuantizationSearchParams(bool(q.ignore), q.rescore, q.oversampling)
+    )
+    return qe.SearchParams(
+        hnsw_ef=params.hnsw_ef,
+        exact=bool(params.exact),
+        indexed_only=bool(params.indexed_only),
+        quantization=quantization,
+        acorn=None if acorn is None else qe.AcornSearchParams(bool(acorn.enable), acorn.max_selectivity),
+    )
+
+
 def search_requests(
     rows: list[list[float]], vector: str, limit: int, where: qe.Filter | None, params: qe.SearchParams
 ) -> list[qe.QueryRequest]:
@@ -110,7 +150,13 @@ def merged_requests(
     query: MergedQuery, old: list[list[float]], new: list[list[float]]
 ) -> list[qe.QueryRequest]:
     """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores."""
-    params = qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact)
+    params = edge_params(
+        search_params=query.search_params,
+        exact=query.exact,
+        hnsw_ef=query.hnsw_ef,
+        timeout=query.timeout,
+        consistency=query.consistency,
+    )
     where = as_where(query.filter) or Where()
     old_filter = edge_filter(where & Where(lacks_vector=(query.new_vector,)))
     new_filter = edge_filter(where)
