@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from qdrant_client import models
 
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
@@ -181,6 +182,9 @@ class DualIndex:
         with_vectors: bool = False,
         exact: bool | None = None,
         hnsw_ef: int | None = None,
+        search_params: models.SearchParams | Mapping[str, Any] | None = None,
+        timeout: int | None = None,
+        consistency: models.ReadConsistency | None = None,
     ) -> list[list[Hit]]:
         """Search the serving collections for each row and merge each pair of lists by distance.
 
@@ -195,13 +199,18 @@ class DualIndex:
             with_payload: True, False, or the payload fields to return.
             with_vectors: give each hit its vector (:attr:`Hit.vector`) as its side stores it.
             exact, hnsw_ef: this call's search parameters (None: the index's own).
+            search_params: qdrant-client's ``models.SearchParams`` for both sides (``quantization``,
+                ``indexed_only``...); ``exact`` / ``hnsw_ef`` above may not contradict it.
+            timeout, consistency: a server's request timeout (s) and read consistency; the embedded
+                store (in this process: no network, one replica) checks and ignores them.
 
         Example:
             >>> from qdrant_client import models
             >>> cheap = models.Filter(must=[models.FieldCondition(key="price", range=models.Range(lt=10))])
             >>> index.search_vectors_batch(new, old, filter=cheap, offset=10)  # doctest: +SKIP
         """
-        opts = SearchOptions(score_threshold, offset, with_payload, with_vectors, exact, hnsw_ef)
+        extra = {"search_params": search_params, "timeout": timeout, "consistency": consistency}
+        opts = SearchOptions(score_threshold, offset, with_payload, with_vectors, exact, hnsw_ef, **extra)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ConfigError(f"limit must be an integer >= 0, got {limit!r}")
         merged = self._search(new_vectors, old_vectors, limit + offset, as_where(filter), opts)
@@ -221,17 +230,17 @@ class DualIndex:
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
-        exact = self.exact if opts.exact is None else opts.exact
-        hnsw_ef = self.hnsw_ef if opts.hnsw_ef is None else opts.hnsw_ef
+        params = opts.params(self.exact, self.hnsw_ef)
+        request = {"search_params": params, "timeout": opts.timeout, "consistency": opts.consistency}
         if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
             try:
-                query = MergedQuery(pair.vector, pair.new_using, pair.distance, limit, filter, exact, hnsw_ef)
+                query = MergedQuery(pair.vector, pair.new_using, pair.distance, limit, filter, **request)
                 results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
                 return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
             except Unsupported as exc:
                 log.warning("%s; searching the two vectors one after the other", exc)
                 self._two_queries = True
-        args: dict[str, Any] = {"limit": limit, "filter": filter, "exact": exact, "hnsw_ef": hnsw_ef}
+        args: dict[str, Any] = {"limit": limit, "filter": filter, **request}
         old_args = {**args, "filter": self.layout.old_filter(filter), "vector": pair.vector}
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection

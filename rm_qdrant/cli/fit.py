@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from rm_qdrant.backfill.layouts import count_new
-from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
@@ -124,7 +123,6 @@ def fit_command(
             f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
             f"pair {name!r}'s new collection holds {new_dim}-d vectors"
         )
-    preflight(store, pair, encoder, source)
     if label_field is not None:
         check_path(label_field, "--label-field")
     try:

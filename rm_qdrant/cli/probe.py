@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.probe import (
     ProbeSample,
@@ -115,7 +116,9 @@ def sample_with_progress(
     hidden: bool,
     label: str = "re-embedding the sample",
 ) -> ProbeSample:
-    """:func:`draw_sample` with a progress bar over the images (probe, fit and calibrate)."""
+    """:func:`draw_sample` with a progress bar over the images (probe, fit and calibrate), after a
+    pre-flight: a few images fetched first, so settings that read none stop at once."""
+    preflight(store, pair, encoder, source)
     with Progress(label, hidden=hidden, unit="images") as bar:
         return draw_sample(
             store, pair, encoder, size, seed=seed, source=source, on_plan=bar.start, on_image=bar.advance

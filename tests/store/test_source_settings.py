@@ -19,8 +19,10 @@ class _Images(BaseHTTPRequestHandler):
     """Serves ``/img/<absolute path>``; with ``needs`` set, only to requests that send that header."""
 
     needs: tuple[str, str] | None = None
+    seen: list[str]
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.seen.append(self.path)
         if self.needs is not None and self.headers.get(self.needs[0]) != self.needs[1]:
             self.send_error(401)
             return
@@ -39,7 +41,7 @@ class _Images(BaseHTTPRequestHandler):
 
 
 def _serve(needs: tuple[str, str] | None):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Images,), {"needs": needs}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Images,), {"needs": needs, "seen": []}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -52,6 +54,7 @@ def served():
         servers.append(_serve(needs))
         return f"http://127.0.0.1:{servers[-1].server_address[1]}/img{{uri}}"
 
+    start.seen = lambda: servers[-1].RequestHandlerClass.seen  # the paths the last server was asked for
     yield start
     for server in servers:
         server.shutdown()
@@ -149,3 +152,26 @@ def test_fit_reads_a_few_images_before_sampling(rmq, models, gallery, served, tm
     assert result.exit_code == 1 and "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "could be read" in lines[0] and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["probe", "calibrate"])
+def test_probe_and_calibrate_read_a_few_images_before_their_sample(rmq, models, gallery, served, command):
+    template = served(needs=("Authorization", f"Bearer {SECRET}"))  # the pair was set up without it
+    pair = [
+        "--name",
+        "demo",
+        "--old-collection",
+        "gallery",
+        "--uri-template",
+        template,
+        "--allow-private-network",
+    ]
+    if command == "probe":
+        rmq("init", *pair, "--encoder", models.rm)
+    else:
+        rmq("init", *pair, "--encoder", models.new_only, "--old-encoder", models.old)
+    result = rmq(command, "--name", "demo", "--sample", 24, ok=False)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could be read" in lines[0] and "HTTP 401" in lines[0]
+    assert len(served.seen()) <= 5  # a handful of fetches, not the whole sample
