@@ -180,8 +180,9 @@ class Layout:
             return None
         return store.collection(pair.old_collection, pair.vector).dim
 
-    def in_both(self, store: Store) -> list[PointId]:
-        """Points that serve from old and are already in new (an interrupted migration step)."""
+    def in_both(self, store: Store, where: Where | None = None) -> list[PointId]:
+        """Points that serve from old and are already in new (an interrupted migration step);
+        with ``where``, those whose old copy matches it."""
         return []
 
     def kept_count(self, store: Store) -> int:

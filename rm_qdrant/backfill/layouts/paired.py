@@ -13,6 +13,9 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
+
+import numpy as np
 
 from rm_qdrant.backfill.layouts.base import (
     Claimed,
@@ -32,6 +35,7 @@ from rm_qdrant.core.planning import (
     MOVING,
     ORIGIN,
     ORIGIN_MIGRATE,
+    Settlement,
     new_payload,
     settle,
     user_payload,
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 REMOVAL_GRACE = 1.0
 _PAGE = 10_000
 _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+#: Rounds of bringing a batch's copies up to date with old (each needs a new update to land).
+_CATCH_UP = 3
 
 
 class Paired(Layout):
@@ -53,25 +59,29 @@ class Paired(Layout):
 
     rolls_back = False
 
-    def in_both(self, store: Store) -> list[PointId]:
+    def in_both(self, store: Store, where: Where | None = None) -> list[PointId]:
         """Points that serve from old and are already in new: a migration step cut short
         between its write to new and its removal from old. Search serves them once (from
         new) and the next ``rmq migrate`` finishes the step; counts must not take them twice.
 
         Only points marked ``rmq_moving`` can be in both, so this reads a few batches at most.
+        With ``where``, only the points whose old copy matches it.
         """
         pair = self.pair
         if pair.state != "backfilling" or not store.has_collection(pair.old_collection):
             return []
         marked: list[PointId] = []
         offset: PointId | None = None
-        where = self.old_where() & Where(not_empty=(MOVING,))
+        marking = self.old_where() & Where(not_empty=(MOVING,)) & (where or Where())
         while True:
-            page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
+            page, offset = store.scroll(
+                pair.old_collection, limit=_PAGE, offset=offset, where=marking, with_payload=False
+            )
             marked += [r.id for r in page]
             if offset is None:
                 break
-        return [r.id for r in store.retrieve(pair.new_collection, marked)] if marked else []
+        found = store.retrieve(pair.new_collection, marked, with_payload=False) if marked else []
+        return [r.id for r in found]
 
     def carried(self, store: Store) -> dict[str, OtherVector]:
         """The other vectors of the new collection that old has too, alike."""
@@ -137,31 +147,21 @@ class Paired(Layout):
 
     def settle(self, store: Store, prepared: Prepared, encoded: Encoded, dim: int) -> BatchResult:
         """Insert-only write to new (a fresher write by a user wins), read back from new and old,
-        retire the confirmed points from old, record the failures (see migrate.py)."""
+        bring copies that fell behind old up to date, retire the confirmed points from old,
+        record the failures (see migrate.py)."""
         pair = self.pair
         written = encoded.ids
         if written:
-            payloads = [new_payload(prepared.payloads[i]) for i in written]
             store.mark(pair.old_collection, written, {MOVING: 1})  # see in_both
-            others = [prepared.others[i] for i in written] if prepared.others else None
-            store.upsert(
-                pair.new_collection,
-                written,
-                encoded.vectors,
-                payloads,
-                insert_only=True,
-                vector=pair.vector,
-                others=others,
-            )
+            self._copy(store, prepared, written, encoded.vectors, [prepared.payloads[i] for i in written])
             log.debug("acknowledged %s", written)
         acknowledged = time.monotonic()
         batch = written + prepared.already_in_new
-        in_new = {
-            r.id: (0 if r.vector is None else len(r.vector), r.payload)
-            for r in store.retrieve(pair.new_collection, batch, with_vectors=True, vector=pair.vector)
-        }
-        still_in_old = {r.id for r in store.retrieve(pair.old_collection, batch, with_payload=False)}
-        outcome = settle(batch, in_new=in_new, still_in_old=still_in_old, dim=dim)
+        in_new, in_old = self._read_back(store, batch)
+        outcome = settle(batch, in_new=_shapes(in_new), still_in_old=in_old, dim=dim)
+        if self._behind(outcome.remove_from_old, in_new, in_old):
+            outcome = self._catch_up(store, prepared, outcome, in_new, in_old, dim)
+            acknowledged = time.monotonic()
         if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
             store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
         if store.concurrent_search:  # see REMOVAL_GRACE
@@ -176,10 +176,87 @@ class Paired(Layout):
             moved=sum(i in removed for i in written),
             repaired=sum(i in removed for i in prepared.already_in_new),
             failed=failed,
-            gone=prepared.gone + len(batch) - len(still_in_old),
+            gone=prepared.gone + len(batch) - len(in_old),
             unconfirmed=len(outcome.unconfirmed),
             failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
         )
+
+    def _copy(
+        self,
+        store: Store,
+        prepared: Prepared,
+        ids: list[PointId],
+        vectors: np.ndarray,
+        old: list[dict[str, Any]],
+    ) -> None:
+        """Write the migration's copies of ``ids`` to new, insert-only, from their old payloads."""
+        others = [prepared.others.get(i, {}) for i in ids] if prepared.others else None
+        payloads = [new_payload(body) for body in old]
+        vector = self.pair.vector
+        store.upsert(
+            self.pair.new_collection, ids, vectors, payloads, insert_only=True, vector=vector, others=others
+        )
+
+    def _read_back(
+        self, store: Store, ids: list[PointId]
+    ) -> tuple[dict[PointId, Record], dict[PointId, dict]]:
+        """The points of ``ids`` in new (with their vectors) and their payloads in old."""
+        pair = self.pair
+        new = store.retrieve(pair.new_collection, ids, with_vectors=True, vector=pair.vector)
+        return {r.id: r for r in new}, {r.id: r.payload for r in store.retrieve(pair.old_collection, ids)}
+
+    @staticmethod
+    def _behind(
+        ids: list[PointId], in_new: dict[PointId, Record], in_old: dict[PointId, dict]
+    ) -> list[PointId]:
+        """Of ``ids`` (in both), the migration's copies whose user payload is not old's: a user's
+        ``set_payload`` landed in old after the batch read it (it writes old, then new)."""
+        return [
+            i
+            for i in ids
+            if in_new[i].payload.get(ORIGIN) == ORIGIN_MIGRATE
+            and user_payload(in_new[i].payload) != user_payload(in_old[i])
+        ]
+
+    def _catch_up(
+        self,
+        store: Store,
+        prepared: Prepared,
+        outcome: Settlement,
+        in_new: dict[PointId, Record],
+        in_old: dict[PointId, dict],
+        dim: int,
+    ) -> Settlement:
+        """Replace the copies that fell behind old with copies of old's payload, and settle them
+        again, until none is behind (``_CATCH_UP`` rounds; then they stay in old for a later run).
+
+        The store has no conditional payload write, so a copy is replaced by a delete that
+        holds only while it is still ours (``_OURS``) and an insert-only write: a user's upsert
+        landing at any moment wins. A copy whose image changed (its uri field) is not written
+        again: its vector is the previous image's, so the point stays in old and the next run
+        embeds it. The point serves from old meanwhile; a user's delete meanwhile is seen by the
+        read that follows, which settles it as any batch (the copy goes)."""
+        pair, behind = self.pair, self._behind(outcome.remove_from_old, in_new, in_old)
+        for _ in range(_CATCH_UP):
+            if not behind:
+                return outcome
+            store.delete(pair.new_collection, behind, where=_OURS)
+            same = [i for i in behind if pair.uri_rule.same_image(i, in_new[i].payload, in_old[i])]
+            if same:
+                vectors = np.stack([np.asarray(in_new[i].vector) for i in same])
+                self._copy(store, prepared, same, vectors, [in_old[i] for i in same])
+            new_now, old_now = self._read_back(store, behind)
+            again = settle(behind, in_new=_shapes(new_now), still_in_old=old_now, dim=dim)
+            outcome = _replace(outcome, behind, again)
+            in_new, in_old = {**in_new, **new_now}, {**in_old, **old_now}
+            behind = self._behind(again.remove_from_old, in_new, in_old)
+        if behind:
+            log.warning(
+                "%d points kept changing in old while their batch settled; they stay in old", len(behind)
+            )
+            store.delete(pair.new_collection, behind, where=_OURS)
+            outcome = _replace(outcome, behind, Settlement([], [], behind))
+        return outcome
 
     def retire(self, store: Store, ids: list[PointId]) -> None:
         """Take migrated points out of old's search."""
@@ -262,3 +339,18 @@ class PairedKeepOld(Paired):
 
     def retire(self, store: Store, ids: list[PointId]) -> None:
         store.mark(self.pair.old_collection, ids, {MIGRATED: 1, ERROR: None, MOVING: None})
+
+
+def _shapes(in_new: dict[PointId, Record]) -> dict[PointId, tuple[int, dict[str, Any]]]:
+    """What :func:`~rm_qdrant.core.planning.settle` reads of new: each copy's vector size and payload."""
+    return {i: (0 if r.vector is None else len(r.vector), r.payload) for i, r in in_new.items()}
+
+
+def _replace(outcome: Settlement, ids: list[PointId], again: Settlement) -> Settlement:
+    """``outcome`` with the fate of ``ids`` replaced by ``again``'s."""
+    redone = set(ids)
+    return Settlement(
+        [i for i in outcome.remove_from_old if i not in redone] + again.remove_from_old,
+        outcome.delete_from_new + again.delete_from_new,
+        outcome.unconfirmed + again.unconfirmed,
+    )
