@@ -13,6 +13,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
 from rm_qdrant.backfill.outcome import BatchResult, MigrateOptions, MigrationReport
 from rm_qdrant.backfill.pair import PairRecord, load_pair
+from rm_qdrant.backfill.pair_points import PairPoint
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
@@ -48,6 +49,7 @@ __all__ = [
     "MigrationReport",
     "ModelInfo",
     "OnnxEncoder",
+    "PairPoint",
     "PairRecord",
     "PairStatus",
     "RmqError",

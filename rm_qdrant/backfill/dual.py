@@ -12,6 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
+from rm_qdrant.backfill.pair_points import PairPoints
 from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
@@ -28,7 +29,7 @@ from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 log = logging.getLogger(__name__)
 
 
-class DualIndex:
+class DualIndex(PairPoints):
     """The serving object: one search over the old and the new collection of a pair.
 
     Open it with :meth:`open`. Queries are encoded once per collection side: in

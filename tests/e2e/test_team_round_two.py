@@ -245,6 +245,13 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         index = DualIndex.open(store, "upgrade")
         assert {h.source for h in index.search(query, limit=N)} == {"old", "new"}
         serve_like_a_service(index, query, by_id)
+        assert index.count() == N  # each point once, wherever it is
+        waiting = [p.id for p in index.retrieve(list(by_id)) if p.source == "old"][:3]
+        index.set_payload(
+            {"on_sale": True}, waiting
+        )  # the service edits points the migration has yet to move
+        for point_id in waiting:
+            by_id[point_id]["payload"]["on_sale"] = True
         index.close()
 
     rest = rmq("migrate", *pair).output
@@ -280,6 +287,7 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         assert sorted(p.id for p in page) == sorted(set(by_id) - broken(rows))
         assert all(user_payload(p.payload) == by_id[p.id]["payload"] and "caption" in p.others for p in page)
         index = DualIndex.open(store, "upgrade")
+        assert index.count() == N - 4 and index.count({"on_sale": True}) == len(set(waiting) - broken(rows))
         assert {h.source for h in index.search(query, limit=N)} == {"new"}
         serve_like_a_service(index, query, by_id)
         index.close()

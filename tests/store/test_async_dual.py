@@ -71,12 +71,20 @@ def test_awaited_writes_land_and_errors_reach_the_caller(pair):
         found = await index.search_vectors(fresh[0], fresh[0], limit=1)
         await index.delete([500])
         after = await index.search_vectors(fresh[0], fresh[0], limit=1)
+        await index.set_payload({"price": -5.0}, [501, 1])
+        points = await index.retrieve([501, 1, 999])
+        counted = await index.count({"price": {"lt": 0}})
         with pytest.raises(ConfigError, match="offset"):
             await index.search_vectors(fresh[0], fresh[0], offset=-1)
         await index.close()
-        return found, after
+        return found, after, points, counted
 
-    found, after = asyncio.run(main())
+    found, after, points, counted = asyncio.run(main())
+    assert [(p.id, p.source, p.payload) for p in points] == [
+        (501, "new", {"price": -5.0}),
+        (1, "old", {"price": -5.0}),
+    ]
+    assert counted == 2
     assert (found[0].id, found[0].source, found[0].payload) == (500, "new", {"price": -1.0})
     assert after[0].id != 500
 
