@@ -18,7 +18,36 @@ from rm_qdrant import DualIndex, open_store, scan_image_folder
 from rm_qdrant.cli import cli
 from tests.conftest import make_image_folder
 
-KILLS = 20
+
+def schedule(batch_kills: int) -> list[tuple[str | None, tuple[float, float]]]:
+    """Where each kill lands: (the log line to wait for, or None; a window for the random delay
+    after it, in s). Every kill costs a process start (~3 s of imports), so the kills go where
+    they tell something apart: one in start-up, one while the first run ranks the gallery (its
+    writes come within about 0.4 s of the encoder loading), then one in each of ``batch_kills``
+    slices of the first 50 ms of batches (a batch of 10 takes about 5 ms: mark, copy, read
+    back, retire)."""
+    width = 0.05 / batch_kills
+    batches = [("acknowledged", (k * width, (k + 1) * width)) for k in range(batch_kills)]
+    return [(None, (0.1, 0.7)), ("loaded encoder", (0.0, 0.2)), *batches]
+
+
+def kill_once(command, log, marker, window, rng):
+    """Start ``command``, wait for ``marker`` in its log (stderr), wait a random moment of
+    ``window``, SIGKILL it."""
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while marker is not None and marker not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, f"no {marker!r} within 60 s"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(*window))
+        assert proc.poll() is None, "the migration finished before it was killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+SCHEDULE = schedule(6)
+KILLS = len(SCHEDULE)
 
 
 def rmq(store_path, *args, ok=True):
@@ -40,7 +69,9 @@ def search_everything(store_path, items):
 
 
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, models):
-    images = make_image_folder(tmp_path / "images", per_class=1000)  # 3,000 real image files
+    # 1,200 real image files: the kills move at most about 100 points each, so the final run
+    # still has hundreds to move.
+    images = make_image_folder(tmp_path / "images", per_class=400)
     items = scan_image_folder(images)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     build(killed, images, models)
@@ -63,27 +94,9 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, models):
         "10",
         "--json",
     ]
-    kills = 0
-    while kills < KILLS:
-        log = tmp_path / f"run{len(logs)}.log"
-        logs.append(log)
-        with log.open("w") as err:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-            if rng.random() < 0.25:  # early: during start-up or while ranking the gallery
-                time.sleep(rng.uniform(0.1, 0.7))
-            else:  # mid-migration: a random moment after its first settled batch
-                deadline = time.monotonic() + 60
-                while (
-                    "acknowledged" not in log.read_text()
-                    and proc.poll() is None
-                    and time.monotonic() < deadline
-                ):
-                    time.sleep(0.01)
-                time.sleep(rng.uniform(0.0, 0.05))
-            assert proc.poll() is None, "the migration finished before it was killed 20 times"
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
+    for marker, window in SCHEDULE:
+        logs.append(tmp_path / f"run{len(logs)}.log")
+        kill_once(command, logs[-1], marker, window, rng)
     final = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,10 +21,10 @@ from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
-from tests.store.test_fault_injection import rmq
+from tests.store.test_fault_injection import kill_once, rmq, schedule
 from tests.store.test_single_collection import make_pair
 
-KILLS = 10
+SCHEDULE = schedule(3)  # start-up, ranking, three moments among the batches
 HAS_NEW, LACKS_NEW = Where(has_vector=("new",)), Where(lacks_vector=("new",))
 
 
@@ -105,7 +102,8 @@ def search_everything(store_path, items):
 
 
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, models):
-    images = make_image_folder(tmp_path / "images", per_class=400)  # 1,200 real image files
+    # 600 real image files: the kills move at most about 100 points each
+    images = make_image_folder(tmp_path / "images", per_class=200)
     items = scan_image_folder(images)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     build(killed, images, models)
@@ -114,21 +112,8 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, models):
     command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(killed), "-vv", "migrate", "--name", "p"]
     command += ["--batch", "10", "--json"]
     rng = random.Random(2)
-    for run in range(KILLS):
-        log = tmp_path / f"run{run}.log"
-        with log.open("w") as err:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-            if rng.random() < 0.25:  # early: during start-up or while ranking
-                time.sleep(rng.uniform(0.1, 0.7))
-            else:  # mid-migration, after a settled batch
-                deadline = time.monotonic() + 60
-                while "acknowledged" not in log.read_text() and proc.poll() is None:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
-                time.sleep(rng.uniform(0.0, 0.05))
-            assert proc.poll() is None, "the migration finished before it was killed"
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+    for run, (marker, window) in enumerate(SCHEDULE):
+        kill_once(command, tmp_path / f"run{run}.log", marker, window, rng)
         with open_store(killed) as store:  # after every kill: every point there, each once
             assert store.count("photos") == len(items)
     final = subprocess.run(command, capture_output=True, text=True, timeout=300)
