@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 # The authority runs to the last "@" before the query: a password may hold "/" or "@".
-_USERINFO = re.compile(r"(?P<start>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)[^?#\s]*@")
+_USERINFO = re.compile(r"(?P<start>(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:)?//)[^?#\s]*@")
 # A parameter whose name mentions a secret, in the query, the fragment or a ;param.
 _SECRET_NAME = r"[^=&#;?\s]*(?:key|token|secret|sig|pass|pwd|auth|credential|session|jwt|cookie)[^=&#;?\s]*"
 _QUERY_SECRET = re.compile(rf"(?P<name>[?&;#]{_SECRET_NAME}=)[^&#;\s'\"]*", re.IGNORECASE)
