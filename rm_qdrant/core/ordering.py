@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -91,12 +92,33 @@ def _sortable_field(payloads: Sequence[Mapping[str, Any]], field: str) -> np.nda
             f"payload {field!r} must be numbers or strings on the points that have it, found "
             f"{', '.join(kinds)}; choose another field for --order payload:FIELD"
         )
+    if not numbers:
+        values = _as_instants(values)
     order = sorted(
         range(len(values)), key=lambda i: (values[i] is None, values[i] if values[i] is not None else 0)
     )
     keys = np.empty(len(values))
     keys[order] = np.arange(len(values))
     return keys
+
+
+def _as_instants(values: list[Any]) -> list[Any]:
+    """ISO dates and times as UTC timestamps (a time without a zone read as UTC, as Qdrant's
+    datetime filters read it), so ``...+05:00`` and ``...Z`` sort by the moment they name; any
+    other string: the values unchanged (sorted as text)."""
+    instants: list[Any] = []
+    for value in values:
+        if value is None:
+            instants.append(None)
+            continue
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return values
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        instants.append(moment.timestamp())
+    return instants
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:

@@ -92,3 +92,22 @@ def test_orders_that_need_no_payloads_rank_the_same_without_them(spec):
     assert needs_payloads(spec) == (spec not in ("random", "centroid-unsupervised"))
     if not needs_payloads(spec):
         assert np.array_equal(order_keys(spec, list(range(12)), [], vectors), with_them)
+
+
+def test_iso_times_sort_by_the_moment_they_name_whatever_their_zone():
+    payloads = [
+        {"at": "2025-01-01T10:00:00+05:00"},  # 05:00 UTC
+        {"at": "2025-01-01T06:00:00Z"},
+        {"at": "2025-01-01T04:00:00+00:00"},
+        {"at": "2025-01-01T01:00:00-08:00"},  # 09:00 UTC
+        {},  # missing: last
+        {"at": "2025-01-01T04:30:00"},  # no zone: UTC, as Qdrant reads it
+        {"at": "2024-12-31"},  # a date: its midnight
+    ]
+    order = np.argsort(order_keys("payload:at", list(range(7)), payloads)).tolist()
+    assert order == [6, 2, 5, 0, 1, 3, 4]
+
+
+def test_strings_that_are_not_all_times_sort_as_text():
+    payloads = [{"sku": "b"}, {"sku": "2025-01-01"}, {"sku": "a"}]
+    assert np.argsort(order_keys("payload:sku", [1, 2, 3], payloads)).tolist() == [1, 2, 0]
