@@ -9,7 +9,7 @@ from typing import Any
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store.qfilter import range_condition
+from rm_qdrant.store.qfilter import check_filter, range_condition
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,11 @@ class Where:
         )
 
 
-#: What the search API takes as a filter: a qdrant-client ``models.Filter`` (every condition
-#: but geo on the embedded store), a :class:`Where`, or a plain mapping: every key must equal
-#: its value, a list matching any of its values, and a dict value is a range with Qdrant's
-#: keys (numbers, or ISO dates): ``{"label": "cat", "shard": [0, 1], "created_at": {"gte":
-#: "2025-01-01"}}``. A dict with other keys is refused, never read as an equality.
+#: What the search API takes as a filter: a qdrant-client ``models.Filter``, a :class:`Where`,
+#: or a plain mapping: every key must equal its value, a list matching any of its values,
+#: and a dict value is a range with Qdrant's keys (numbers, or ISO dates): ``{"label": "cat",
+#: "shard": [0, 1], "created_at": {"gte": "2025-01-01"}}``. A dict with other keys is refused,
+#: never read as an equality.
 Filter = Where | models.Filter | Mapping[str, Any]
 
 
@@ -80,7 +80,7 @@ def as_where(filter: Filter | None) -> Where | None:
     if filter is None:
         return None
     if isinstance(filter, models.Filter):
-        where = Where(clauses=(filter,))
+        where = Where(clauses=(check_filter(filter),))
     elif isinstance(filter, Where):
         where = filter
     elif isinstance(filter, Mapping):

@@ -8,7 +8,7 @@ condition it cannot express is refused with a :class:`ConfigError` that names it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import date, datetime, timezone
 from typing import Any
 
@@ -59,6 +59,49 @@ def range_condition(key: str, bounds: Mapping[str, Any]) -> models.FieldConditio
         raise ConfigError(
             f"filter on {key!r}: range bounds must be numbers or dates, got {dict(bounds)}"
         ) from None
+
+
+def check_filter(filter: models.Filter) -> models.Filter:
+    """``filter`` as it is, once its geo points are checked (Qdrant refuses a longitude outside
+    [-180, 180] or a latitude outside [-90, 90]; qdrant-client's local mode matches nothing).
+
+    Raises:
+        ConfigError: a geo point out of range, named with its key.
+    """
+    for condition in _every_condition(filter):
+        if isinstance(condition, models.FieldCondition):
+            for p in _geo_points(condition):
+                if not (-180 <= p.lon <= 180 and -90 <= p.lat <= 90):
+                    raise ConfigError(
+                        f"filter on {condition.key!r}: a geo point needs lon within [-180, 180] and "
+                        f"lat within [-90, 90], got lon={p.lon:g}, lat={p.lat:g}"
+                    )
+    return filter
+
+
+def _every_condition(filter: models.Filter) -> Iterator[Any]:
+    groups = [filter.must, filter.should, filter.must_not]
+    groups.append(None if filter.min_should is None else filter.min_should.conditions)
+    for group in groups:
+        for c in group if isinstance(group, list) else [] if group is None else [group]:
+            if isinstance(c, models.Filter):
+                yield from _every_condition(c)
+            elif isinstance(c, models.NestedCondition):
+                yield from _every_condition(c.nested.filter)
+            else:
+                yield c
+
+
+def _geo_points(c: models.FieldCondition) -> list[models.GeoPoint]:
+    points = []
+    if c.geo_bounding_box is not None:
+        points += [c.geo_bounding_box.top_left, c.geo_bounding_box.bottom_right]
+    if c.geo_radius is not None:
+        points.append(c.geo_radius.center)
+    if c.geo_polygon is not None:
+        rings = [c.geo_polygon.exterior, *(c.geo_polygon.interiors or [])]
+        points += [p for ring in rings for p in ring.points]
+    return points
 
 
 def to_edge(filter: models.Filter) -> qe.Filter:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from qdrant_client import models
 
-from rm_qdrant import DualIndex, create_pair
+from rm_qdrant import ConfigError, DualIndex, create_pair
 from tests.conftest import OLD_DIM
 from tests.store.test_dual import linear_rm_with_dims, unit
 
@@ -112,3 +112,28 @@ def test_a_geo_or_text_condition_gives_the_points_inside_it(index, case):
     assert {i for i in got ^ want if clear(i, case)} == set()
     ranked = sorted(got, key=lambda i: -float(gallery[i] @ q))
     assert [h.id for h in hits] == ranked
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        models.FieldCondition(
+            key="where", geo_radius=models.GeoRadius(center=models.GeoPoint(lon=500, lat=2), radius=5)
+        ),
+        models.FieldCondition(
+            key="where",
+            geo_bounding_box=models.GeoBoundingBox(
+                top_left=models.GeoPoint(lon=-5, lat=95), bottom_right=models.GeoPoint(lon=5, lat=-5)
+            ),
+        ),
+        models.FieldCondition(key="where", geo_polygon=models.GeoPolygon(exterior=square(-8, 200))),
+    ],
+)
+def test_a_geo_point_out_of_range_is_one_line_on_both_stores(index, condition):
+    index, _ = index
+    q = unit(1, OLD_DIM, 3)[0]
+    nested = models.Filter(should=[models.Filter(must=[condition])])
+    with pytest.raises(ConfigError, match=r"filter on 'where': a geo point needs lon within \[-180, 180\]"):
+        index.search_vectors(q, q, limit=3, filter=nested)
+    with pytest.raises(ConfigError, match="a geo point needs"):
+        index.count(nested)
