@@ -3,7 +3,11 @@
 Indexes CIFAR-10 JPEGs (real files from ../shared/data) into an old collection of the
 embedded store, then, for each encoder, on the same images and batch size:
 
-- the encoder alone: ONNX Runtime over pre-decoded batches (no I/O at all);
+- the encoder alone: ONNX Runtime over pre-decoded batches (no I/O at all), with the
+  migration's own session options (``OnnxEncoder(model)``: ONNX Runtime's threads do not
+  spin between calls) and with spinning threads (ONNX Runtime's default, its best with the
+  machine to itself); the ratio divides by the first (the same encoder the migration runs),
+  and ``vs best`` by the faster of the two;
 - ``rmq migrate``'s engine on a fresh pair of that gallery: fetch + decode + encode +
   Qdrant writes, end to end, in each ``--layout``: ``paired`` (a copy of the old collection,
   points moved to a new collection) and ``single-collection`` (a copy of the old collection
@@ -15,7 +19,12 @@ multiply-adds per 32x32 image), a tiny CNN (~6 M), and for the pipeline's ceilin
 that does almost nothing (pooling and a matrix product), which is what the CPU side of a
 backfill sees when the model runs on a GPU. Each figure is the median of ``--repeats``
 runs; the encoder alone is measured right before and after each migration and averaged,
-so drift on a shared machine hits both sides alike.
+so drift on a shared machine hits both sides alike. The 1-minute load average is printed
+beside every figure (``os.getloadavg()``): on a machine shared with other work, a figure
+taken at load 6 on 2 cores says little about an idle one. ``migration`` is the pipeline's
+rate; ``with index builds`` adds the embedded store's optimisations the run does (at its
+end, and every ``optimize_every`` seconds: rm_qdrant/backfill/upkeep.py), which the encoder
+alone does not do.
 
 Run: ``python benchmarks/migration_throughput.py [--n 20000] [--batch 1000] [--repeats 3]
 [--layout paired|single-collection|both]``
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -79,15 +89,34 @@ def copy_gallery(store, model: Path, name: str, layout: str = PAIRED) -> DualInd
     return index
 
 
+def load() -> float:
+    """The 1-minute load average, read beside each figure."""
+    return os.getloadavg()[0]
+
+
 def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Namespace, layout: str) -> dict:
-    """The gallery migrated whole on a fresh pair in ``layout``; the encoder alone measured around it."""
+    """The gallery migrated whole on a fresh pair in ``layout``; the encoder alone measured around
+    it, with the migration's session options (``same``) and with spinning threads (``spin``)."""
     index = copy_gallery(store, model, name, layout)
-    alone = OnnxEncoder(model, spin=True)  # ONNX Runtime's defaults: its best with the machine to itself
-    before = encoder_alone(alone, pixels, args.batch)
+    same, spin = OnnxEncoder(model), OnnxEncoder(model, spin=True)
+    before = {
+        "same": encoder_alone(same, pixels, args.batch),
+        "spin": encoder_alone(spin, pixels, args.batch),
+    }
+    load_before = load()
     report = run_migration(index, MigrateOptions(batch=args.batch, fetch_workers=args.fetch_workers))
-    after = encoder_alone(alone, pixels, args.batch)
+    load_during = load()
+    after = {"spin": encoder_alone(spin, pixels, args.batch), "same": encoder_alone(same, pixels, args.batch)}
     assert report.moved == len(pixels) and report.failed == 0, report
-    return {"encoder": (before + after) / 2, "migration": report.moved / report.seconds}
+    optimizing = getattr(report, "optimize_seconds", 0.0)  # the base of a before/after comparison lacks it
+    return {
+        "encoder": (before["same"] + after["same"]) / 2,
+        "encoder_spin": (before["spin"] + after["spin"]) / 2,
+        "migration": report.moved / (report.seconds - optimizing),
+        "with_builds": report.moved / report.seconds,
+        "load_encoder": (load_before + load()) / 2,
+        "load_migration": load_during,
+    }
 
 
 def stage_costs(store, model: Path, name: str, args: argparse.Namespace, layout: str) -> dict[str, float]:
@@ -123,6 +152,7 @@ def main() -> None:
     items = scan_image_folder(cifar_root() / "train")[: args.n]
     figures: dict[str, dict[str, list[dict]]] = {}
     stages: dict[str, dict[str, float]] = {}
+    stage_loads: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rmq-migbench-") as tmp:
         folder = Path(tmp)
         old = OnnxEncoder(convnet_encoder(folder / "old.onnx", heads={"embedding": ("features", 64)}, seed=1))
@@ -139,35 +169,45 @@ def main() -> None:
                 for layout in turn:
                     name = f"{key}-{repeat}" + ("-one" if layout == SINGLE else "")
                     figures[key][layout].append(one_run(store, model, name, pixels, args, layout))
-                    print(f"  {key} {layout} run {repeat + 1}: {figures[key][layout][-1]}", flush=True)
+                    shown = {k: round(v, 1) for k, v in figures[key][layout][-1].items()}
+                    print(f"  {key} {layout} run {repeat + 1}: {shown}", flush=True)
             if key == "ceiling":
                 for layout in layouts:
                     stages[layout] = stage_costs(store, model, f"stages-{layout}", args, layout)
+                    stage_loads[layout] = load()
         store.close()
-    report(args, figures, stages)
+    report(args, figures, stages, stage_loads)
 
 
-def report(args: argparse.Namespace, figures: dict[str, dict[str, list[dict]]], stages: dict) -> None:
+def report(
+    args: argparse.Namespace, figures: dict[str, dict[str, list[dict]]], stages: dict, loads: dict
+) -> None:
     lines = [
         f"command: python {' '.join(sys.argv)}",
         f"machine: {machine()}; date: {date.today()}",
         f"images: {args.n:,} CIFAR-10 train JPEGs (32x32), batch {args.batch}, "
         f"fetch workers {args.fetch_workers}, embedded store; median of {args.repeats} runs; "
         "with both layouts, each repeat runs both (who goes first alternates); `vs paired`: the "
-        "median of single-collection / paired migration throughput over the repeats",
+        "median of single-collection / paired migration throughput over the repeats; ratio: migration / "
+        "encoder alone with the migration's session options; `vs best`: migration / the faster of the "
+        "two encoder figures; load: the 1-minute load average while each was measured (2 cores: "
+        "above 2, other work shared them)",
         "",
-        "| encoder (random weights, ONNX Runtime, CPU) | layout | encoder alone | migration | ratio "
-        "| vs paired |",
-        "|---|---|--:|--:|--:|--:|",
+        "| encoder (random weights, ONNX Runtime, CPU) | layout | encoder alone, migration's options "
+        "| encoder alone, spinning threads | load | migration | with index builds | load | ratio "
+        "| vs best | vs paired |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     summary: dict = {}
     for key, by_layout in figures.items():
         summary[key] = {}
         for layout, runs in by_layout.items():
-            encoder = statistics.median(r["encoder"] for r in runs)
-            migration = statistics.median(r["migration"] for r in runs)
-            ratio = statistics.median(r["migration"] / r["encoder"] for r in runs)
-            summary[key][layout] = {"encoder": encoder, "migration": migration, "ratio": ratio, "runs": runs}
+            row = {f: statistics.median(r[f] for r in runs) for f in runs[0]}
+            row["ratio"] = statistics.median(r["migration"] / r["encoder"] for r in runs)
+            row["vs_best"] = statistics.median(
+                r["migration"] / max(r["encoder"], r["encoder_spin"]) for r in runs
+            )
+            summary[key][layout] = {**row, "runs": runs}
             vs = ""
             if layout == SINGLE and PAIRED in by_layout:
                 pairs = zip(runs, by_layout[PAIRED], strict=True)
@@ -175,13 +215,18 @@ def report(args: argparse.Namespace, figures: dict[str, dict[str, list[dict]]], 
                     s["migration"] / p["migration"] for s, p in pairs
                 )
                 vs = f"{summary[key][layout]['vs_paired']:.2f}x"
-            shown = "—" if key == "ceiling" else f"**{ratio:.2f}**"
+            ratio, best = (
+                ("—", "—") if key == "ceiling" else (f"**{row['ratio']:.2f}**", f"{row['vs_best']:.2f}")
+            )
             lines.append(
-                f"| {MODELS[key][0]} | {layout} | {encoder:,.0f} points/s | {migration:,.0f} points/s "
-                f"| {shown} | {vs} |"
+                f"| {MODELS[key][0]} | {layout} | {row['encoder']:,.0f} points/s "
+                f"| {row['encoder_spin']:,.0f} points/s | {row['load_encoder']:.1f} "
+                f"| {row['migration']:,.0f} points/s | {row['with_builds']:,.0f} points/s "
+                f"| {row['load_migration']:.1f} | {ratio} | {best} | {vs} |"
             )
     if stages:
         summary["stages_us_per_point"] = stages
+        summary["stages_load"] = loads
         lines += [
             "",
             "Where a point's time goes with the ceiling encoder, the stages one after another "
@@ -191,6 +236,7 @@ def report(args: argparse.Namespace, figures: dict[str, dict[str, list[dict]]], 
             "|---|" + "--:|" * len(stages),
             *(f"| {stage} | {' | '.join(f'{s[stage]:.0f}' for s in stages.values())} |" for stage in STAGES),
             f"| all (serial) | {' | '.join(f'{sum(s.values()):.0f}' for s in stages.values())} |",
+            f"| load (1-minute average) | {' | '.join(f'{loads[layout]:.1f}' for layout in stages)} |",
         ]
     text = "\n".join(lines)
     print("\n" + text)

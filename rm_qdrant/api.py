@@ -10,11 +10,14 @@ from typing import Any
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.outcome import BatchResult, MigrationReport
+from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.upkeep import optimize_collections, optimizes
 from rm_qdrant.core.ordering import check_order
 from rm_qdrant.core.planning import parse_shard
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store
+from rm_qdrant.store.base import resolve
 
 #: The keyword options :func:`migrate` takes besides its own (``MigrateOptions``' fields).
 MIGRATE_OPTIONS = tuple(f.name for f in dataclasses.fields(MigrateOptions))
@@ -51,7 +54,8 @@ def migrate(
         **options: the fields of :class:`~rm_qdrant.backfill.migrate.MigrateOptions`:
             ``batch``, ``until``, ``limit``, ``order``, ``seed``, ``shard`` (``(i, n)`` or
             ``"i/n"``), ``retry_failed``, ``max_failure_share``, ``fetch_workers``, ``source``
-            (a :class:`~rm_qdrant.sources.SourceConfig`).
+            (a :class:`~rm_qdrant.sources.SourceConfig`), ``optimize_every`` (seconds between
+            index builds on the embedded store while the run goes on; None: at the end only).
 
     Returns:
         What the run did: points planned, moved, repaired, failed, gone meanwhile, seconds.
@@ -90,6 +94,44 @@ def migrate(
         raise ConfigError(f"workers must be >= 1, got {workers}")
     with DualIndex.open(store, name, encoder=encoder) as index:
         return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch)
+
+
+def optimize(store: Store, name: str) -> list[str]:
+    """Build the search indexes of pair ``name``'s collections (or of the collection ``name``)
+    now, where the store builds them only when asked; the collections it covered.
+
+    The embedded store (qdrant-edge) has no background optimizer: points written or changed
+    since its last optimisation are searched by a scan, so after writes of your own through
+    :class:`DualIndex` (``upsert``, ``set_payload``, ``delete``) search gets slower until this
+    runs. ``rmq migrate`` calls it for you at the end of a run and every
+    ``optimize_every`` seconds while it runs. A Qdrant server (and qdrant-client's local mode)
+    optimises by itself: there this does nothing and returns ``[]``.
+
+    It costs about as much as building the index of the points written since the last call
+    (``benchmarks/search_during_migration.py``), and holds the collection's writes meanwhile:
+    call it after a burst of writes, not after each one.
+
+    Raises:
+        CollectionNotFound: no pair and no collection (or alias) of that name.
+
+    Example:
+        >>> index.upsert(ids, images)  # doctest: +SKIP
+        >>> rm_qdrant.optimize(store, "photos")  # doctest: +SKIP
+        ['photos-old', 'photos-new']
+    """
+    try:
+        pair = load_pair(store, name)
+        names = [c for c in (pair.old_collection, pair.new_collection) if store.has_collection(c)]
+    except CollectionNotFound:
+        collection = resolve(store, name)
+        if not store.has_collection(collection):
+            raise CollectionNotFound(f"no pair and no collection named {name!r}") from None
+        names = [collection]
+    if not optimizes(store):
+        return []
+    names = list(dict.fromkeys(names))
+    optimize_collections(store, names)
+    return names
 
 
 def _options(options: dict[str, Any]) -> MigrateOptions:

@@ -48,6 +48,7 @@ from rm_qdrant.backfill.outcome import (
 )
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.backfill.ranking import order_ready, plan, prepare_order
+from rm_qdrant.backfill.upkeep import IndexUpkeep
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR, chunks, over_failure_limit
 from rm_qdrant.errors import ConfigError, MigrationError
@@ -66,9 +67,17 @@ class Migrator:
         >>> report = Migrator(index, MigrateOptions(batch=1000, until=0.5)).run()  # doctest: +SKIP
     """
 
-    def __init__(self, index: Gallery, options: MigrateOptions, *, finishing: bool = False) -> None:
+    def __init__(
+        self,
+        index: Gallery,
+        options: MigrateOptions,
+        *,
+        finishing: bool = False,
+        upkeep: IndexUpkeep | None = None,
+    ) -> None:
         """``finishing``: the cutover of a single-collection pair embeds the points written
-        without the new vector since it counted them (see cutover.py), in state ``finalizing``."""
+        without the new vector since it counted them (see cutover.py), in state ``finalizing``.
+        ``upkeep``: told of each settled batch, to keep the indexes built (see upkeep.py)."""
         name, state = index.pair.name, index.pair.state
         if state == "finalizing" and not (finishing and layout_of(index.pair).finishing_migration()):
             raise MigrationError(
@@ -85,6 +94,7 @@ class Migrator:
         self.index = index
         self.store = index.store
         self.options = options
+        self.upkeep = upkeep
         self.encoder = index.encoder
         self.output = index.encoder.info.gallery_output()
         self.dim = index.store.collection(index.pair.new_collection, index.pair.new_using).dim
@@ -227,7 +237,10 @@ class Migrator:
         return Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
 
     def _settle(self, prepared: Prepared, encoded: Encoded) -> BatchResult:
-        return self.layout.settle(self.store, prepared, encoded, self.dim)
+        result = self.layout.settle(self.store, prepared, encoded, self.dim)
+        if self.upkeep is not None:
+            self.upkeep.written()  # on the writer thread: no write of this run races the build
+        return result
 
 
 def run_migration(
@@ -251,6 +264,8 @@ def run_migration(
     """
     if workers < 1 or (workers > 1 and options.shard is not None):
         raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
+    if options.optimize_every is not None and not options.optimize_every >= 0:
+        raise ConfigError(f"optimize_every must be seconds >= 0 or None, got {options.optimize_every}")
     Migrator(index, options).ensure_order()
     skipped = 0
     if not options.retry_failed:
@@ -258,7 +273,11 @@ def run_migration(
             index.pair.old_collection, layout_of(index.pair).old_where() & Where(not_empty=(ERROR,))
         )
     shards = [options] if workers == 1 else [replace(options, shard=(i, workers)) for i in range(workers)]
-    migrators = [Migrator(index, shard) for shard in shards]
+    pair = index.pair
+    upkeep = IndexUpkeep(
+        index.store, [pair.new_collection, pair.old_collection], every=options.optimize_every
+    )
+    migrators = [Migrator(index, shard, upkeep=upkeep) for shard in shards]
     plans = [plan(index.store, index.pair, m.options) for m in migrators]
     if on_plan is not None:
         on_plan(sum(map(len, plans)))
@@ -279,10 +298,17 @@ def run_migration(
             raise
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
-        futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
-        reports = [f.result() for f in futures]
-    total = MigrationReport(seconds=time.perf_counter() - started, skipped_failed=skipped)
+    try:
+        with ThreadPoolExecutor(len(migrators), "rmq-worker") as pool:
+            futures = [pool.submit(work, m, p) for m, p in zip(migrators, plans, strict=True)]
+            reports = [f.result() for f in futures]
+    except MigrationError:
+        upkeep.finish()  # the batches settled before the stop serve from a built index too
+        raise
+    upkeep.finish()
+    total = MigrationReport(
+        seconds=time.perf_counter() - started, skipped_failed=skipped, optimize_seconds=upkeep.seconds
+    )
     for part in reports:
         total.merge(part)
     return total

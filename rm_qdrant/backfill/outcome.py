@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rm_qdrant.backfill.pair import PairRecord
+from rm_qdrant.backfill.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ATTEMPTS, ERROR
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -32,6 +33,9 @@ class MigrateOptions:
         max_failure_share: stop when more than this share of a batch fails.
         fetch_workers: threads fetching and decoding images.
         source: how images are fetched.
+        optimize_every: seconds between index builds of the collections written, while the
+            run goes on, on a store that builds them only when asked (the embedded one; see
+            :mod:`rm_qdrant.backfill.upkeep`); None: only at the end of the run.
     """
 
     batch: int = 10_000
@@ -44,6 +48,7 @@ class MigrateOptions:
     max_failure_share: float = 0.5
     fetch_workers: int = 8
     source: SourceConfig = field(default_factory=SourceConfig)
+    optimize_every: float | None = OPTIMIZE_EVERY
 
 
 class Gallery(Protocol):
@@ -107,6 +112,7 @@ class MigrationReport:
     gone: int = 0
     unconfirmed: int = 0
     seconds: float = 0.0
+    optimize_seconds: float = 0.0  # of ``seconds``: building the embedded store's indexes
     stopped_early: bool = False
     failure_sample: list[tuple[PointId, str]] = field(default_factory=list)
 

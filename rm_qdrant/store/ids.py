@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -19,6 +20,8 @@ def normalize_id(point_id: object) -> PointId:
     Qdrant ids are unsigned integers or UUIDs; UUIDs are returned as their
     canonical lower-case string whatever form they came in.
     """
+    if type(point_id) is int and point_id >= 0:  # the hot path: what a backend returns
+        return point_id
     if isinstance(point_id, bool):
         raise ConfigError(f"invalid point id {point_id!r}")
     if isinstance(point_id, (int, np.integer)):
@@ -35,3 +38,12 @@ def normalize_id(point_id: object) -> PointId:
         except ValueError:
             raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs") from None
     raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
+
+
+def normalize_ids(ids: Iterable[object]) -> list[PointId]:
+    """:func:`normalize_id` of each id; a batch of plain non-negative ints (the usual case)
+    is checked in one pass instead of one call per id."""
+    listed = list(ids)
+    if all(type(i) is int for i in listed) and (not listed or min(listed) >= 0):  # type: ignore[type-var]
+        return listed  # type: ignore[return-value]
+    return [normalize_id(i) for i in listed]

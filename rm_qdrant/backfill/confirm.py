@@ -1,0 +1,37 @@
+"""Cheap confirmations for a migration's read-backs: which points of a batch have a vector,
+asked as a count (a fraction of a microsecond a point) instead of reading each vector back
+(a list of floats and an array per point, of which only the length was used).
+
+Qdrant keeps every named vector at its configured size, so a point that has the vector has
+it at the right size: the count says all a read-back of the vectors said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qdrant_client import models
+
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.store import Store, Where
+
+
+def _among(ids: Sequence[PointId], vector: str) -> Where:
+    return Where(
+        has_vector=(vector,), clauses=(models.Filter(must=[models.HasIdCondition(has_id=list(ids))]),)
+    )
+
+
+def all_have_vector(store: Store, collection: str, ids: Sequence[PointId], vector: str) -> bool:
+    """Whether every point of ``ids`` has ``vector`` (one count; ids that do not exist count as
+    lacking it)."""
+    return not ids or store.count(collection, _among(ids, vector)) == len(set(ids))
+
+
+def having_vector(store: Store, collection: str, ids: Sequence[PointId], vector: str) -> set[PointId]:
+    """The points of ``ids`` that have ``vector``: one count, and a read of their ids only
+    when some do."""
+    if not ids or not store.count(collection, _among(ids, vector)):
+        return set()
+    page, _ = store.scroll(collection, limit=len(ids), where=_among(ids, vector), with_payload=False)
+    return {r.id for r in page}
