@@ -21,6 +21,8 @@ def _off_loop(method: Callable[Concatenate[DualIndex, P], T]) -> Callable[..., A
     """An awaitable method that runs ``method`` of the wrapped DualIndex on a worker thread."""
 
     async def call(self: AsyncDualIndex, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._closed:
+            raise ConfigError("this AsyncDualIndex is closed: open another one")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(method, self.index, *args, **kwargs))
 
@@ -53,6 +55,7 @@ class AsyncDualIndex:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
         self.index = index
+        self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rmq-async")
 
     @classmethod
@@ -86,6 +89,7 @@ class AsyncDualIndex:
 
     async def close(self) -> None:
         """Wait for the calls in flight, then stop the worker threads (the store stays open)."""
+        self._closed = True
         await asyncio.to_thread(self._pool.shutdown, wait=True)
         self.index.close()
 

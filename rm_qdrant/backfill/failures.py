@@ -106,13 +106,15 @@ def write_failures(path: Path, failures: Iterator[FailedPoint] | Sequence[Failed
     an existing file is never replaced: a list written before is evidence of what was dropped.
 
     Raises:
-        ConfigError: ``path`` exists already.
+        ConfigError: ``path`` exists already, or its folder does not.
     """
     path = Path(path)
     if path.exists():
         raise ConfigError(
             f"{path} exists already: choose another file (--out), the list is never overwritten"
         )
+    if not path.parent.is_dir():
+        raise ConfigError(f"cannot write {path}: the folder {path.parent} does not exist")
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     written = 0
     try:
@@ -191,8 +193,9 @@ def finalize_dropping_failed(
     waiting = store.count(pair.old_collection, layout_of(pair).old_where()) - failed
     if waiting > 0:
         raise MigrationError(
-            f"{waiting} points still serve from {pair.old_collection!r} and have not failed: finish the "
-            f"migration (rmq migrate --name {pair.name}) first; --drop-failed drops only failed points"
+            f"{plural(waiting, 'point')} that did not fail still {'serves' if waiting == 1 else 'serve'} "
+            f"from {pair.old_collection!r}: finish the migration (rmq migrate --name {pair.name}) "
+            "first; --drop-failed drops only failed points"
         )
     dropped = DroppedFailures(0, 0, None)
     if failed:
@@ -211,9 +214,14 @@ def _noting(failures: Iterator[FailedPoint], ids: list[PointId]) -> Iterator[Fai
         yield failure
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 point``, ``2 points``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def failure_line(failure: FailedPoint) -> str:
     """One failed point as ``rmq failures`` prints it (make it terminal-safe before printing)."""
-    tried = "" if failure.attempts is None else f"  ({failure.attempts} attempts)"
+    tried = "" if failure.attempts is None else f"  ({plural(failure.attempts, 'attempt')})"
     return f"{failure.id}  {failure.uri}  {failure.reason}{tried}"
 
 

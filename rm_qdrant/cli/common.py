@@ -117,6 +117,10 @@ class FiniteFloat(click.FloatRange):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        """Help text's bounds; none when it has none (click would print ``x<=None``)."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
 
 #: Seeds: numpy, random and torch all take 0 to 2**32 - 1.
 SEED = click.IntRange(0, 2**32 - 1)

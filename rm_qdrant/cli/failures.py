@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from rm_qdrant.backfill.failures import as_json as failure_json
-from rm_qdrant.backfill.failures import failure_line, iter_failures, write_failures
+from rm_qdrant.backfill.failures import failure_line, iter_failures, plural, write_failures
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import json_option, name_option, open_cli_store, public, safe_text
 from rm_qdrant.errors import ConfigError
@@ -44,7 +44,7 @@ def failures_command(ctx: click.Context, name: str, out: str | None, as_json: bo
     pair = load_pair(store, name)
     if out is not None:
         written = write_failures(Path(out), iter_failures(store, pair))
-        click.echo(safe_text(f"wrote {written} failed points of pair {name!r} to {out}"))
+        click.echo(safe_text(f"wrote {plural(written, 'failed point')} of pair {name!r} to {out}"))
         return
     if as_json:
         # Streamed: a page of points at a time, whatever the number of failures.
@@ -60,4 +60,4 @@ def failures_command(ctx: click.Context, name: str, out: str | None, as_json: bo
     for failure in iter_failures(store, pair):
         click.echo(safe_text(failure_line(failure)))
         count += 1
-    click.echo(safe_text(f"{count} failed points in pair {name!r}"))
+    click.echo(safe_text(f"{plural(count, 'failed point')} in pair {name!r}"))

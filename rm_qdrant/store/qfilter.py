@@ -33,8 +33,19 @@ def parse_filter(raw: Mapping[str, Any]) -> models.Filter:
         return models.Filter.model_validate(dict(raw))
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"not a Qdrant filter: {where}: {first['msg']}") from None
+        raise ConfigError(f"not a Qdrant filter: {_json_path(first['loc'])}: {first['msg']}") from None
+
+
+def _json_path(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as a path in the user's JSON: ``must[0].range.gte`` (the
+    union and class names pydantic adds are left out)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif "[" not in part and not part[:1].isupper():
+            path += f".{part}" if path else part
+    return path or "the filter"
 
 
 def range_condition(key: str, bounds: Mapping[str, Any]) -> models.FieldCondition:

@@ -77,6 +77,8 @@ def test_awaited_writes_land_and_errors_reach_the_caller(pair):
         with pytest.raises(ConfigError, match="offset"):
             await index.search_vectors(fresh[0], fresh[0], offset=-1)
         await index.close()
+        with pytest.raises(ConfigError, match="this AsyncDualIndex is closed"):
+            await index.count()
         return found, after, points, counted
 
     found, after, points, counted = asyncio.run(main())

@@ -35,8 +35,13 @@ def test_a_json_filter_in_qdrants_shape(rmq, demo):
         ('{"must": [', "not valid JSON"),
         ('{"must": [{"key": "label", "match": {"nope": 1}}]}', "not a Qdrant filter"),
         ("[1, 2]", "a JSON object"),
+        (
+            '{"must": [{"key": "price", "range": {"gte": "cheap"}}]}',
+            "not a Qdrant filter: must[0].range.gte: Input should be a valid number",
+        ),
     ],
 )
 def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):
     result = rmq("search", "--name", "demo", demo, "--filter", given, ok=False)
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -112,7 +112,7 @@ def test_a_point_rewritten_after_the_list_was_written_is_not_dropped(store, mode
     store.upsert("photos", [fixed], old.vector[None, :], [{"uri": good, "label": "a"}], vector=pair.vector)
     assert drop_failures(store, pair, listed) == 1
     assert [r.payload["uri"] for r in store.retrieve("photos", [fixed])] == [good]
-    with pytest.raises(MigrationError, match="1 points still serve"):
+    with pytest.raises(MigrationError, match="1 point that did not fail still serves"):
         finalize_dropping_failed(store, load_pair(store, "p"), tmp_path / "again.jsonl")
     assert not (tmp_path / "again.jsonl").exists()  # refused before anything was written
     migrate(store)
@@ -127,6 +127,14 @@ def test_the_list_is_never_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="exists already"):
         write_failures(out, [])
     assert out.read_text() == "kept\n" and list(tmp_path.iterdir()) == [out]
+
+
+def test_a_list_into_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(
+        ConfigError, match=f"cannot write .*: the folder {tmp_path / 'nowhere'} does not exist"
+    ):
+        write_failures(tmp_path / "nowhere" / "list.jsonl", [])
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture
