@@ -1,0 +1,74 @@
+"""The migration's batched read-backs: records built a batch at once say what one record at a
+time said, and the has-vector counts that confirm a batch agree with reading each point."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rm_qdrant.backfill.confirm import all_have_vector, having_vector
+from rm_qdrant.store.ids import normalize_ids
+from rm_qdrant.store.points import record_from, records_from
+from rm_qdrant.store.vectors import OtherVector
+
+UUID = "6f9619ff-8b86-d011-b42d-00c04fc964ff"
+
+
+def point(i, vector, payload=None):
+    return SimpleNamespace(id=i, vector=vector, payload=payload)
+
+
+POINTS = [
+    point(1, [1.0, 2.0], {"a": 1}),
+    point(UUID.upper(), {"v": [3.0, 4.0], "m": [[1.0, 2.0], [3.0, 4.0]]}, {}),
+    point(2, {"m": [[5.0, 6.0]]}),  # lacks "v"; a multivector of one row
+    point(3, {"v": [7.0, 8.0], "m": [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]}, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("points", "with_vectors", "vector", "others"),
+    [
+        (POINTS[:1], True, "", ()),
+        (POINTS[:1], False, "", ()),
+        (POINTS[1:], True, "v", ()),
+        (POINTS[1:], True, "m", ()),  # multivectors of 2, 1 and 3 rows
+        (POINTS[1:], False, "v", ("m",)),
+        (POINTS[1:], True, "v", ("m",)),
+        ([], True, "v", ()),
+    ],
+)
+def test_a_batch_of_records_is_each_record_as_one_at_a_time(points, with_vectors, vector, others):
+    batch = records_from(points, with_vectors, vector, others)
+    single = [record_from(p, with_vectors, vector, others) for p in points]
+    assert [(r.id, r.payload) for r in batch] == [(r.id, r.payload) for r in single]
+    for got, want in zip(batch, single, strict=True):
+        assert (got.vector is None) == (want.vector is None)
+        if want.vector is not None:
+            assert got.vector.dtype == np.float32 and np.array_equal(got.vector, want.vector)
+        assert got.others.keys() == want.others.keys()
+        assert all(np.array_equal(got.others[k], want.others[k]) for k in want.others)
+
+
+def test_ids_are_normalised_a_batch_at_once():
+    assert normalize_ids([3, 1, 2]) == [3, 1, 2]
+    assert normalize_ids([1, np.int64(2), UUID.upper()]) == [1, 2, UUID]
+    assert normalize_ids([]) == []
+
+
+def test_has_vector_counts_agree_with_reading_each_point(store):
+    """A collection where some points lack the vector ``b``; asked about ids that exist and not."""
+    store.create_collection("c", dim=3, distance="cosine", vector="a", others=[OtherVector("b", 2, "dot")])
+    rng = np.random.default_rng(0)
+    ids = list(range(1, 41))
+    others = [{"b": rng.normal(size=2).tolist()} if i % 3 else {} for i in ids]
+    store.upsert("c", ids, rng.normal(size=(40, 3)).astype(np.float32), vector="a", others=others)
+    for asked in ([1, 2, 4, 5], [3, 6, 9], list(range(1, 60, 2)), [7], [99, 100], []):
+        truth = {
+            r.id for r in store.retrieve("c", asked, with_vectors=True, vector="b") if r.vector is not None
+        }
+        assert having_vector(store, "c", asked, "b") == truth
+        assert all_have_vector(store, "c", asked, "b") == (truth == set(asked))
+        assert all_have_vector(store, "c", asked, "a") == (set(asked) <= set(ids))
