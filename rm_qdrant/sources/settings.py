@@ -3,7 +3,7 @@
 A header is ``Name: value``. Its value is a secret as far as output goes: it is shown
 as ``***``. Where it holds ``$NAME`` or ``${NAME}`` (``Bearer $CDN_TOKEN``), each names an
 environment variable read when images are fetched, so the secret itself is never stored;
-output shows the variables and masks the rest. Pure: no network.
+output shows the variables and masks the rest. ``$$`` is a literal ``$``. Pure: no network.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = ["Header", "from_settings", "header_values", "parse_header", "shown_he
 Header = tuple[str, str]
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_REFERENCE = re.compile(rf"\$\$|{_VARIABLE.pattern}")  # $$ is a literal $
 #: The settings a pair may record, by the name of the SourceConfig field, and their option.
 OPTIONS = {
     "root": "--root",
@@ -71,6 +72,8 @@ def header_values(headers: tuple[Header, ...], environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
 
     def variable(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
         key = match.group(1) or match.group(2)
         if key not in environ:
             raise ConfigError(f"--http-header {name}: ${key} is not set in the environment")
@@ -78,8 +81,8 @@ def header_values(headers: tuple[Header, ...], environ: Mapping[str, str] | None
 
     sent = {}
     for name, value in headers:
-        if _VARIABLE.search(value) is not None:
-            value = _VARIABLE.sub(variable, value)
+        if "$" in value:
+            value = _REFERENCE.sub(variable, value)
             _check_value(name, value)
         sent[name] = value
     return sent
