@@ -12,6 +12,10 @@ is settled in this order, which keeps DESIGN.md's invariants:
    delete a migrated copy whose point a user deleted meanwhile;
 4. record fetch/decode failures on the old points, which stay searchable.
 
+On the embedded store, which builds its indexes only when asked, the collections written are
+optimised every ``optimize_every`` seconds (after a batch, on the writer thread) and once more
+at the end of :func:`run_migration` (see upkeep.py).
+
 All state lives in Qdrant: the ranks of the backfill order and the failures are
 payload fields of the old points, the order's name is in the pair record, and
 what is done is simply what is no longer (or no longer unmarked) in old. A run
@@ -305,7 +309,8 @@ def run_migration(
     except MigrationError:
         upkeep.finish()  # the batches settled before the stop serve from a built index too
         raise
-    upkeep.finish()
+    if not halt.is_set():  # a stop (Ctrl-C, SIGTERM) ends now: the next run, or optimize(), builds
+        upkeep.finish()
     total = MigrationReport(
         seconds=time.perf_counter() - started, skipped_failed=skipped, optimize_seconds=upkeep.seconds
     )

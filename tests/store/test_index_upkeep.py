@@ -4,6 +4,8 @@ optimizer): a migration optimises what it wrote at the end and at a bounded inte
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import rm_qdrant
@@ -161,3 +163,18 @@ def test_a_store_that_builds_by_itself_is_left_alone():
     upkeep.written()
     upkeep.finish()
     assert upkeep.runs == 0 and upkeep.seconds == 0
+
+
+def test_a_stopped_run_ends_at_once_and_leaves_the_build_to_the_next(store, models, gallery):
+    """Ctrl-C or SIGTERM stops after the batch in flight; a build could take minutes on a large
+    collection, so the stopped run skips it and the next run (or optimize) builds."""
+    make_pair(store, models, "paired", False)
+    spy = Recorder(store)
+    stop = threading.Event()
+    report = rm_qdrant.migrate(
+        spy, "p", batch=7, optimize_every=None, stop=stop, on_batch=lambda _: stop.set()
+    )
+    assert report.stopped_early and [c for name, c in spy.calls if name == "optimize"] == []
+    rest = Recorder(store)
+    rm_qdrant.migrate(rest, "p", batch=7, optimize_every=None)
+    assert rest.unbuilt() == set() if isinstance(store, EdgeStore) else True
