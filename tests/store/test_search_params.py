@@ -93,14 +93,14 @@ EXACT_ENOUGH = [
 ]
 
 
-@pytest.mark.parametrize("case", range(len(EXACT_ENOUGH)))
-def test_rescored_or_unquantized_search_gives_the_brute_force_ranking_and_scores(index, case):
+def test_rescored_or_unquantized_search_gives_the_brute_force_ranking_and_scores(index):
     index, gallery = index
-    for q in Q:
-        want, scores = brute(gallery, q, 10)
-        hits = index.search_vectors(q, q, limit=10, search_params=EXACT_ENOUGH[case])
-        assert [h.id for h in hits] == want
-        assert np.allclose([h.score for h in hits], scores, atol=1e-5)
+    for case, params in enumerate(EXACT_ENOUGH):
+        for q in Q:
+            want, scores = brute(gallery, q, 10)
+            hits = index.search_vectors(q, q, limit=10, search_params=params)
+            assert [h.id for h in hits] == want, case
+            assert np.allclose([h.score for h in hits], scores, atol=1e-5), case
 
 
 def test_without_rescoring_the_quantized_scores_are_what_ranks(index, store):
@@ -125,41 +125,41 @@ def test_the_calls_own_exact_wins_over_the_indexs(index):
     assert [h.id for h in hits] == brute(gallery, q, 10)[0]
 
 
-@pytest.mark.parametrize("consistency", [2, models.ReadConsistencyType.MAJORITY, "quorum"])
-def test_timeout_and_consistency_are_accepted_and_change_nothing_in_process(index, consistency):
+def test_timeout_and_consistency_are_accepted_and_change_nothing_in_process(index):
     index, gallery = index
     q = Q[1]
-    hits = index.search_vectors(q, q, limit=10, timeout=5, consistency=consistency)
-    assert [h.id for h in hits] == [h.id for h in index.search_vectors(q, q, limit=10)]
+    for consistency in (2, models.ReadConsistencyType.MAJORITY, "quorum"):
+        hits = index.search_vectors(q, q, limit=10, timeout=5, consistency=consistency)
+        assert [h.id for h in hits] == [h.id for h in index.search_vectors(q, q, limit=10)]
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"search_params": "fast"}, "search_params is a qdrant_client.models.SearchParams"),
-        ({"search_params": {"hnsw_ef": "wide"}}, "bad search_params: hnsw_ef"),
-        ({"search_params": {"quantization": {"rescore": "maybe"}}}, "bad search_params: quantization"),
-        ({"search_params": models.SearchParams(hnsw_ef=0)}, "search_params.hnsw_ef"),
-        (
-            {"search_params": {"quantization": {"oversampling": 0.5}}},
-            "search_params.quantization.oversampling",
-        ),
-        ({"search_params": {"idf": "global"}}, "search_params.idf"),
-        ({"search_params": models.SearchParams(exact=False), "exact": True}, "contradicts"),
-        ({"search_params": models.SearchParams(hnsw_ef=64), "hnsw_ef": 32}, "contradicts"),
-        ({"timeout": 0}, "timeout"),
-        ({"timeout": 1.5}, "timeout"),
-        ({"timeout": "5"}, "timeout"),
-        ({"timeout": True}, "timeout"),
-        ({"consistency": 0}, "consistency"),
-        ({"consistency": "most"}, "consistency"),
-        ({"consistency": True}, "consistency"),
-    ],
-)
-def test_bad_values_are_one_clear_error(index, options, message):
+BAD = [
+    ({"search_params": "fast"}, "search_params is a qdrant_client.models.SearchParams"),
+    ({"search_params": {"hnsw_ef": "wide"}}, "bad search_params: hnsw_ef"),
+    ({"search_params": {"quantization": {"rescore": "maybe"}}}, "bad search_params: quantization"),
+    ({"search_params": models.SearchParams(hnsw_ef=0)}, "search_params.hnsw_ef"),
+    (
+        {"search_params": {"quantization": {"oversampling": 0.5}}},
+        "search_params.quantization.oversampling",
+    ),
+    ({"search_params": {"idf": "global"}}, "search_params.idf"),
+    ({"search_params": models.SearchParams(exact=False), "exact": True}, "contradicts"),
+    ({"search_params": models.SearchParams(hnsw_ef=64), "hnsw_ef": 32}, "contradicts"),
+    ({"timeout": 0}, "timeout"),
+    ({"timeout": 1.5}, "timeout"),
+    ({"timeout": "5"}, "timeout"),
+    ({"timeout": True}, "timeout"),
+    ({"consistency": 0}, "consistency"),
+    ({"consistency": "most"}, "consistency"),
+    ({"consistency": True}, "consistency"),
+]
+
+
+def test_bad_values_are_one_clear_error(index):
     index, _ = index
-    with pytest.raises(ConfigError, match=message):
-        index.search_vectors(Q[0], Q[0], **options)
+    for options, message in BAD:
+        with pytest.raises(ConfigError, match=message):
+            index.search_vectors(Q[0], Q[0], **options)
 
 
 def test_agreeing_values_are_no_conflict(index):
