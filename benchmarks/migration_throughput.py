@@ -103,9 +103,9 @@ def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Na
         "same": encoder_alone(same, pixels, args.batch),
         "spin": encoder_alone(spin, pixels, args.batch),
     }
-    load_before = load()
+    load_before, cpu = load(), time.process_time()
     report = run_migration(index, MigrateOptions(batch=args.batch, fetch_workers=args.fetch_workers))
-    load_during = load()
+    load_during, cpu = load(), time.process_time() - cpu
     after = {"spin": encoder_alone(spin, pixels, args.batch), "same": encoder_alone(same, pixels, args.batch)}
     assert report.moved == len(pixels) and report.failed == 0, report
     optimizing = getattr(report, "optimize_seconds", 0.0)  # the base of a before/after comparison lacks it
@@ -114,6 +114,7 @@ def one_run(store, model: Path, name: str, pixels: np.ndarray, args: argparse.Na
         "encoder_spin": (before["spin"] + after["spin"]) / 2,
         "migration": report.moved / (report.seconds - optimizing),
         "with_builds": report.moved / report.seconds,
+        "cpu_us": cpu / report.moved * 1e6,  # all threads: what the run costs, whatever the load
         "load_encoder": (load_before + load()) / 2,
         "load_migration": load_during,
     }
@@ -190,13 +191,15 @@ def report(
         "with both layouts, each repeat runs both (who goes first alternates); `vs paired`: the "
         "median of single-collection / paired migration throughput over the repeats; ratio: migration / "
         "encoder alone with the migration's session options; `vs best`: migration / the faster of the "
-        "two encoder figures; load: the 1-minute load average while each was measured (2 cores: "
+        "two encoder figures; CPU a point: the process's CPU time (all threads) over the run, a "
+        "point, which a loaded machine inflates far less than the rates; load: the 1-minute load "
+        "average while each was measured (2 cores: "
         "above 2, other work shared them)",
         "",
         "| encoder (random weights, ONNX Runtime, CPU) | layout | encoder alone, migration's options "
-        "| encoder alone, spinning threads | load | migration | with index builds | load | ratio "
-        "| vs best | vs paired |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| encoder alone, spinning threads | load | migration | with index builds | CPU a point | load "
+        "| ratio | vs best | vs paired |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     summary: dict = {}
     for key, by_layout in figures.items():
@@ -222,7 +225,7 @@ def report(
                 f"| {MODELS[key][0]} | {layout} | {row['encoder']:,.0f} points/s "
                 f"| {row['encoder_spin']:,.0f} points/s | {row['load_encoder']:.1f} "
                 f"| {row['migration']:,.0f} points/s | {row['with_builds']:,.0f} points/s "
-                f"| {row['load_migration']:.1f} | {ratio} | {best} | {vs} |"
+                f"| {row['cpu_us']:.0f} µs | {row['load_migration']:.1f} | {ratio} | {best} | {vs} |"
             )
     if stages:
         summary["stages_us_per_point"] = stages
