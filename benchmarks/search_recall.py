@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -61,7 +62,11 @@ class SideEf:
         return getattr(self._store, name)
 
     def search(self, name, queries, **kw):
-        return self._store.search(name, queries, **{**kw, "hnsw_ef": self._pick(kw["hnsw_ef"], name)})
+        params = kw["search_params"]  # DualIndex sends its ef in search_params
+        ef = self._pick(params.hnsw_ef, name)
+        return self._store.search(
+            name, queries, **{**kw, "search_params": params.model_copy(update={"hnsw_ef": ef})}
+        )
 
 
 def variants(limit, share):
@@ -102,6 +107,7 @@ def build(store, g_old, g_new, in_new, batch=5_000):
     for i in range(0, len(news), batch):  # ... and the migrated points' new one, as migration adds it
         part = news[i : i + batch]
         store.set_vectors(ONE, part.tolist(), g_new[part], vector="new", where=Where(lacks_vector=("new",)))
+    tuned = tune(store, {OLD: [""], NEW: [""], ALL: [""], ONE: ["", "new"]})
     t0 = time.perf_counter()
     for name in (OLD, NEW, ALL, ONE):
         store.optimize(name)
@@ -109,9 +115,25 @@ def build(store, g_old, g_new, in_new, batch=5_000):
     held = {c: store.count(c) for c in (OLD, NEW, ALL)} | {ONE: len(ids) + len(news)}
     built = [(c, indexed(store, c), held[c]) for c in held]
     warn = "" if all(i == c for _, i, c in built) else "WARNING, not all indexed (plain search): "
-    return f"HNSW built in {time.perf_counter() - t0:.1f} s; {warn}vectors indexed/held: " + ", ".join(
-        f"{name} {i:,}/{c:,}" for name, i, c in built
+    return (
+        f"{tuned}; HNSW built in {time.perf_counter() - t0:.1f} s; {warn}vectors indexed/held: "
+        + ", ".join(f"{name} {i:,}/{c:,}" for name, i, c in built)
     )
+
+
+def tune(store, vectors):
+    """What ``rmq init`` does to the vectors a pair searches, where this code has it (issue 26)."""
+    try:
+        from rm_qdrant.backfill.create import tune_search
+        from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
+    except ImportError:
+        return "full_scan_threshold: Qdrant's default (this code has no tune_search)"
+    tune_search(store, vectors)
+    return f"full_scan_threshold {SERVING_FULL_SCAN_KB} KB on every searched vector (as rmq init sets it)"
+
+
+def load1():
+    return os.getloadavg()[0]
 
 
 def union_truth(g_old, g_new, in_new, q_new, q_old, k):
@@ -150,7 +172,7 @@ def summary(times, found, truth, k):
     """Recall@k of ``found`` against ``truth``, p50 and p99 of ``times``."""
     rec = np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)])
     p50, p99 = np.percentile(times, [50, 99])
-    return {"recall": float(rec), "p50_ms": float(p50), "p99_ms": float(p99)}
+    return {"recall": float(rec), "p50_ms": float(p50), "p99_ms": float(p99), "load": load1()}
 
 
 def equal_recall(rows, labels, make, args):
@@ -167,15 +189,19 @@ def equal_recall(rows, labels, make, args):
         for group in [[SAME, SC]] + [[s] for s in best if s not in (SAME, SC)]:
             entries = {s: {"target": target, "searcher": s, "ef": best[s] and best[s]["ef"]} for s in group}
             timed = [s for s in group if best[s] is not None]
-            if base is not None and timed:
-                fns = {s: make(s, best[s]["ef"]) for s in timed} | {"single": make("single", base["ef"])}
+            if timed and (base is not None or len(timed) > 1):  # the two layouts, single or not
+                fns = {s: make(s, best[s]["ef"]) for s in timed}
+                if base is not None:
+                    fns["single"] = make("single", base["ef"])
                 times, _ = timed_rounds(fns, args.queries, args.warmup)
                 pct = {s: np.percentile(t, [50, 99]).tolist() for s, t in times.items()}
                 for s in timed:
-                    e = entries[s] | {"dual_recall": best[s]["recall"], "single_recall": base["recall"]}
+                    e = entries[s] | {"dual_recall": best[s]["recall"], "load": load1()}
                     for i, p in enumerate((50, 99)):
-                        e[f"dual_p{p}_ms"], e[f"single_p{p}_ms"] = pct[s][i], pct["single"][i]
-                        e[f"p{p}_ratio"] = pct[s][i] / pct["single"][i]
+                        e[f"dual_p{p}_ms"] = pct[s][i]
+                        if base is not None:
+                            e["single_recall"], e[f"single_p{p}_ms"] = base["recall"], pct["single"][i]
+                            e[f"p{p}_ratio"] = pct[s][i] / pct["single"][i]
                         if s == SC and SAME in timed:
                             e[f"p{p}_vs_paired"] = pct[SC][i] / pct[SAME][i]
                     entries[s] = e
@@ -225,7 +251,10 @@ def main() -> None:
             pair = pairs[SC if label == SC else "paired"]
             index = DualIndex(store if pick is None else SideEf(store, pick), pair, exact=exact_, hnsw_ef=ef)
             indexes.append(index)
-            return lambda i: [h.id for h in index.search_vectors(q_new[i], q_old[i], limit=k)]
+            # exact per call: an index's own exact=True is lost where the call sets none (issue 26
+            # report: store/params.py merge_params names exact=False)
+            call = {"exact": True} if exact_ else {}
+            return lambda i: [h.id for h in index.search_vectors(q_new[i], q_old[i], limit=k, **call)]
 
         # Exact: the truth, and the exact latency ratios (the three interleaved).
         exact_fns = {s: make(s, None, True) for s in (SAME, SC, "single")}
@@ -301,7 +330,7 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
         f"# Dual search at equal recall ({args.data})",
         "",
         f"Command: `python {shlex.join(sys.argv)}`  ",
-        f"Machine: {machine()}  ",
+        f"Machine: {machine()}; a shared machine: `load 1m` is os.getloadavg()[0] beside each figure  ",
         f"Date: {date}",
         "",
         f"Setup: {sizes}; paired: old-only points in an old collection, migrated ones in new; "
@@ -323,21 +352,25 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
         "",
         "| target | dual | dual ef | dual recall | single ef | single recall | dual p50 ms "
         "| single p50 ms | p50 dual/single | dual p99 ms | single p99 ms | p99 dual/single "
-        "| p50 vs paired | p99 vs paired |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| p50 vs paired | p99 vs paired | load 1m |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for e in equal:
-        if "p50_ratio" not in e:
-            cells = f"{e['ef'] or 'not reached'} | | {e['single_ef'] or 'not reached'} | | | | | | | | | |"
+        if "dual_p50_ms" not in e:
+            cells = f"{e['ef'] or 'not reached'} | | {e['single_ef'] or 'not reached'} | | | | | | | | | | |"
         else:
             vs = " | ".join(
                 f"{e[f'p{p}_vs_paired']:.2f}x" if f"p{p}_vs_paired" in e else "" for p in (50, 99)
             )
-            cells = (
-                f"{e['ef']} | {e['dual_recall']:.4f} | {e['single_ef']} | {e['single_recall']:.4f} "
-                f"| {e['dual_p50_ms']:.3f} | {e['single_p50_ms']:.3f} | {e['p50_ratio']:.2f}x "
-                f"| {e['dual_p99_ms']:.3f} | {e['single_p99_ms']:.3f} | {e['p99_ratio']:.2f}x | {vs} |"
-            )
+            if "p50_ratio" in e:
+                single = (
+                    f"{e['single_ef']} | {e['single_recall']:.4f} | {e['dual_p50_ms']:.3f} "
+                    f"| {e['single_p50_ms']:.3f} | {e['p50_ratio']:.2f}x | {e['dual_p99_ms']:.3f} "
+                    f"| {e['single_p99_ms']:.3f} | {e['p99_ratio']:.2f}x"
+                )
+            else:  # single did not reach the target: the layouts against each other only
+                single = f"not reached | | {e['dual_p50_ms']:.3f} | | | {e['dual_p99_ms']:.3f} | |"
+            cells = f"{e['ef']} | {e['dual_recall']:.4f} | {single} | {vs} | {e['load']:.1f} |"
         lines.append(f"| {e['target']} | {e['searcher']} | {cells}")
     lines += [
         "",
@@ -348,7 +381,12 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
     ]
     for s in ["single", *rules, SC]:
         mine = [r for r in rows if r["searcher"] == s]
-        for key, fmt in (("recall", "{:.4f}"), ("p50_ms", "{:.3f}"), ("p99_ms", "{:.3f}")):
+        for key, fmt in (
+            ("recall", "{:.4f}"),
+            ("p50_ms", "{:.3f}"),
+            ("p99_ms", "{:.3f}"),
+            ("load", "{:.1f}"),
+        ):
             lines.append(
                 f"| {s} {key.replace('_ms', ' ms')} | {' | '.join(fmt.format(r[key]) for r in mine)} |"
             )
@@ -357,10 +395,10 @@ def markdown(date, args, sizes, rules, rows, equal, exact, notes):
         "",
         "## Exact search (exact=True), the three interleaved",
         "",
-        "| searcher | p50 ms | p99 ms |\n|---|--:|--:|",
-        f"| paired dual | {d['p50_ms']:.3f} | {d['p99_ms']:.3f} |",
-        f"| single-collection dual | {one['p50_ms']:.3f} | {one['p99_ms']:.3f} |",
-        f"| single | {s1['p50_ms']:.3f} | {s1['p99_ms']:.3f} |",
+        "| searcher | p50 ms | p99 ms | load 1m |\n|---|--:|--:|--:|",
+        f"| paired dual | {d['p50_ms']:.3f} | {d['p99_ms']:.3f} | {d['load']:.1f} |",
+        f"| single-collection dual | {one['p50_ms']:.3f} | {one['p99_ms']:.3f} | {one['load']:.1f} |",
+        f"| single | {s1['p50_ms']:.3f} | {s1['p99_ms']:.3f} | {s1['load']:.1f} |",
         f"| paired dual / single | {exact['p50_ratio']:.2f}x | {exact['p99_ratio']:.2f}x |",
         f"| single-collection dual / single | {exact['single_collection_p50_ratio']:.2f}x "
         f"| {exact['single_collection_p99_ratio']:.2f}x |",

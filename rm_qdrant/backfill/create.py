@@ -27,6 +27,7 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
 from rm_qdrant.store.base import resolve
+from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
 
 
 def _check_free(store: Store, collection: str) -> None:
@@ -129,10 +130,12 @@ def create_pair(
     if single:
         target = old_collection
         _add_new_vector(store, old_spec, new_vector, dim)
+        tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]})
     else:
         target = new_collection or f"{name}-new"
         _check_free(store, target)
         _prepare_new_collection(store, target, dim=dim, old=old_spec)
+        tune_search(store, {old_collection: [old_spec.vector], target: [old_spec.vector]})
     record = PairRecord(
         name=name,
         old_collection=old_collection,
@@ -153,6 +156,17 @@ def create_pair(
     save_pair(store, record)
     record_collection_model(store, layout_of(record).new_model_key, record.encoder)
     return record
+
+
+def tune_search(store: Store, vectors: dict[str, list[str]], kb: int = SERVING_FULL_SCAN_KB) -> None:
+    """Give the vectors a pair searches (collection -> vector names) a low HNSW
+    ``full_scan_threshold``, so that a segment holding a few thousand of them is searched through
+    its graph rather than scanned (see :mod:`rm_qdrant.store.tuning`). A store that cannot
+    (qdrant-client's local mode always scans) keeps its own."""
+    tune = getattr(store, "tune_index", None)
+    if tune is not None:
+        for collection, names in vectors.items():
+            tune(collection, names, full_scan_kb=kb)
 
 
 def check_output_sizes(model: OnnxEncoder) -> None:

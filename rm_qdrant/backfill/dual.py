@@ -16,8 +16,8 @@ from rm_qdrant.backfill.pair_points import PairPoints
 from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
-from rm_qdrant.core.merge import Hit, PointId, Source, merge_batches, score_to_distance
-from rm_qdrant.core.planning import user_bodies, user_payload
+from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge_batches
+from rm_qdrant.core.planning import INTERNAL_FIELDS, user_bodies, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -63,10 +63,8 @@ class DualIndex(PairPoints):
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
         self.pair = pair  # and self.layout
-        self.encoder = encoder
-        self.old_encoder = old_encoder
-        self.exact = exact
-        self.hnsw_ef = hnsw_ef
+        self.encoder, self.old_encoder = encoder, old_encoder
+        self.exact, self.hnsw_ef = exact, hnsw_ef
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
         self._old_dim = self.layout.old_dim(store)
         self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
@@ -83,7 +81,7 @@ class DualIndex(PairPoints):
 
     @pair.setter
     def pair(self, record: PairRecord) -> None:
-        self._pair = record
+        self._pair, self._to_distance = record, distance_line(record.distance)
         self.layout: Layout = layout_of(record)  # what the index asks, always of this record
 
     @classmethod
@@ -278,10 +276,12 @@ class DualIndex(PairPoints):
         return [[self._hit(r, source, scale) for r in hits] for hits in results]
 
     def _hit(self, record: ScoredRecord, source: Source, scale: Calibration | None = None) -> Hit:
-        distance = score_to_distance(record.score, self.pair.distance)
-        if scale is not None:
-            distance = float(scale(np.array(distance)))
-        return Hit(record.id, record.score, distance, source, user_payload(record.payload))
+        at, slope = self._to_distance  # score_to_distance, without its per-hit checks
+        d = at + slope * record.score if scale is None else float(scale(np.array(at + slope * record.score)))
+        p = record.payload
+        return Hit(
+            record.id, record.score, d, source, p if p.keys().isdisjoint(INTERNAL_FIELDS) else user_payload(p)
+        )
 
     # -- writes ----------------------------------------------------------------
 

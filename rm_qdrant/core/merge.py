@@ -64,6 +64,16 @@ def score_to_distance(score: float, distance: str) -> float:
     return score
 
 
+def distance_line(distance: str) -> tuple[float, float]:
+    """``(at, slope)`` with ``score_to_distance(score, distance) == at + slope * score``: the
+    conversion checked once for a whole result list.
+
+    >>> distance_line("cosine")
+    (1.0, -1.0)
+    """
+    return {"cosine": (1.0, -1.0), "dot": (0.0, -1.0)}.get(check_distance(distance), (0.0, 1.0))
+
+
 def higher_is_closer(distance: str) -> float:
     """+1 where a higher Qdrant score is closer (cosine, dot), -1 where the score is the distance.
 

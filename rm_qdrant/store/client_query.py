@@ -106,6 +106,24 @@ def unsupported_merge(where: str) -> Iterator[None]:
         raise
 
 
+def client_search(
+    rows: list[list[float]],
+    limit: int,
+    vector: str,
+    remote: bool,
+    *,
+    filter: Filter | None = None,
+    exact: bool = False,
+    hnsw_ef: int | None = None,
+    search_params: models.SearchParams | None = None,
+    timeout: int | None = None,
+    consistency: models.ReadConsistency | None = None,
+) -> tuple[list[models.QueryRequest], dict[str, Any]]:
+    """:meth:`ClientStore.search`'s requests and ``query_batch_points`` keywords."""
+    params, options = query_options(search_params, exact, hnsw_ef, timeout, consistency, remote)
+    return search_requests(rows, vector, limit, client_filter(filter), params), options
+
+
 def search_requests(
     rows: list[list[float]],
     vector: str,

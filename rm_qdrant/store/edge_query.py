@@ -7,15 +7,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import qdrant_edge as qe
 from qdrant_client import models
 
 from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
+from rm_qdrant.store.base import (
+    CollectionSpec,
+    Filter,
+    MergedQuery,
+    ScoredRecord,
+    VectorFacts,
+    Where,
+    check_vectors,
+    pick_vector,
+)
 from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
+from rm_qdrant.store.points import merged_from
 from rm_qdrant.store.qfilter import to_edge
 from rm_qdrant.store.vectors import SparseVector
 
@@ -76,6 +87,10 @@ def edge_config(spec: CollectionSpec) -> qe.EdgeConfig:
 
 #: The fields of qdrant-client's ``SearchParams`` that qdrant-edge's own ``SearchParams`` takes.
 _EDGE_FIELDS = ("hnsw_ef", "exact", "quantization", "indexed_only", "acorn")
+_EDGE_SET = frozenset(_EDGE_FIELDS)
+#: qdrant-edge's SearchParams without quantization or ACORN, by (hnsw_ef, exact, indexed_only):
+#: made once (a search's parameters took as long to convert as its merge).
+_PLAIN: dict[tuple[int | None, bool, bool], qe.SearchParams] = {}
 
 
 def edge_params(
@@ -96,20 +111,26 @@ def edge_params(
     check_timeout(timeout)
     check_consistency(consistency)
     params = merge_params(search_params, exact or None, hnsw_ef)
-    for name in type(params).model_fields:
-        if name not in _EDGE_FIELDS and getattr(params, name) is not None:
+    for name in params.model_fields_set - _EDGE_SET:  # a field never set is None
+        if getattr(params, name) is not None:
             raise ConfigError(f"search_params.{name} is not supported by the embedded store (qdrant-edge)")
     q, acorn = params.quantization, params.acorn
+    key = (params.hnsw_ef, bool(params.exact), bool(params.indexed_only))
+    if q is None and acorn is None and key in _PLAIN:
+        return _PLAIN[key]
     quantization = (
         None if q is None else qe.QuantizationSearchParams(bool(q.ignore), q.rescore, q.oversampling)
     )
-    return qe.SearchParams(
+    made = qe.SearchParams(
         hnsw_ef=params.hnsw_ef,
         exact=bool(params.exact),
         indexed_only=bool(params.indexed_only),
         quantization=quantization,
         acorn=None if acorn is None else qe.AcornSearchParams(bool(acorn.enable), acorn.max_selectivity),
     )
+    if q is None and acorn is None and len(_PLAIN) < 256:
+        _PLAIN[key] = made
+    return made
 
 
 def search_requests(
@@ -138,6 +159,49 @@ def update_operations(
         ops.append(qe.UpdateOperation.delete_vectors([r[0] for r in rows], list(drop)))
     ops.append(qe.UpdateOperation.update_vectors([qe.PointVectors(i, v) for i, v, _ in rows]))
     return ops
+
+
+def edge_search(
+    shard: qe.EdgeShard,
+    specs: Specs,
+    name: str,
+    queries: Any,
+    *,
+    limit: int,
+    vector: str = "",
+    filter: Filter | None = None,
+    **params: Any,  # exact, hnsw_ef, search_params, timeout, consistency: edge_params's
+) -> list[list[ScoredRecord]]:
+    """:meth:`EdgeStore.search` on an open shard (``specs``: its vectors)."""
+    rows = query_rows(specs, name, vector, queries).tolist()
+    requests = search_requests(rows, vector, limit, edge_filter(filter), edge_params(**params))
+    # A point's payload comes back as a new dict on each read: it is not copied again.
+    return [
+        [ScoredRecord(normalize_id(p.id), p.score, p.payload or {}) for p in hits]
+        for hits in run(shard, requests)
+    ]
+
+
+def query_rows(specs: Specs, name: str, vector: str, queries: Any) -> np.ndarray:
+    """``queries`` as a float32 matrix for ``vector`` (:func:`check_vectors`, without building the
+    collection's spec where the vector is a plain dense one)."""
+    facts = specs[0].get(vector)
+    if facts is None or facts[2]:  # no such vector, or a multivector: pick_vector says what is wrong
+        return check_vectors(pick_vector(name, specs[0], vector, specs[1]), queries)
+    array = np.asarray(queries, dtype=np.float32)
+    if array.ndim != 2 or array.shape[1] != facts[0] or not np.isfinite(array).all():
+        return check_vectors(pick_vector(name, specs[0], vector, specs[1]), array)  # its error
+    return array
+
+
+def edge_merged_search(
+    shard: qe.EdgeShard, specs: tuple[CollectionSpec, CollectionSpec], old: Any, new: Any, query: MergedQuery
+) -> list[list[ScoredRecord]]:
+    """:meth:`EdgeStore.merged_search` on an open shard (``specs``: the old and new vector's)."""
+    old_rows = check_vectors(specs[0], old)
+    new_rows = check_vectors(specs[1], new, rows=len(old_rows))
+    requests = merged_requests(query, old_rows.tolist(), new_rows.tolist())
+    return [[merged_from(p, query) for p in hits] for hits in run(shard, requests)]
 
 
 def run(shard: qe.EdgeShard, requests: list[qe.QueryRequest]) -> list[list[Any]]:
