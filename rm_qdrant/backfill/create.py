@@ -27,7 +27,7 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
 from rm_qdrant.store.base import resolve
-from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
+from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB, check_kb
 
 
 def _check_free(store: Store, collection: str) -> None:
@@ -58,6 +58,7 @@ def create_pair(
     layout: str = PAIRED,
     new_vector: str | None = None,
     source: dict[str, Any] | None = None,
+    full_scan_kb: int | None = SERVING_FULL_SCAN_KB,
 ) -> PairRecord:
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
@@ -77,6 +78,9 @@ def create_pair(
         new_vector: the new vector's name (single-collection layout).
         source: the source settings every command reading the pair's images uses
             (plain data, as :mod:`rm_qdrant.sources.settings` reads it), or None.
+        full_scan_kb: the HNSW ``full_scan_threshold`` (KB) the searched vectors get (None: keep
+            the collections' own). The default suits embeddings that reach their recall at ef <= 64;
+            vectors that need ef in the hundreds (random Gaussian ones) scan faster up to ~8,000 KB.
 
     Raises:
         CollectionNotFound: the old collection does not exist.
@@ -126,16 +130,18 @@ def create_pair(
     for model in (encoder, old_encoder):
         if model is not None:
             check_output_sizes(model)
+    if full_scan_kb is not None:
+        check_kb(full_scan_kb)
     _check_free(store, old_collection)
     if single:
         target = old_collection
         _add_new_vector(store, old_spec, new_vector, dim)
-        tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]})
+        tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
     else:
         target = new_collection or f"{name}-new"
         _check_free(store, target)
         _prepare_new_collection(store, target, dim=dim, old=old_spec)
-        tune_search(store, {old_collection: [old_spec.vector], target: [old_spec.vector]})
+        tune_search(store, {old_collection: [old_spec.vector], target: [old_spec.vector]}, full_scan_kb)
     record = PairRecord(
         name=name,
         old_collection=old_collection,
@@ -158,13 +164,13 @@ def create_pair(
     return record
 
 
-def tune_search(store: Store, vectors: dict[str, list[str]], kb: int = SERVING_FULL_SCAN_KB) -> None:
+def tune_search(store: Store, vectors: dict[str, list[str]], kb: int | None = SERVING_FULL_SCAN_KB) -> None:
     """Give the vectors a pair searches (collection -> vector names) a low HNSW
     ``full_scan_threshold``, so that a segment holding a few thousand of them is searched through
     its graph rather than scanned (see :mod:`rm_qdrant.store.tuning`). A store that cannot
     (qdrant-client's local mode always scans) keeps its own."""
     tune = getattr(store, "tune_index", None)
-    if tune is not None:
+    if tune is not None and kb is not None:
         for collection, names in vectors.items():
             tune(collection, names, full_scan_kb=kb)
 

@@ -165,3 +165,15 @@ def test_an_index_opened_exact_asks_for_exact_search(edge, layout):
     edge.merged_search = lambda *a: asked.append(a[3].search_params.exact) or merged(*a)
     DualIndex(edge, pair, exact=True).search_vectors(np.ones(4), np.ones(4), limit=2)
     assert asked and all(asked)
+
+
+def test_init_can_keep_the_collections_own_threshold(edge, models, items):
+    index_images(edge, "photos", OnnxEncoder(models.old), items)
+    encoder = OnnxEncoder(models.rm)
+    with pytest.raises(ConfigError, match="full_scan_threshold"):
+        create_pair(edge, "p", old_collection="photos", encoder=encoder, full_scan_kb=-5)
+    assert "p-new" not in edge.list_collections() and thresholds(edge, "photos") == {
+        "": 10_000
+    }  # nothing written
+    create_pair(edge, "p", old_collection="photos", encoder=encoder, full_scan_kb=None)
+    assert thresholds(edge, "photos") == {"": 10_000}
