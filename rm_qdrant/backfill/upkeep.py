@@ -18,7 +18,7 @@ slower (p50 2.4-2.6 ms against 0.5-0.6 ms after) whatever the interval, from sha
 cores with the migration, not from unindexed points. Building every 5 s halved the
 migration's rate for no gain in search. So builds are rare: every 30 s at most, and never
 more than a tenth of the run, which still bounds the unindexed points of a long backfill
-(a 1M-point run would otherwise end searched by a full scan of whatever it wrote).
+(a 1M-point run would otherwise search whatever it wrote by a scan until it ends).
 """
 
 from __future__ import annotations
