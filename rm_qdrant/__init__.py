@@ -6,7 +6,7 @@ searches both and the hits are merged by distance.
 
 from __future__ import annotations
 
-from rm_qdrant.api import migrate
+from rm_qdrant.api import migrate, optimize
 from rm_qdrant.backfill.async_dual import AsyncDualIndex
 from rm_qdrant.backfill.create import create_pair
 from rm_qdrant.backfill.dual import DualIndex
@@ -62,6 +62,7 @@ __all__ = [
     "merge",
     "migrate",
     "open_store",
+    "optimize",
     "pair_status",
     "scan_image_folder",
     "score_to_distance",

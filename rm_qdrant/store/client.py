@@ -23,7 +23,6 @@ from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
-    Filter,
     MergedQuery,
     Record,
     ScoredRecord,
@@ -36,10 +35,9 @@ from rm_qdrant.store.base import (
 from rm_qdrant.store.client_query import (
     DISTANCES,
     client_filter,
+    client_search,
     merged_options,
     merged_requests,
-    query_options,
-    search_requests,
     sparse,
     translated,
     unsupported_merge,
@@ -52,11 +50,12 @@ from rm_qdrant.store.points import (
     is_missing_point,
     merged_from,
     point_vectors,
-    record_from,
+    records_from,
     scored_from,
     wanted,
     write_skipping_missing,
 )
+from rm_qdrant.store.tuning import check_kb, client_vectors_diff
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
@@ -327,7 +326,7 @@ class ClientStore:
             points = self._client.retrieve(
                 name, [normalize_id(i) for i in ids], with_payload=with_payload, with_vectors=asked
             )
-        return [record_from(p, with_vectors, vector, others) for p in points]
+        return records_from(points, with_vectors, vector, others)
 
     def scroll(
         self,
@@ -353,7 +352,7 @@ class ClientStore:
                 with_vectors=wanted(with_vectors, vector, others),
             )
         nxt = None if following is None else normalize_id(following)
-        return [record_from(p, with_vectors, vector, others) for p in points], nxt
+        return records_from(points, with_vectors, vector, others), nxt
 
     def count(self, name: str, where: Where | None = None) -> int:
         with self._errors(f"count of {name!r}", name):
@@ -375,25 +374,20 @@ class ClientStore:
         return found[0].collection_name if found else None
 
     def search(
-        self,
-        name: str,
-        queries: np.ndarray,
-        *,
-        limit: int,
-        filter: Filter | None = None,
-        exact: bool = False,
-        hnsw_ef: int | None = None,
-        vector: str = "",
-        search_params: models.SearchParams | None = None,
-        timeout: int | None = None,
-        consistency: models.ReadConsistency | None = None,
+        self, name: str, queries: np.ndarray, *, limit: int, vector: str = "", **options: Any
     ) -> list[list[ScoredRecord]]:
+        """Store.search (``options``: filter, exact, hnsw_ef, search_params, timeout, consistency)."""
         matrix = check_vectors(self.collection(name, vector), queries)
-        params, options = query_options(search_params, exact, hnsw_ef, timeout, consistency, self._remote)
-        requests = search_requests(matrix.tolist(), vector, limit, client_filter(filter), params)
+        requests, kwargs = client_search(matrix.tolist(), limit, vector, self._remote, **options)
         with self._errors(f"search in {name!r}", name):
-            responses = self._client.query_batch_points(name, requests, **options)
+            responses = self._client.query_batch_points(name, requests, **kwargs)
         return [[scored_from(p) for p in r.points] for r in responses]
+
+    def tune_index(self, name: str, vectors: Sequence[str], *, full_scan_kb: int) -> None:
+        """Set ``vectors``' HNSW ``full_scan_threshold`` (KB; see store/tuning.py)."""
+        diff = client_vectors_diff(vectors, check_kb(full_scan_kb))
+        with self._errors(f"setting the index of {name!r}", name):
+            self._client.update_collection(name, vectors_config=diff)
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery

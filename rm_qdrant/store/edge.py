@@ -35,7 +35,6 @@ from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
-    Filter,
     MergedQuery,
     Record,
     ScoredRecord,
@@ -57,24 +56,21 @@ from rm_qdrant.store.edge_query import (
     Specs,
     edge_config,
     edge_filter,
-    edge_params,
-    merged_requests,
+    edge_merged_search,
+    edge_search,
     read_specs,
-    run,
-    search_requests,
     sparse,
     update_operations,
 )
-from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.ids import normalize_id, normalize_ids
 from rm_qdrant.store.points import (
     is_missing_point,
-    merged_from,
     point_vectors,
-    record_from,
-    scored_from,
+    records_from,
     wanted,
     write_skipping_missing,
 )
+from rm_qdrant.store.tuning import check_kb, write_edge_config
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
@@ -187,7 +183,7 @@ class EdgeStore:
     ) -> None:
         matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
         named = point_vectors(vector, matrix.tolist(), others, sparse)
-        rows = [qe.PointVectors(normalize_id(i), v) for i, v in zip(ids, named, strict=True)]
+        rows = [qe.PointVectors(i, v) for i, v in zip(normalize_ids(ids), named, strict=True)]
         condition = edge_filter(where)
         shard = self._open(name)[1]
 
@@ -259,7 +255,7 @@ class EdgeStore:
         matrix = check_vectors(spec, vectors, rows=len(ids))
         bodies = payloads if payloads is not None else [{}] * len(ids)
         named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
-        points = [qe.Point(normalize_id(i), v, dict(p)) for i, v, p in zip(ids, named, bodies, strict=True)]
+        points = [qe.Point(i, v, dict(p)) for i, v, p in zip(normalize_ids(ids), named, bodies, strict=True)]
         mode = qe.UpdateMode.InsertOnly if insert_only else None
         if points:
             self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
@@ -273,7 +269,7 @@ class EdgeStore:
             operation = qe.UpdateOperation.delete_vectors_by_filter(edge_filter(where, ids), list(vectors))
             self._update(name, operation)
         elif where is None:
-            self._update(name, qe.UpdateOperation.delete_points([normalize_id(i) for i in ids]))
+            self._update(name, qe.UpdateOperation.delete_points(normalize_ids(ids)))
         else:
             self._update(name, qe.UpdateOperation.delete_points_by_filter(edge_filter(where, ids)))
 
@@ -322,8 +318,8 @@ class EdgeStore:
     ) -> list[Record]:
         shard = self._open(name)[1]
         asked = wanted(with_vectors, vector, others)
-        points = shard.retrieve([normalize_id(i) for i in ids], with_payload, asked)
-        return [record_from(p, with_vectors, vector, others) for p in points]
+        points = shard.retrieve(normalize_ids(ids), with_payload, asked)
+        return records_from(points, with_vectors, vector, others)
 
     def scroll(
         self,
@@ -350,7 +346,7 @@ class EdgeStore:
         )
         points, next_offset = shard.scroll(request)
         following = None if next_offset is None else normalize_id(next_offset)
-        return [record_from(p, with_vectors, vector, others) for p in points], following
+        return records_from(points, with_vectors, vector, others), following
 
     def count(self, name: str, where: Where | None = None) -> int:
         request = qe.CountRequest(filter=edge_filter(where), exact=True)
@@ -367,29 +363,26 @@ class EdgeStore:
         return read_aliases(self.path).get(alias)
 
     def search(
-        self,
-        name: str,
-        queries: np.ndarray,
-        *,
-        limit: int,
-        filter: Filter | None = None,
-        exact: bool = False,
-        hnsw_ef: int | None = None,
-        vector: str = "",
-        **request: Any,  # search_params, timeout, consistency: see Store.search and edge_params
+        self, name: str, queries: np.ndarray, *, limit: int, vector: str = "", **options: Any
     ) -> list[list[ScoredRecord]]:
-        matrix = check_vectors(self.collection(name, vector), queries)
-        params = edge_params(exact=exact, hnsw_ef=hnsw_ef, **request)
-        requests = search_requests(matrix.tolist(), vector, limit, edge_filter(filter), params)
-        return [[scored_from(p) for p in hits] for hits in run(self._open(name)[1], requests)]
+        """Store.search (``options``: filter, exact, hnsw_ef, search_params, timeout, consistency)."""
+        specs, shard = self._open(name)
+        return edge_search(shard, specs, name, queries, limit=limit, vector=vector, **options)
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
     ) -> list[list[ScoredRecord]]:
-        old = check_vectors(self.collection(name, query.old_vector), old_queries)
-        new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
-        requests = merged_requests(query, old.tolist(), new.tolist())
-        return [[merged_from(p, query) for p in hits] for hits in run(self._open(name)[1], requests)]
+        specs = (self.collection(name, query.old_vector), self.collection(name, query.new_vector))
+        return edge_merged_search(self._open(name)[1], specs, old_queries, new_queries, query)
+
+    def tune_index(self, name: str, vectors: Sequence[str], *, full_scan_kb: int) -> None:
+        """Set ``vectors``' HNSW ``full_scan_threshold`` (KB; see store/tuning.py): the shard is
+        closed, its config rewritten, and reopened (a team's shard is adopted this way too)."""
+        self._open(name)  # CollectionNotFound first
+        with self._mutex:
+            self._shards.pop(name)[1].close()
+            write_edge_config(self._dir(name) / "shard", vectors, check_kb(full_scan_kb))
+        self._open(name)
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""

@@ -39,6 +39,28 @@ def record_from(point: Any, with_vectors: bool, vector: str = "", others: Sequen
     return Record(normalize_id(point.id), dict(point.payload or {}), array, extra)
 
 
+def records_from(
+    points: Sequence[Any], with_vectors: bool, vector: str = "", others: Sequence[str] = ()
+) -> list[Record]:
+    """:func:`record_from` of each point, the batch at once: without vectors no per-point array,
+    and the asked vector's rows stacked into one array (each record holds a row of it)."""
+    if others or not with_vectors:
+        if not others:
+            return [Record(normalize_id(p.id), dict(p.payload or {})) for p in points]
+        return [record_from(p, with_vectors, vector, others) for p in points]
+    raws = [p.vector for p in points]
+    raws = [r.get(vector) if isinstance(r, Mapping) else r for r in raws]
+    present = [r for r in raws if r is not None]
+    if len({len(r) for r in present}) > 1:  # multivectors of several rows: one array each
+        rows: Any = (np.asarray(r, dtype=np.float32) for r in present)
+    else:
+        rows = iter(np.asarray(present, dtype=np.float32)) if present else iter(())
+    return [
+        Record(normalize_id(p.id), dict(p.payload or {}), None if r is None else next(rows))
+        for p, r in zip(points, raws, strict=True)
+    ]
+
+
 def scored_from(point: Any) -> ScoredRecord:
     """A backend's scored point as a :class:`ScoredRecord`."""
     return ScoredRecord(normalize_id(point.id), float(point.score), dict(point.payload or {}))

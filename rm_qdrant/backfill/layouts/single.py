@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from rm_qdrant.backfill.confirm import all_have_vector, having_vector
 from rm_qdrant.backfill.layouts.base import (
     Claimed,
     DropPlan,
@@ -156,11 +157,12 @@ class OneCollection(Layout):
 
     def claim(self, store: Store, batch: list[PointId], others: tuple[str, ...]) -> Claimed:
         """Put the batch's token on its points before reading their payloads (a rewrite from
-        here on removes it: see migrate.py); the same read says which have the new vector."""
+        here on removes it: see migrate.py); a count says which have the new vector (read only if some do)."""
         pair, token = self.pair, uuid.uuid4().hex
         store.mark(pair.old_collection, batch, {BATCH: token})
-        present = store.retrieve(pair.old_collection, batch, with_vectors=True, vector=pair.new_using)
-        return Claimed(present, {r.id for r in present if r.vector is not None}, token)
+        present = store.retrieve(pair.old_collection, batch)
+        done = having_vector(store, pair.old_collection, [r.id for r in present], pair.new_using)
+        return Claimed(present, done, token)
 
     def settle(self, store: Store, prepared: Prepared, encoded: Encoded, dim: int) -> BatchResult:
         """Add the new vector where the point still lacks it and still has the batch's token (a
@@ -173,15 +175,19 @@ class OneCollection(Layout):
                 pair.old_collection, written, encoded.vectors, vector=pair.new_using, where=ours
             )
             log.debug("acknowledged %s", written)
-        back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
-        confirmed = {r.id: r.payload for r in back if r.vector is not None and len(r.vector) == dim}
+        back = store.retrieve(pair.old_collection, written)  # a count confirms the vectors; if short:
+        confirmed = {r.id: r.payload for r in back}
+        if not all_have_vector(store, pair.old_collection, list(confirmed), pair.new_using):
+            back = store.retrieve(pair.old_collection, written, with_vectors=True, vector=pair.new_using)
+            confirmed = {r.id: r.payload for r in back if r.vector is not None and len(r.vector) == dim}
         # A rewrite that copied the payload it read (token included) and changed the image
         # passes the condition: the vector is the previous image's, so it goes again. (A write
         # without the token is the user's own: the conditional write did not touch it.)
+        rule = pair.uri_rule
         stale = [
             i
             for i, now in confirmed.items()
-            if now.get(BATCH) == prepared.token and not pair.uri_rule.same_image(i, prepared.payloads[i], now)
+            if now.get(BATCH) == prepared.token and not rule.same_image(i, prepared.payloads[i], now)
         ]
         if stale:
             store.delete(pair.old_collection, stale, vectors=(pair.new_using,))
