@@ -58,7 +58,7 @@ def create_pair(
     layout: str = PAIRED,
     new_vector: str | None = None,
     source: dict[str, Any] | None = None,
-    full_scan_kb: int | None = SERVING_FULL_SCAN_KB,
+    full_scan_kb: int | None = None,
 ) -> PairRecord:
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
@@ -78,9 +78,11 @@ def create_pair(
         new_vector: the new vector's name (single-collection layout).
         source: the source settings every command reading the pair's images uses
             (plain data, as :mod:`rm_qdrant.sources.settings` reads it), or None.
-        full_scan_kb: the HNSW ``full_scan_threshold`` (KB) the searched vectors get (None: keep
-            the collections' own). The default suits embeddings that reach their recall at ef <= 64;
-            vectors that need ef in the hundreds (random Gaussian ones) scan faster up to ~8,000 KB.
+        full_scan_kb: the HNSW ``full_scan_threshold`` (KB) the searched vectors get (None, the
+            default: keep the collections' own; it is the team's collection, and its own queries
+            feel it too). :data:`~rm_qdrant.store.tuning.SERVING_FULL_SCAN_KB` (1,000) suits
+            embeddings that reach their recall at ef <= 64; vectors that need ef in the hundreds
+            (random Gaussian ones) scan faster, and find every point, up to ~8,000 KB.
 
     Raises:
         CollectionNotFound: the old collection does not exist.

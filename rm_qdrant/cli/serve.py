@@ -121,6 +121,12 @@ def _json_filter(item: str) -> Any:
     show_default=True,
     help="Payload field with class labels; dots go into objects: 'meta.dept'.",
 )
+@click.option(
+    "--full-scan-kb",
+    type=click.IntRange(min=0),
+    help="Give the searched vectors this HNSW full_scan_threshold (KB), so segments above it are "
+    "searched through their graph, not scanned (e.g. 1000; default: keep the collections' own).",
+)
 @recorded_source_options
 @json_option
 @click.pass_context
@@ -140,6 +146,7 @@ def init(
     uri_field: str,
     uri_template: str | None,
     label_field: str,
+    full_scan_kb: int | None,
     source_settings: dict[str, Any],
     as_json: bool,
 ) -> None:
@@ -179,6 +186,7 @@ def init(
         layout=layout,
         new_vector=new_vector,
         source=source_settings,
+        full_scan_kb=full_scan_kb,
     )
     layout = layout_of(record)
     images = record.uri_rule.describe()

@@ -29,7 +29,8 @@ def merge_params(
     """
     params = _as_params(given)
     if params is None:
-        return models.SearchParams(hnsw_ef=hnsw_ef, exact=bool(exact))
+        # exact=None stays unset, so with_defaults can give the index's own exact
+        return models.SearchParams(hnsw_ef=hnsw_ef, **({} if exact is None else {"exact": exact}))
     named = params.model_fields_set
     if exact is not None and "exact" in named and params.exact != exact:
         raise ConfigError(f"exact={exact} contradicts search_params.exact={params.exact}: give one of them")

@@ -41,7 +41,7 @@ def items(tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["paired", "single-collection"])
-def test_init_gives_the_searched_vectors_a_low_full_scan_threshold(edge, models, items, layout):
+def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, models, items, layout):
     index_images(edge, "photos", OnnxEncoder(models.old), items)
     assert thresholds(edge, "photos") == {"": 10_000}  # Qdrant's default until init
     single = layout == "single-collection"
@@ -52,6 +52,7 @@ def test_init_gives_the_searched_vectors_a_low_full_scan_threshold(edge, models,
         encoder=OnnxEncoder(models.rm),
         layout=layout,
         new_vector="new" if single else None,
+        full_scan_kb=SERVING_FULL_SCAN_KB,
     )
     assert thresholds(edge, "photos") == (
         {"": SERVING_FULL_SCAN_KB, "new": SERVING_FULL_SCAN_KB} if single else {"": SERVING_FULL_SCAN_KB}
@@ -136,11 +137,6 @@ def test_client_thresholds_reads_a_servers_answer():
     assert client_thresholds(info) == {"": 1000, "x": 10000}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store/params.py merge_params(None, None, None) names exact=False, so with_defaults drops "
-    "the index's exact=True; hidden while every segment was scanned (fix proposed in issue 26's report)",
-)
 @pytest.mark.parametrize("layout", ["paired", "single-collection"])
 def test_an_index_opened_exact_asks_for_exact_search(edge, layout):
     """With the graph used from 1,000 KB up, ``DualIndex(exact=True)`` (``rmq search --exact``) must
@@ -175,5 +171,27 @@ def test_init_can_keep_the_collections_own_threshold(edge, models, items):
     assert "p-new" not in edge.list_collections() and thresholds(edge, "photos") == {
         "": 10_000
     }  # nothing written
-    create_pair(edge, "p", old_collection="photos", encoder=encoder, full_scan_kb=None)
+    create_pair(edge, "p", old_collection="photos", encoder=encoder)  # the default: the team's own
     assert thresholds(edge, "photos") == {"": 10_000}
+
+
+def test_rmq_init_full_scan_kb(rmq, models, image_folder, tmp_path):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    bad = rmq(
+        "init",
+        "--name",
+        "p",
+        "--old-collection",
+        "gallery",
+        "--encoder",
+        models.rm,
+        "--full-scan-kb",
+        -1,
+        ok=False,
+    )
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", models.rm, "--full-scan-kb", 1000)
+    from rm_qdrant import open_store
+
+    with open_store(tmp_path / "q") as store:
+        assert thresholds(store, "gallery") == thresholds(store, "p-new") == {"": 1000}
