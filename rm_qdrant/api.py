@@ -90,8 +90,13 @@ def migrate(
                 return {"moved": report.moved, "stopped_early": report.stopped_early}
     """
     settings = _options(options)
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
+    _check(workers, int, "workers", low=1)
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise ConfigError(f"stop is a threading.Event (or None), not {type(stop).__name__}")
+    if on_batch is not None and not callable(on_batch):
+        raise ConfigError(
+            f"on_batch is a function of one BatchResult (or None), not {type(on_batch).__name__}"
+        )
     with DualIndex.open(store, name, encoder=encoder) as index:
         return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch)
 
@@ -134,6 +139,27 @@ def optimize(store: Store, name: str) -> list[str]:
     return names
 
 
+#: The numeric options: name, type (float takes an int too), lowest value. Ranges beyond the
+#: lowest (``until`` <= 1, a share <= 1) are the migration's own checks.
+_TYPES = (
+    ("batch", int, 1),
+    ("limit", int, 0),
+    ("seed", int, 0),
+    ("fetch_workers", int, 1),
+    ("until", float, 0),
+    ("max_failure_share", float, 0),
+    ("optimize_every", float, 0),
+)
+
+
+def _check(value: Any, kind: type, name: str, *, low: float) -> None:
+    kinds = (int, float) if kind is float else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ConfigError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value!r}")
+
+
 def _options(options: dict[str, Any]) -> MigrateOptions:
     """``MigrateOptions`` from keyword options, each name and the order and shard checked."""
     unknown = sorted(set(options) - set(MIGRATE_OPTIONS))
@@ -143,6 +169,11 @@ def _options(options: dict[str, Any]) -> MigrateOptions:
             f"unknown migrate option{many} {', '.join(map(repr, unknown))}: the options are "
             f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, on_batch and stop"
         )
+    for key, kind, low in _TYPES:
+        if options.get(key) is not None:
+            _check(options[key], kind, key, low=low)
+    if "retry_failed" in options and not isinstance(options["retry_failed"], bool):
+        raise ConfigError(f"retry_failed is True or False, got {options['retry_failed']!r}")
     if options.get("order") is not None:
         options["order"] = check_order(str(options["order"]))
     if isinstance(options.get("shard"), str):

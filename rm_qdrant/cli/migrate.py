@@ -20,6 +20,7 @@ from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget, order_ready
+from rm_qdrant.backfill.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.cli.common import (
     SEED,
     FiniteFloat,
@@ -81,6 +82,19 @@ def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dic
     }
 
 
+def _seconds_or_end(value: str) -> float | None:
+    """``--optimize-every``: seconds (a finite number >= 0), or ``end`` (None)."""
+    if value.strip().lower() == "end":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not (0 <= seconds < float("inf")):
+        raise ConfigError(f"--optimize-every takes seconds (a number >= 0) or 'end', got {value!r}")
+    return seconds
+
+
 def _summary(report: MigrationReport, name: str) -> str:
     rate = report.moved / report.seconds if report.seconds else 0.0
     text = (
@@ -129,6 +143,14 @@ def _summary(report: MigrationReport, name: str) -> str:
     type=click.IntRange(min=1),
     help="Threads fetching and decoding images.",
 )
+@click.option(
+    "--optimize-every",
+    default=str(OPTIMIZE_EVERY),
+    show_default=True,
+    metavar="SECONDS|end",
+    help="Embedded store: build the search indexes of what the run wrote every this many seconds "
+    "(0: after each batch) and at its end; 'end': only at the end.",
+)
 @click.option("--prepare", is_flag=True, help="Rank the gallery in backfill order, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
@@ -148,6 +170,7 @@ def migrate(
     max_failures: float,
     source: SourceConfig,
     fetch_workers: int,
+    optimize_every: str,
     prepare: bool,
     dry_run: bool,
     encoder: str | None,
@@ -166,6 +189,7 @@ def migrate(
         max_failure_share=max_failures,
         fetch_workers=fetch_workers,
         source=source,
+        optimize_every=_seconds_or_end(optimize_every),
     )
     index = DualIndex.open(store, name, encoder=encoder)
     if dry_run:

@@ -49,3 +49,24 @@ def test_bad_options_are_one_clear_error(store, models, pair):
     with pytest.raises(ConfigError, match="workers"):
         rm_qdrant.migrate(store, "p", workers=0)
     assert store.count("p-new") == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch": "10"}, "batch must be an integer, got '10'"),
+        ({"batch": 2.5}, "batch must be an integer"),
+        ({"until": "0.5"}, "until must be a number"),
+        ({"workers": "2"}, "workers must be an integer"),
+        ({"limit": -1}, "limit must be >= 0"),
+        ({"fetch_workers": True}, "fetch_workers must be an integer"),
+        ({"optimize_every": -3}, "optimize_every must be >= 0"),
+        ({"retry_failed": "yes"}, "retry_failed is True or False"),
+        ({"stop": True}, "stop is a threading.Event"),
+        ({"on_batch": 5}, "on_batch is a function"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_clear_error_before_anything_moves(store, pair, options, message):
+    with pytest.raises(ConfigError, match=message):
+        rm_qdrant.migrate(store, "p", **options)
+    assert store.count("p-new") == 0

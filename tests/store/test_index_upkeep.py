@@ -4,6 +4,7 @@ optimizer): a migration optimises what it wrote at the end and at a bounded inte
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -178,3 +179,17 @@ def test_a_stopped_run_ends_at_once_and_leaves_the_build_to_the_next(store, mode
     rest = Recorder(store)
     rm_qdrant.migrate(rest, "p", batch=7, optimize_every=None)
     assert rest.unbuilt() == set() if isinstance(store, EdgeStore) else True
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_rmq_migrate_optimize_every_refuses_what_is_not_seconds_or_end(rmq, models, image_folder, value):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", models.rm)
+    bad = rmq("migrate", "--name", "p", "--optimize-every", value, ok=False)
+    assert (
+        bad.exit_code == 1
+        and "--optimize-every takes seconds" in bad.output
+        and "Traceback" not in bad.output
+    )
+    report = json.loads(rmq("migrate", "--name", "p", "--optimize-every", "end", "--json").output)
+    assert report["moved"] == 24 and report["optimize_seconds"] > 0  # the end's build, on the embedded store
