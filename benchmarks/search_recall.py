@@ -129,7 +129,8 @@ def tune(store, vectors):
     except ImportError:
         return "full_scan_threshold: Qdrant's default (this code has no tune_search)"
     tune_search(store, vectors)
-    return f"full_scan_threshold {SERVING_FULL_SCAN_KB} KB on every searched vector (as rmq init --full-scan-kb {SERVING_FULL_SCAN_KB} sets it)"
+    kb = SERVING_FULL_SCAN_KB
+    return f"full_scan_threshold {kb} KB on every searched vector (as rmq init --full-scan-kb {kb} sets it)"
 
 
 def load1():
