@@ -144,7 +144,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000, help="images to migrate (CIFAR-10 train)")
     parser.add_argument("--batch", type=int, default=1_000)
-    parser.add_argument("--fetch-workers", type=int, default=4)
+    parser.add_argument(
+        "--fetch-workers", type=int, default=None, help="fetch threads (default: the migration's own choice)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="both")
@@ -187,7 +189,8 @@ def report(
         f"command: python {' '.join(sys.argv)}",
         f"machine: {machine()}; date: {date.today()}",
         f"images: {args.n:,} CIFAR-10 train JPEGs (32x32), batch {args.batch}, "
-        f"fetch workers {args.fetch_workers}, embedded store; median of {args.repeats} runs; "
+        f"fetch workers {args.fetch_workers or 'by source (2 for local files)'}, embedded store; "
+        f"median of {args.repeats} runs; "
         "with both layouts, each repeat runs both (who goes first alternates); `vs paired`: the "
         "median of single-collection / paired migration throughput over the repeats; ratio: migration / "
         "encoder alone with the migration's session options; `vs best`: migration / the faster of the "

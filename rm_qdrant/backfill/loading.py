@@ -32,14 +32,36 @@ from rm_qdrant.store import Store, Where
 log = logging.getLogger(__name__)
 #: Most points one task decodes: small enough for slow network fetches to spread over the pool.
 _SLICE = 32
+#: Threads a batch of local files gets when the caller leaves it to the source (``workers``
+#: None): a read from a disk waits little, and more threads only contend for the GIL with the
+#: encoder and the store's writes (measured: benchmarks/results/migration_throughput.md).
+LOCAL_WORKERS = 2
+#: Threads a batch gets where some image comes over the network (``workers`` None).
+NETWORK_WORKERS = 8
 
 
 def load_pixels(
     encoder: OnnxEncoder, source: ImageSource, rule: UriRule, point_id: PointId, payload: Mapping[str, Any]
 ) -> tuple[np.ndarray | None, str]:
     """A stored point's image, decoded as ``encoder`` takes it, or None and why it could not be read."""
+    uri, error = _uri(rule, point_id, payload)
+    return (None, error) if error else _decoded(encoder, source, point_id, uri)
+
+
+def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[Any, str]:
     try:
-        uri = rule.uri(point_id, payload)
+        return rule.uri(point_id, payload), ""
+    except SourceError as exc:
+        return None, str(exc)
+    except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
+        log.warning("unexpected failure reading the image uri of point %s", point_id, exc_info=True)
+        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
+
+
+def _decoded(
+    encoder: OnnxEncoder, source: ImageSource, point_id: PointId, uri: Any
+) -> tuple[np.ndarray | None, str]:
+    try:
         return encoder.decode(source.fetch(uri), max_pixels=source.config.max_pixels), ""
     except SourceError as exc:
         return None, str(exc)
@@ -48,6 +70,13 @@ def load_pixels(
     except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
         log.warning("unexpected failure reading the image of point %s", point_id, exc_info=True)
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
+
+
+def fetch_threads(source: ImageSource, uris: Sequence[Any], workers: int | None) -> int:
+    """Threads to fetch ``uris`` with: ``workers`` if given, else by where the images are."""
+    if workers is not None:
+        return workers
+    return LOCAL_WORKERS if all(source.is_local(u) for u in uris if u is not None) else NETWORK_WORKERS
 
 
 @dataclass(frozen=True)
@@ -72,26 +101,39 @@ def load_batch(
     points: Sequence[tuple[PointId, Mapping[str, Any]]],
     pool: Executor,
     *,
-    workers: int,
+    workers: int | None,
     on_image: Callable[[], None] | None = None,
 ) -> LoadedBatch:
-    """Fetch and decode the images of ``points`` (id, payload) with ``pool`` (``workers`` threads)."""
+    """Fetch and decode the images of ``points`` (id, payload) with ``pool``, on ``workers`` of its
+    threads (None: :func:`fetch_threads` picks by where the batch's images are)."""
     spec = encoder.info.input
     images = np.empty((len(points), spec.height, spec.width, spec.channels), np.uint8)
     errors: list[str | None] = [None] * len(points)
-    size = max(1, min(_SLICE, len(points) // (4 * max(1, workers))))
+    uris: list[Any] = [None] * len(points)
+    for row, (point_id, payload) in enumerate(points):  # pure and quick: the batch's at once
+        uris[row], error = _uri(rule, point_id, payload)
+        errors[row] = error or None
+    threads = fetch_threads(source, uris, workers)
+    size = max(1, min(_SLICE, len(points) // (4 * max(1, threads))))
+    starts = iter(range(0, len(points), size))  # shared: each task takes the next slice not taken
 
     def load(start: int) -> None:
         for row in range(start, min(start + size, len(points))):
-            image, error = load_pixels(encoder, source, rule, *points[row])
-            if image is None:
-                errors[row] = error or "the image could not be read"
-            else:
-                images[row] = image
+            if errors[row] is None:
+                image, error = _decoded(encoder, source, points[row][0], uris[row])
+                if image is None:
+                    errors[row] = error or "the image could not be read"
+                else:
+                    images[row] = image
             if on_image is not None:
                 on_image()
 
-    for _ in pool.map(load, range(0, len(points), size)):
+    def work(_: int) -> None:
+        for start in starts:
+            load(start)
+
+    # ``threads`` tasks: a pool with more threads leaves the others idle (no GIL contention)
+    for _ in pool.map(work, range(max(1, min(threads, len(points))))):
         pass
     rows = [row for row, error in enumerate(errors) if error is None]
     failed = [(row, error) for row, error in enumerate(errors) if error is not None]

@@ -40,7 +40,7 @@ import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
-from rm_qdrant.backfill.loading import load_batch
+from rm_qdrant.backfill.loading import NETWORK_WORKERS, load_batch
 from rm_qdrant.backfill.outcome import (
     BatchResult,
     Encoded,
@@ -152,7 +152,7 @@ class Migrator:
         halt = stop or threading.Event()  # set: fetches not yet begun give up at once
         with (
             ImageSource(self.options.source, stop=halt) as source,
-            ThreadPoolExecutor(self.options.fetch_workers, "rmq-fetch") as fetch,
+            ThreadPoolExecutor(self.options.fetch_workers or NETWORK_WORKERS, "rmq-fetch") as fetch,
             ThreadPoolExecutor(1, "rmq-prepare") as prepare,
             ThreadPoolExecutor(1, "rmq-write") as write,
         ):

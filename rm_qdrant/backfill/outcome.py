@@ -31,7 +31,9 @@ class MigrateOptions:
         shard: ``(i, n)``: move only the points of worker i of n.
         retry_failed: also try points whose last attempt failed.
         max_failure_share: stop when more than this share of a batch fails.
-        fetch_workers: threads fetching and decoding images.
+        fetch_workers: threads fetching and decoding images; None: by where a batch's images
+            are, 2 for local files (more only contend with the encoder and the store's writes for
+            the GIL), 8 where some come over the network (see backfill/loading.py).
         source: how images are fetched.
         optimize_every: seconds between index builds of the collections written, while the
             run goes on, on a store that builds them only when asked (the embedded one; see
@@ -46,7 +48,7 @@ class MigrateOptions:
     shard: tuple[int, int] | None = None
     retry_failed: bool = False
     max_failure_share: float = 0.5
-    fetch_workers: int = 8
+    fetch_workers: int | None = None
     source: SourceConfig = field(default_factory=SourceConfig)
     optimize_every: float | None = OPTIMIZE_EVERY
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -90,6 +91,15 @@ def _resolved(root: Path) -> Path:
     return resolved
 
 
+def scheme_of(uri: str) -> tuple[str, bool]:
+    """A URI's scheme, lower-cased (``file`` for a plain path), and whether it was written out."""
+    if uri[0] == "/":  # an absolute path, the usual local case: no pattern to match
+        return "file", False
+    match = _SCHEME.match(uri)
+    explicit = match is not None and len(match.group(1)) > 1  # not a Windows drive letter
+    return (match.group(1).lower() if match is not None and explicit else "file"), explicit
+
+
 def shown(uri: object) -> str:
     """How a URI appears in messages, logs and payloads: credentials redacted, length bounded."""
     text = redact(str(uri))
@@ -127,33 +137,38 @@ class ImageSource:
         """
         if not isinstance(uri, str) or not uri:
             raise SourceError(f"no image URI (got {shown(repr(uri))})")
-        name = shown(uri)
-        match = _SCHEME.match(uri)
-        explicit = match is not None and len(match.group(1)) > 1  # not a Windows drive letter
-        scheme = match.group(1).lower() if match is not None and explicit else "file"
+        scheme, explicit = scheme_of(uri)
         if scheme not in self.config.schemes:
             allowed = ", ".join(self.config.schemes)
-            raise SourceError(f"{name}: scheme {scheme!r} is not allowed (allowed: {allowed})")
+            raise SourceError(f"{shown(uri)}: scheme {scheme!r} is not allowed (allowed: {allowed})")
         if self._stop is not None and self._stop.is_set():
-            raise SourceError(f"{name}: not fetched, the run is stopping")
-        if scheme == "file":
-            target = self._path(uri, explicit, name)
+            raise SourceError(f"{shown(uri)}: not fetched, the run is stopping")
+        if scheme == "file":  # the name is made only for an error: most files are read
+            target = self._path(uri, explicit, lambda: shown(uri))
             confined = self._root is not None
-            return read_file(target, max_bytes=self.config.max_bytes, shown=name, follow=not confined)
+            return read_file(
+                target, max_bytes=self.config.max_bytes, shown=lambda: shown(uri), follow=not confined
+            )
+        name = shown(uri)
         if scheme in ("http", "https"):
             return self._fetcher().get(uri, shown=name, stop=self._stop)
         if scheme in ("s3", "gs"):
             return self._object_fetcher().get(uri, shown=name, stop=self._stop)
         raise SourceError(f"{name}: rm-qdrant cannot fetch {scheme!r} URIs")
 
-    def _path(self, uri: str, has_scheme: bool, name: str) -> Path:
+    def _path(self, uri: str, has_scheme: bool, name: Callable[[], str]) -> str | Path:
         if has_scheme:  # file://host/path
             try:
                 uri = unquote(urlsplit(uri).path)
             except ValueError as exc:
-                raise SourceError(f"{name}: malformed URI: {exc}") from exc
-        target = Path(uri)
-        return target if self._root is None else confine(target, self._root, shown=name)
+                raise SourceError(f"{name()}: malformed URI: {exc}") from exc
+        if self._root is not None:
+            return confine(Path(uri), self._root, shown=name)
+        return Path(uri) if uri.endswith("/") else uri  # a Path drops a trailing slash; os.open would not
+
+    def is_local(self, uri: object) -> bool:
+        """Whether ``uri`` names a local file (a path or ``file://``): read from a disk, not a network."""
+        return isinstance(uri, str) and bool(uri) and scheme_of(uri)[0] == "file"
 
     def _fetcher(self) -> HttpFetcher:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from rm_qdrant.errors import SourceError
@@ -11,9 +12,12 @@ from rm_qdrant.errors import SourceError
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CHUNK = 1 << 20
+#: How a file appears in errors: the text, or a function that makes it (called only on an error:
+#: redacting a URI costs more than reading a small file).
+Shown = str | Callable[[], str]
 
 
-def confine(target: Path, root: Path, *, shown: str) -> Path:
+def confine(target: Path, root: Path, *, shown: Shown) -> Path:
     """``target`` with every symbolic link and ``..`` resolved, if that lies under ``root``.
 
     A relative ``target`` is taken under ``root``, an absolute one as it is; either way
@@ -28,13 +32,13 @@ def confine(target: Path, root: Path, *, shown: str) -> Path:
     try:
         resolved = (root / target).resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # a link loop; a NUL byte in the path
-        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+        raise SourceError(f"{_text(shown)}: {_reason(exc)}") from exc
     if not resolved.is_relative_to(root):
-        raise SourceError(f"{shown}: resolves outside --root ({root}); refused")
+        raise SourceError(f"{_text(shown)}: resolves outside --root ({root}); refused")
     return resolved
 
 
-def read_file(target: Path, *, max_bytes: int, shown: str, follow: bool = True) -> bytes:
+def read_file(target: str | Path, *, max_bytes: int, shown: Shown, follow: bool = True) -> bytes:
     """The bytes of the regular file ``target``, at most ``max_bytes`` of them.
 
     Opened without blocking (a FIFO would otherwise wait forever for a writer) and
@@ -48,24 +52,28 @@ def read_file(target: Path, *, max_bytes: int, shown: str, follow: bool = True) 
     try:
         fd = os.open(target, _FLAGS if follow else _FLAGS | _NOFOLLOW)
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+        raise SourceError(f"{_text(shown)}: {_reason(exc)}") from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SourceError(f"{shown}: not a regular file")
+            raise SourceError(f"{_text(shown)}: not a regular file")
         if info.st_size > max_bytes:
-            raise SourceError(f"{shown}: {info.st_size} bytes is over the {max_bytes}-byte limit")
+            raise SourceError(f"{_text(shown)}: {info.st_size} bytes is over the {max_bytes}-byte limit")
         chunks, size = [], 0
         while chunk := os.read(fd, min(_CHUNK, max_bytes + 1 - size)):
             chunks.append(chunk)
             size += len(chunk)
             if size > max_bytes:
-                raise SourceError(f"{shown}: over the {max_bytes}-byte limit")
+                raise SourceError(f"{_text(shown)}: over the {max_bytes}-byte limit")
         return b"".join(chunks)
     except OSError as exc:
-        raise SourceError(f"{shown}: {_reason(exc)}") from exc
+        raise SourceError(f"{_text(shown)}: {_reason(exc)}") from exc
     finally:
         os.close(fd)
+
+
+def _text(shown: Shown) -> str:
+    return shown if isinstance(shown, str) else shown()
 
 
 def _reason(exc: Exception) -> str:

@@ -11,7 +11,10 @@ import numpy as np
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_CANONICAL_UUID = re.compile(_UUID)
+#: Canonical UUIDs joined by newlines: a batch of them checked in one regex pass.
+_CANONICAL_UUIDS = re.compile(rf"{_UUID}(?:\n{_UUID})*")
 
 
 def normalize_id(point_id: object) -> PointId:
@@ -41,9 +44,19 @@ def normalize_id(point_id: object) -> PointId:
 
 
 def normalize_ids(ids: Iterable[object]) -> list[PointId]:
-    """:func:`normalize_id` of each id; a batch of plain non-negative ints (the usual case)
-    is checked in one pass instead of one call per id."""
+    """:func:`normalize_id` of each id; a batch of plain non-negative ints or of canonical UUID
+    strings (the usual cases) is checked in one pass instead of one call per id."""
     listed = list(ids)
-    if all(type(i) is int for i in listed) and (not listed or min(listed) >= 0):  # type: ignore[type-var]
+    if not listed:
+        return []
+    kinds = set(map(type, listed))
+    if kinds == {int} and min(listed) >= 0:  # type: ignore[type-var]
         return listed  # type: ignore[return-value]
+    if kinds == {str}:
+        joined = "\n".join(listed)  # type: ignore[arg-type]
+        # As long as n UUIDs and their n - 1 newlines: no id holds a newline of its own.
+        if len(joined) == 37 * len(listed) - 1 and _CANONICAL_UUIDS.fullmatch(joined):
+            return listed  # type: ignore[return-value]
+    if kinds == {uuid.UUID}:  # what qdrant-edge returns for UUID ids
+        return [str(i) for i in listed]
     return [normalize_id(i) for i in listed]

@@ -10,7 +10,7 @@ import numpy as np
 
 from rm_qdrant.core.merge import higher_is_closer
 from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord
-from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.ids import normalize_id, normalize_ids
 from rm_qdrant.store.vectors import SparseVector, read_vector
 
 
@@ -44,10 +44,11 @@ def records_from(
 ) -> list[Record]:
     """:func:`record_from` of each point, the batch at once: without vectors no per-point array,
     and the asked vector's rows stacked into one array (each record holds a row of it)."""
-    if others or not with_vectors:
-        if not others:
-            return [Record(normalize_id(p.id), dict(p.payload or {})) for p in points]
+    if others:
         return [record_from(p, with_vectors, vector, others) for p in points]
+    ids = normalize_ids([p.id for p in points])  # one pass for the batch, not a call per id
+    if not with_vectors:
+        return [Record(i, dict(p.payload or {})) for i, p in zip(ids, points, strict=True)]
     raws = [p.vector for p in points]
     raws = [r.get(vector) if isinstance(r, Mapping) else r for r in raws]
     present = [r for r in raws if r is not None]
@@ -56,8 +57,8 @@ def records_from(
     else:
         rows = iter(np.asarray(present, dtype=np.float32)) if present else iter(())
     return [
-        Record(normalize_id(p.id), dict(p.payload or {}), None if r is None else next(rows))
-        for p, r in zip(points, raws, strict=True)
+        Record(i, dict(p.payload or {}), None if r is None else next(rows))
+        for i, p, r in zip(ids, points, raws, strict=True)
     ]
 
 
