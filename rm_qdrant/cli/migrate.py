@@ -138,10 +138,9 @@ def _summary(report: MigrationReport, name: str) -> str:
 @source_options
 @click.option(
     "--fetch-workers",
-    default=8,
-    show_default=True,
     type=click.IntRange(min=1),
-    help="Threads fetching and decoding images.",
+    help="Threads fetching and decoding images [default: by source: 2 for local files, 8 when "
+    "images come over the network].",
 )
 @click.option(
     "--optimize-every",
@@ -169,7 +168,7 @@ def migrate(
     retry_failed: bool,
     max_failures: float,
     source: SourceConfig,
-    fetch_workers: int,
+    fetch_workers: int | None,
     optimize_every: str,
     prepare: bool,
     dry_run: bool,
