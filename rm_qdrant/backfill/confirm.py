@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qdrant_client import models
-
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.store import Store, Where
+from rm_qdrant.store.filters import with_ids
 
 
 def _among(ids: Sequence[PointId], vector: str) -> Where:
-    return Where(
-        has_vector=(vector,), clauses=(models.Filter(must=[models.HasIdCondition(has_id=list(ids))]),)
-    )
+    return with_ids(ids) & Where(has_vector=(vector,))
 
 
 def all_have_vector(store: Store, collection: str, ids: Sequence[PointId], vector: str) -> bool:

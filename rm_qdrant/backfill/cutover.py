@@ -15,6 +15,7 @@ from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
+from rm_qdrant.store.points import every_id
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +105,7 @@ def _embed_late_writes(store: Store, pair: PairRecord, late: _Late) -> None:
 
 
 def _lacking(store: Store, pair: PairRecord) -> list[PointId]:
-    ids: list[PointId] = []
-    offset: PointId | None = None
-    while True:
-        page, offset = store.scroll(
-            pair.old_collection, limit=10_000, offset=offset, where=active_where(pair), with_payload=False
-        )
-        ids += [r.id for r in page]
-        if offset is None:
-            return ids
+    return every_id(store, pair.old_collection, active_where(pair))
 
 
 def _stranded(

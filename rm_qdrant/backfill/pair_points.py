@@ -21,15 +21,14 @@ from rm_qdrant.core.merge import PointId, Source
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Filter, Where
-from rm_qdrant.store.filters import as_where
+from rm_qdrant.store.filters import as_where, with_ids
 from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.points import every_id
 
 if TYPE_CHECKING:
     from rm_qdrant.backfill.layouts import Layout
     from rm_qdrant.backfill.pair import PairRecord
     from rm_qdrant.store import Store
-
-_PAGE = 10_000
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ class PairPoints:
         SearchOptions(with_payload=with_payload, with_vectors=with_vectors)  # checks both
         wanted = list(dict.fromkeys(normalize_id(i) for i in self._ids(ids)))
         found: dict[PointId, PairPoint] = {}
-        has_id = Where(clauses=(models.Filter(must=[models.HasIdCondition(has_id=wanted)]),))
+        has_id = with_ids(wanted)
         for side in self._sides() if wanted else []:  # old first: new's copy wins
             records, _ = self.store.scroll(
                 side.collection,
@@ -198,10 +197,9 @@ class PairPoints:
         both = self.layout.in_both(self.store, sides[0].where & where)
         if not both:
             return []
-        has_id = Where(clauses=(models.Filter(must=[models.HasIdCondition(has_id=both)]),))
         new = sides[1]
         records, _ = self.store.scroll(
-            new.collection, limit=len(both), where=new.where & where & has_id, with_payload=False
+            new.collection, limit=len(both), where=new.where & where & with_ids(both), with_payload=False
         )
         return [r.id for r in records]
 
@@ -218,14 +216,7 @@ class PairPoints:
     def _matching(self, where: Where) -> list[PointId]:
         ids: dict[PointId, None] = {}
         for side in self._sides():
-            offset: PointId | None = None
-            while True:
-                page, offset = self.store.scroll(
-                    side.collection, limit=_PAGE, offset=offset, where=side.where & where, with_payload=False
-                )
-                ids.update(dict.fromkeys(r.id for r in page))
-                if offset is None:
-                    break
+            ids.update(dict.fromkeys(every_id(self.store, side.collection, side.where & where)))
         return list(ids)
 
     @staticmethod

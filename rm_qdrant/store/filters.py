@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from qdrant_client import models
 
+from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store.qfilter import check_filter, range_condition
 
@@ -69,6 +70,11 @@ class Where:
 #: "shard": [0, 1], "created_at": {"gte": "2025-01-01"}}``. A dict with other keys is refused,
 #: never read as an equality.
 Filter = Where | models.Filter | Mapping[str, Any]
+
+
+def with_ids(ids: Sequence[PointId]) -> Where:
+    """The points whose id is one of ``ids``."""
+    return Where(clauses=(models.Filter(must=[models.HasIdCondition(has_id=list(ids))]),))
 
 
 def as_where(filter: Filter | None) -> Where | None:

@@ -1,5 +1,5 @@
-"""Points between a backend and rm-qdrant: records read back, scored hits, and writes that
-skip points deleted meanwhile. Shared by both stores."""
+"""Points between a backend and rm-qdrant: records read back, scored hits, writes that skip
+points deleted meanwhile, and every id a filter matches. Shared by both stores."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.core.merge import higher_is_closer
-from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord
+from rm_qdrant.core.merge import PointId, higher_is_closer
+from rm_qdrant.store.base import MergedQuery, Record, ScoredRecord, Store, Where
 from rm_qdrant.store.ids import normalize_id, normalize_ids
 from rm_qdrant.store.vectors import SparseVector, read_vector
+
+
+def every_id(store: Store, name: str, where: Where | None = None, *, page: int = 10_000) -> list[PointId]:
+    """The ids of every point of ``name`` that ``where`` matches, read a page at a time."""
+    ids: list[PointId] = []
+    offset: PointId | None = None
+    while True:
+        records, offset = store.scroll(name, limit=page, offset=offset, where=where, with_payload=False)
+        ids += [r.id for r in records]
+        if offset is None:
+            return ids
 
 
 def wanted(with_vectors: bool, vector: str, others: Sequence[str] = ()) -> Any:

@@ -42,13 +42,13 @@ from rm_qdrant.core.planning import (
 )
 from rm_qdrant.errors import MigrationError
 from rm_qdrant.store import Record, Store, Where
+from rm_qdrant.store.points import every_id
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
 #: Seconds between a batch's write to new and its removal from old where the store
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
-_PAGE = 10_000
 _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
 #: Rounds of bringing a batch's copies up to date with old (each needs a new update to land).
 _CATCH_UP = 3
@@ -70,16 +70,8 @@ class Paired(Layout):
         pair = self.pair
         if pair.state != "backfilling" or not store.has_collection(pair.old_collection):
             return []
-        marked: list[PointId] = []
-        offset: PointId | None = None
         marking = self.old_where() & Where(not_empty=(MOVING,)) & (where or Where())
-        while True:
-            page, offset = store.scroll(
-                pair.old_collection, limit=_PAGE, offset=offset, where=marking, with_payload=False
-            )
-            marked += [r.id for r in page]
-            if offset is None:
-                break
+        marked = every_id(store, pair.old_collection, marking)
         found = store.retrieve(pair.new_collection, marked, with_payload=False) if marked else []
         return [r.id for r in found]
 

@@ -92,11 +92,7 @@ class OneCollection(Layout):
 
     def ids_in_new(self, store: Store, ids: list[PointId]) -> set[PointId]:
         """Which of ``ids`` have the new vector."""
-        pair = self.pair
-        found = store.retrieve(
-            pair.new_collection, ids, with_vectors=True, vector=pair.new_using, with_payload=False
-        )
-        return {r.id for r in found if r.vector is not None}
+        return having_vector(store, self.pair.new_collection, ids, self.pair.new_using)
 
     def stored_points(self, store: Store) -> int:
         return store.count(self.pair.old_collection)
