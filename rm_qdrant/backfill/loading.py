@@ -40,15 +40,8 @@ LOCAL_WORKERS = 2
 NETWORK_WORKERS = 8
 
 
-def load_pixels(
-    encoder: OnnxEncoder, source: ImageSource, rule: UriRule, point_id: PointId, payload: Mapping[str, Any]
-) -> tuple[np.ndarray | None, str]:
-    """A stored point's image, decoded as ``encoder`` takes it, or None and why it could not be read."""
-    uri, error = _uri(rule, point_id, payload)
-    return (None, error) if error else _decoded(encoder, source, point_id, uri)
-
-
 def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[Any, str]:
+    """A stored point's image URI, or None and why it has none."""
     try:
         return rule.uri(point_id, payload), ""
     except SourceError as exc:
@@ -61,6 +54,7 @@ def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[
 def _decoded(
     encoder: OnnxEncoder, source: ImageSource, point_id: PointId, uri: Any
 ) -> tuple[np.ndarray | None, str]:
+    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read."""
     try:
         return encoder.decode(source.fetch(uri), max_pixels=source.config.max_pixels), ""
     except SourceError as exc:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.store.qfilter import json_path
 
 _CONSISTENCIES = ", ".join(repr(t.value) for t in models.ReadConsistencyType)
 
@@ -64,8 +65,7 @@ def _as_params(given: Any) -> models.SearchParams | None:
             given = models.SearchParams.model_validate(dict(given))
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"bad search_params: {where}: {first['msg']}") from None
+            raise ConfigError(f"bad search_params: {json_path(first['loc'])}: {first['msg']}") from None
     if not isinstance(given, models.SearchParams):
         raise ConfigError(f"search_params is a qdrant_client.models.SearchParams, got {type(given).__name__}")
     if given.hnsw_ef is not None and given.hnsw_ef <= 0:

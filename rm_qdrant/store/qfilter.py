@@ -33,10 +33,10 @@ def parse_filter(raw: Mapping[str, Any]) -> models.Filter:
         return models.Filter.model_validate(dict(raw))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ConfigError(f"not a Qdrant filter: {_json_path(first['loc'])}: {first['msg']}") from None
+        raise ConfigError(f"not a Qdrant filter: {json_path(first['loc'])}: {first['msg']}") from None
 
 
-def _json_path(loc: tuple[Any, ...]) -> str:
+def json_path(loc: tuple[Any, ...]) -> str:
     """pydantic's error location as a path in the user's JSON: ``must[0].range.gte`` (the
     union and class names pydantic adds are left out)."""
     path = ""
