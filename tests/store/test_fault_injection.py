@@ -36,10 +36,10 @@ def kill_once(command, log, marker, window, rng):
     ``window``, SIGKILL it."""
     with log.open("w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 60
+        # however long a busy machine takes to get there: the run either logs it or ends
         while marker is not None and marker not in log.read_text() and proc.poll() is None:
-            assert time.monotonic() < deadline, f"no {marker!r} within 60 s"
             time.sleep(0.01)
+        assert marker is None or marker in log.read_text(), f"the run ended without logging {marker!r}"
         time.sleep(rng.uniform(*window))
         assert proc.poll() is None, "the migration finished before it was killed"
         os.kill(proc.pid, signal.SIGKILL)
@@ -158,9 +158,9 @@ def test_sigterm_and_ctrl_c_stop_cleanly_after_the_batch(tmp_path, models, image
     ]
     with log.open("w") as err_file:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_file, text=True)
-        deadline = time.monotonic() + 60
-        while "acknowledged" not in log.read_text() and time.monotonic() < deadline:
+        while "acknowledged" not in log.read_text() and proc.poll() is None:  # however long that takes
             time.sleep(0.01)
+        assert "acknowledged" in log.read_text(), "the run ended before its first batch was acknowledged"
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=120)
     err = log.read_text()
