@@ -105,7 +105,25 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's request handler: no access log, and one way to answer with a body."""
+
+    def reply(self, body: bytes) -> None:
+        """Answer 200 with ``body``; a client that hung up meanwhile (a stopped run) is no error:
+        socketserver would print its traceback to stderr, into a later test's captured output."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Handler(QuietHandler):
     """Serves the test image folder over HTTP, plus paths that misbehave on purpose."""
 
     root: Path
@@ -128,14 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not target.is_file():
             self.send_error(404)
             return
-        body = target.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(target.read_bytes())
 
 
 @pytest.fixture
@@ -228,3 +239,11 @@ def rmq(tmp_path: Path) -> Callable[..., object]:
         return result
 
     return run
+
+
+@pytest.fixture
+def demo(rmq: Callable[..., object], models: Models, image_folder: Path) -> Path:
+    """A pair ``demo`` over the image folder indexed as ``gallery`` (rm mode); a query image."""
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    return sorted(image_folder.glob("b/*"))[0]

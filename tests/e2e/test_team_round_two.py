@@ -20,7 +20,7 @@ import json
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from qdrant_client import models
 from rm_qdrant import AsyncDualIndex, DualIndex, load_pair, open_store
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import user_payload
+from tests.conftest import QuietHandler
 from tests.e2e.test_team_upgrade import MEAN, STD, export, team_embed
 
 torch = pytest.importorskip("torch")
@@ -42,7 +43,7 @@ START = datetime(2025, 1, 1, tzinfo=UTC)
 TRUNCATED, MISSING_HTTP, MISSING_S3 = (4, 10), 16, 7  # indexes of the broken images
 
 
-class _Cdn(BaseHTTPRequestHandler):
+class _Cdn(QuietHandler):
     """A private CDN: 401 without the team's bearer token, 404 for what it does not have."""
 
     files: dict[str, bytes]
@@ -55,13 +56,7 @@ class _Cdn(BaseHTTPRequestHandler):
         if body is None:
             self.send_error(404)
             return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(body)
 
 
 @pytest.fixture

@@ -7,13 +7,6 @@ import json
 import pytest
 
 
-@pytest.fixture
-def demo(rmq, models, image_folder):
-    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
-    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
-    return sorted(image_folder.glob("b/*"))[0]
-
-
 def labels(rmq, query, *filters):
     args = [a for f in filters for a in ("--filter", f)]
     out = rmq("search", "--name", "demo", query, "--limit", "30", "--exact", "--json", *args).output

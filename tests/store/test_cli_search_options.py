@@ -7,13 +7,6 @@ import json
 import pytest
 
 
-@pytest.fixture
-def demo(rmq, models, image_folder):
-    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
-    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
-    return sorted(image_folder.glob("b/*"))[0]
-
-
 def hits(rmq, query, *args):
     out = rmq("search", "--name", "demo", query, "--exact", "--json", *args).output
     return json.loads(out)

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
+from tests.conftest import QuietHandler
+
 SECRET = "s3cr3t-bearer-value"  # noqa: S105 - a test value
 
 
-class _Images(BaseHTTPRequestHandler):
+class _Images(QuietHandler):
     """Serves ``/img/<absolute path>``; with ``needs`` set, only to requests that send that header."""
 
     needs: tuple[str, str] | None = None
@@ -30,14 +32,7 @@ class _Images(BaseHTTPRequestHandler):
         if not target.is_file():
             self.send_error(404)
             return
-        body = target.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(target.read_bytes())
 
 
 def _serve(needs: tuple[str, str] | None):
