@@ -27,8 +27,9 @@ def all_have_vector(store: Store, collection: str, ids: Sequence[PointId], vecto
 
 def having_vector(store: Store, collection: str, ids: Sequence[PointId], vector: str) -> set[PointId]:
     """The points of ``ids`` that have ``vector``: one count, and a read of their ids only
-    when some do."""
-    if not ids or not store.count(collection, _among(ids, vector)):
-        return set()
+    when some do and some do not."""
+    having = store.count(collection, _among(ids, vector)) if ids else 0
+    if having in (0, len(set(ids))):
+        return set(ids) if having else set()
     page, _ = store.scroll(collection, limit=len(ids), where=_among(ids, vector), with_payload=False)
     return {r.id for r in page}

@@ -24,8 +24,9 @@ def gallery(store, models, tmp_path):
     return items
 
 
-def settle_reads_new(name, args, kwargs):
-    return name == "retrieve" and args[0] == "p-new" and kwargs.get("with_vectors")
+def settle_confirms_new(name, args, kwargs):
+    """The settle step asking new which copies landed (a count; a read where a copy may differ)."""
+    return args[0] == "p-new" and (name == "count" or (name == "retrieve" and kwargs.get("with_vectors")))
 
 
 def writes_copies(name, args, kwargs):
@@ -47,7 +48,19 @@ def migrate_scripted(store, steps):
     return report
 
 
-def test_an_update_between_the_settle_reads_of_new_and_old_survives(store, gallery):
+def noop():
+    pass
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        [("after", settle_confirms_new, "update")],  # the copy is confirmed, old not yet retired
+        [("after", writes_copies, noop), ("after", reads_old, "update")],  # old read back, new not yet
+    ],
+    ids=["after-new-confirmed", "between-old-and-new-reads"],
+)
+def test_an_update_during_the_settle_reads_survives(store, gallery, window):
     """The issue's interleaving: the copy is written and read back, then the user updates the point."""
     victim = gallery[0].point_id
     user = DualIndex.open(store, "p")
@@ -55,7 +68,7 @@ def test_an_update_between_the_settle_reads_of_new_and_old_survives(store, galle
     def update():
         user.upsert_vectors([victim], user_vector(1), [{"uri": "user.jpg", "by": "user"}])
 
-    migrate_scripted(store, [("after", settle_reads_new, update)])
+    migrate_scripted(store, [(when, test, update if act == "update" else act) for when, test, act in window])
     found = store.retrieve("p-new", [victim])
     assert [r.payload for r in found] == [{"uri": "user.jpg", "by": "user"}]
     assert store.count("old") == 0 and store.count("p-new") == len(gallery)
@@ -68,7 +81,6 @@ def test_a_delete_then_re_add_around_the_settle_keeps_the_re_added_point(store, 
     user = DualIndex.open(store, "p")
     steps: list[Step] = [
         ("before", writes_copies, lambda: user.delete([victim])),
-        ("after", settle_reads_new, lambda: None),
         ("after", reads_old, lambda: user.upsert_vectors([victim], user_vector(2), [{"by": "user"}])),
     ]
     migrate_scripted(store, steps)

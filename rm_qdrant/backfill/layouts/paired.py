@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.backfill.confirm import having_vector
 from rm_qdrant.backfill.layouts.base import (
     Claimed,
     DropPlan,
@@ -149,8 +150,8 @@ class Paired(Layout):
             log.debug("acknowledged %s", written)
         acknowledged = time.monotonic()
         batch = written + prepared.already_in_new
-        in_new, in_old = self._read_back(store, batch)
-        outcome = settle(batch, in_new=_shapes(in_new), still_in_old=in_old, dim=dim)
+        shapes, in_new, in_old = self._confirm(store, prepared, batch, dim)
+        outcome = settle(batch, in_new=shapes, still_in_old=in_old, dim=dim)
         if self._behind(outcome.remove_from_old, in_new, in_old):
             outcome = self._catch_up(store, prepared, outcome, in_new, in_old, dim)
             acknowledged = time.monotonic()
@@ -189,13 +190,42 @@ class Paired(Layout):
             self.pair.new_collection, ids, vectors, payloads, insert_only=True, vector=vector, others=others
         )
 
+    def _confirm(
+        self, store: Store, prepared: Prepared, batch: list[PointId], dim: int
+    ) -> tuple[dict[PointId, tuple[int, dict[str, Any]]], dict[PointId, Record], dict[PointId, dict]]:
+        """What :func:`settle` needs of ``batch`` (each copy's vector size and payload, old's
+        payloads), and the copies read whole from new: only where a copy may differ from old,
+        that is the points old changed since the batch read them, and those an earlier run
+        copied. The others' copies were made from the payload old still has, so new is only
+        asked which of them have the vector (a count, see confirm.py). A point gone from old
+        passes as our copy: the settlement deletes it from new only while it is ours (``_OURS``)."""
+        pair, earlier = self.pair, set(prepared.already_in_new)
+        in_old = {r.id: r.payload for r in store.retrieve(pair.old_collection, batch)}
+        unsure = [
+            i
+            for i in batch
+            if i in earlier or (i in in_old and user_payload(in_old[i]) != user_payload(prepared.payloads[i]))
+        ]
+        in_new = self._read_new(store, unsure)
+        shapes = _shapes(in_new)
+        ours = (0, {ORIGIN: ORIGIN_MIGRATE})
+        shapes.update((i, ours) for i in batch if i not in in_old and i not in in_new)
+        sure = [i for i in batch if i in in_old and i not in in_new and i not in earlier]
+        landed = having_vector(store, pair.new_collection, sure, pair.vector)
+        shapes.update((i, (dim, ours[1])) for i in landed)
+        return shapes, in_new, in_old
+
     def _read_back(
         self, store: Store, ids: list[PointId]
     ) -> tuple[dict[PointId, Record], dict[PointId, dict]]:
         """The points of ``ids`` in new (with their vectors) and their payloads in old."""
+        in_old = store.retrieve(self.pair.old_collection, ids)
+        return self._read_new(store, ids), {r.id: r.payload for r in in_old}
+
+    def _read_new(self, store: Store, ids: list[PointId]) -> dict[PointId, Record]:
         pair = self.pair
-        new = store.retrieve(pair.new_collection, ids, with_vectors=True, vector=pair.vector)
-        return {r.id: r for r in new}, {r.id: r.payload for r in store.retrieve(pair.old_collection, ids)}
+        new = store.retrieve(pair.new_collection, ids, with_vectors=True, vector=pair.vector) if ids else []
+        return {r.id: r for r in new}
 
     @staticmethod
     def _behind(
@@ -206,7 +236,8 @@ class Paired(Layout):
         return [
             i
             for i in ids
-            if in_new[i].payload.get(ORIGIN) == ORIGIN_MIGRATE
+            if i in in_new
+            and in_new[i].payload.get(ORIGIN) == ORIGIN_MIGRATE
             and user_payload(in_new[i].payload) != user_payload(in_old[i])
         ]
 
