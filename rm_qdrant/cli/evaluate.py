@@ -11,9 +11,10 @@ from typing import Any
 
 import click
 
+from rm_qdrant.backfill.baseline import NO_PLAIN, Ends, ends_of_curve, measure_ends, plain_new_model
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
-from rm_qdrant.backfill.indexing import scan_image_folder
+from rm_qdrant.backfill.indexing import ImageItem, scan_image_folder
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.migrate import MigrateOptions
 from rm_qdrant.backfill.pair import PairRecord, load_pair
@@ -30,22 +31,47 @@ from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
 
-def summary(points: list[ServedPoint]) -> dict[str, Any]:
-    """AUC_mAP and AUC_CMC over the measured fractions, and Gain against the t = 0 and t = 1 points."""
+def summary(points: list[ServedPoint], ends: Ends | None = None) -> dict[str, Any]:
+    """AUC_mAP and AUC_CMC over the measured fractions; the paper's Gain, (AUC − Old) / (New − Old),
+    against ``ends`` (Old: the old model alone, New: the plain new model alone; None where unknown);
+    and the curve's shape, the same ratio against the pair's own t = 0 and t = 1 points."""
     ts = [p.t for p in points]
-    result: dict[str, Any] = {"auc_map": None, "auc_cmc": None, "gain_map": None, "gain_cmc": None}
+    result: dict[str, Any] = {
+        "auc_map": None,
+        "auc_cmc": None,
+        "gain_map": None,
+        "gain_cmc": None,
+        "old_map": None,
+        "old_top1": None,
+        "new_map": None,
+        "new_top1": None,
+        "gain_note": None if ends is None else ends.missing,
+        "shape_map": None,
+        "shape_cmc": None,
+    }
+    if ends is not None:
+        for side, point in (("old", ends.old), ("new", ends.new)):
+            if point is not None:
+                result[f"{side}_map"], result[f"{side}_top1"] = point.map, point.top1
     if len(points) < 2 or ts[0] != 0.0 or ts[-1] != 1.0:
         return result  # an area over [0, 1] needs both ends
-    for key, values in (("map", [p.map for p in points]), ("cmc", [p.top1 for p in points])):
+    for key, top in (("map", "map"), ("cmc", "top1")):
+        values = [getattr(p, top) for p in points]
         auc = area(values, ts)
         result[f"auc_{key}"] = auc
-        start, end = values[0], values[-1]
-        result[f"gain_{key}"] = (auc - start) / (end - start) if end != start else None
+        result[f"shape_{key}"] = _ratio(auc, values[0], values[-1])
+        if result[f"old_{top}"] is not None and result[f"new_{top}"] is not None:
+            result[f"gain_{key}"] = _ratio(auc, result[f"old_{top}"], result[f"new_{top}"])
     return result
+
+
+def _ratio(auc: float, start: float, end: float) -> float | None:
+    return (auc - start) / (end - start) if end != start else None
 
 
 class _Terminated(BaseException):
@@ -119,6 +145,12 @@ def _percent(value: float | None) -> str:
     help="Migrate the live pair itself between the fractions (it stays migrated); by default a "
     "temporary copy is migrated and the pair is left as it is.",
 )
+@click.option(
+    "--new-model",
+    type=click.Path(),
+    help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: New, for the "
+    "paper's Gain [default: a naive pair's encoder; an rm pair records none].",
+)
 @source_options
 @json_option
 @click.pass_context
@@ -132,6 +164,7 @@ def eval_command(
     batch: int,
     exact: bool,
     in_place: bool,
+    new_model: str | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
@@ -139,7 +172,9 @@ def eval_command(
 
     The pair is copied into a temporary embedded store and the copy is migrated from
     fraction to fraction, so the live pair is never moved (--in-place moves it instead).
-    Gain is measured against the served t = 0 and t = 1 points.
+    Gain is the paper's, against Old (the old model alone) and New (the plain new model
+    alone: an rm pair measures both on another copy, served as the naive pair); the curve's
+    shape against its own t = 0 and t = 1 points is printed apart.
     """
     try:
         points = sorted(float(t) for t in fractions.split(","))
@@ -154,6 +189,10 @@ def eval_command(
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to measure")
     options = MigrateOptions(batch=batch, order=check_order(order) if order else None, source=source)
     silent = quiet(ctx)
+    plain = plain_new_model(pair, new_model)
+    ends = None  # a naive pair's are its own curve's ends
+    if pair.mode != "naive":  # measured before the curve: --in-place moves the pair
+        ends = _rm_ends(store, pair, items, plain, points, options=options, k=k, exact=exact, silent=silent)
 
     def show(point: ServedPoint) -> None:
         if not silent:
@@ -174,11 +213,61 @@ def eval_command(
             target = stack.enter_context(_copy(store, pair, silent))
             store.close()  # measured on the copy: other commands may open the live store meanwhile
         results = measure(DualIndex.open(target, name, exact=exact))
-    totals = summary(results)
-    text = (
-        f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}   "
-        f"Gain {_percent(totals['gain_map'])} % (mAP) {_percent(totals['gain_cmc'])} % (top-1), "
-        "against the t = 0 and t = 1 points"
-        + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved")
+    totals = summary(results, ends or ends_of_curve(pair, results))
+    text = "\n".join(
+        [
+            f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}"
+            + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved"),
+            *_gain_lines(totals),
+        ]
     )
     emit({"points": [dataclasses.asdict(p) for p in results], **totals, "in_place": in_place}, as_json, text)
+
+
+def _rm_ends(
+    store: Store,
+    pair: PairRecord,
+    items: list[ImageItem],
+    plain: OnnxEncoder | None,
+    points: list[float],
+    *,
+    options: MigrateOptions,
+    k: int | None,
+    exact: bool,
+    silent: bool,
+) -> Ends:
+    """An rm pair's Old and New, served as the naive pair (old model, plain new model) on a copy."""
+    if points[0] != 0.0 or points[-1] != 1.0:
+        return Ends(None, None, "the curve needs both t = 0 and t = 1 (--at 0,...,1)")
+    if plain is None:
+        return Ends(None, None, NO_PLAIN.format(name=pair.name))
+    with Progress("copying the pair for Old and New", hidden=silent, unit="points") as bar:
+        bar.start(layout_of(pair).stored_points(store))
+        return measure_ends(
+            store, pair, items, plain, options=options, k=k, exact=exact, on_points=bar.advance
+        )
+
+
+def _gain_lines(totals: dict[str, Any]) -> list[str]:
+    """Old and New, the paper's Gain (or why there is none), and the curve's shape, each named."""
+    lines = []
+    sides = [
+        f"{label} mAP {_percent(totals[f'{key}_map'])} top-1 {_percent(totals[f'{key}_top1'])}"
+        for key, label in (("old", "Old (the old model alone)"), ("new", "New (the plain new model alone)"))
+        if totals[f"{key}_map"] is not None
+    ]
+    if sides:
+        lines.append("; ".join(sides))
+    if totals["gain_map"] is None and totals["gain_cmc"] is None:
+        why = totals["gain_note"] or "Old and New score the same, or the curve lacks t = 0 or t = 1"
+        lines.append(f"the paper's Gain cannot be computed: {why}")
+    else:
+        lines.append(
+            f"the paper's Gain (AUC − Old) / (New − Old): {_percent(totals['gain_map'])} % (mAP) "
+            f"{_percent(totals['gain_cmc'])} % (top-1)"
+        )
+    lines.append(
+        f"shape (AUC − t=0) / (t=1 − t=0), against this pair's own t = 0 and t = 1 points (not the gain): "
+        f"{_percent(totals['shape_map'])} % (mAP) {_percent(totals['shape_cmc'])} % (top-1)"
+    )
+    return lines

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
 
+from rm_qdrant.backfill.baseline import forecast_with_plain, plain_new_model
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.pair import PairRecord, load_pair
@@ -30,11 +32,21 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.forecast import ModeForecast, recommend
+from rm_qdrant.core.forecast import ModeForecast, crowding_text, recommend
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
+
+#: The curve that merges an rm graph's new output with the stored old vectors, queried by the old
+#: model: ψ left out, but not the naive merge (that uses the plain new model, ρ left out too).
+NO_PSI = "no-psi"
+CURVES = {
+    "naive": "the naive merge: the old model queries the stored old vectors, the plain new model new ones",
+    "rm": "this pair's graph: its rev output (ψ) queries the stored old vectors, its new output the new ones",
+    NO_PSI: "this pair's new output merged with the stored old vectors without ψ (the old model queries "
+    "old); not the naive merge, which uses the plain new model (--new-model PATH)",
+}
 
 
 @click.command(name="probe")
@@ -54,6 +66,12 @@ from rm_qdrant.store import Store
 )
 @source_options
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
+@click.option(
+    "--new-model",
+    type=click.Path(),
+    help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: the naive curve "
+    "[default: a naive pair's encoder; an rm pair records none].",
+)
 @json_option
 @click.pass_context
 def probe_command(
@@ -65,6 +83,7 @@ def probe_command(
     seed: int,
     source: SourceConfig,
     encoder: str | None,
+    new_model: str | None,
     as_json: bool,
 ) -> None:
     """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
@@ -76,20 +95,21 @@ def probe_command(
     store = open_cli_store(ctx)
     check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
     index = DualIndex.open(store, name, encoder=encoder)
-    spec = check_order(order) if order else (index.pair.order or "random")
+    pair, hidden = index.pair, as_json or quiet(ctx)
+    spec = check_order(order) if order else (pair.order or "random")
     sample = sample_with_progress(
-        index.store, index.pair, index.encoder, size, seed=seed, source=source, hidden=as_json or quiet(ctx)
+        index.store, pair, index.encoder, size, seed=seed, source=source, hidden=hidden
     )
-    forecasts = forecast_sample(
+    forecasts, advice = _curves(
+        index,
         sample,
-        order=spec,
+        plain_new_model(pair, new_model),
+        spec=spec,
         seed=seed,
         k=k,
-        label_field=index.pair.label_field,
-        calibration=index.pair.old_distance,
-        metric=index.pair.distance,
+        source=source,
+        hidden=hidden,
     )
-    advice = recommend(forecasts, calibrated=index.pair.old_distance is not None, k=k)
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {
         "pair": name,
@@ -98,11 +118,72 @@ def probe_command(
         "unreadable": sample.failed,
         "order": spec,
         "k": k,
-        "forecasts": [f.as_dict() for f in forecasts],
+        "forecasts": [{**f.as_dict(), "curve": CURVES[f.mode]} for f in forecasts],
         "recommendation": advice,
         "cache": str(cached),
     }
-    emit(data, as_json, _text(data, index.pair.mode, forecasts))
+    emit(data, as_json, _text(data, pair.mode, forecasts))
+
+
+def _curves(
+    index: DualIndex,
+    sample: ProbeSample,
+    plain: OnnxEncoder | None,
+    *,
+    spec: str,
+    seed: int,
+    k: int,
+    source: SourceConfig,
+    hidden: bool,
+) -> tuple[list[ModeForecast], str]:
+    """The forecasts and the advice. An rm pair's naive curve needs the plain new model (its own
+    sample); without one, the curve of the graph's new output is named for what it is (no-psi)."""
+    pair = index.pair
+    if plain is not None and sample.rev is not None:
+        size = len(sample.ids) + sample.failed  # the same points: draw_sample picks by the seed
+        again = sample_with_progress(
+            index.store,
+            pair,
+            plain,
+            size,
+            seed=seed,
+            source=source,
+            hidden=hidden,
+            label="the plain new model",
+        )
+        forecasts = forecast_with_plain(
+            sample, again, order=spec, seed=seed, k=k, label_field=pair.label_field, metric=pair.distance
+        )
+        return forecasts, recommend(forecasts, k=k)
+    forecasts = forecast_sample(
+        sample,
+        order=spec,
+        seed=seed,
+        k=k,
+        label_field=pair.label_field,
+        calibration=pair.old_distance,
+        metric=pair.distance,
+    )
+    if sample.rev is None:
+        return forecasts, recommend(forecasts, calibrated=pair.old_distance is not None, k=k)
+    forecasts = [dataclasses.replace(f, mode=NO_PSI) if f.mode == "naive" else f for f in forecasts]
+    return forecasts, without_plain_advice(forecasts, k)
+
+
+def without_plain_advice(forecasts: list[ModeForecast], k: int) -> str:
+    """An rm pair's advice when the plain new model is unknown: the graph's curve, the no-ψ curve
+    named for what it is, and no verdict on the naive merge, which was not forecast."""
+    by_mode = {f.mode: f for f in forecasts}
+    rm, other = by_mode["rm"], by_mode[NO_PSI]
+    problems = [f"rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}"] if rm.dips() else []
+    problems += [f"in rm, {crowding_text(rm.crowded(), k)}"] if rm.crowded() else []
+    verdict = (
+        f"rm is not safe ({'; '.join(problems)}" if problems else "serve rm (it never dips below its start"
+    )
+    return (
+        f"{verdict}; area {rm.area:.3f}, {NO_PSI} {other.area:.3f}: this graph's new output without ψ). "
+        "The naive merge was not forecast: give the plain new model with --new-model PATH"
+    )
 
 
 def sample_with_progress(
@@ -160,8 +241,9 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
         + f"; order {data['order']}; nothing written",
         "",
-        f"recall@{data['k']} against the new model's own neighbours (label-free):",
+        f"recall@{data['k']} against the new model's own neighbours (label-free{_whose(forecasts)}):",
         *recall,
+        *(f"{NO_PSI}: {CURVES[NO_PSI]}" for f in forecasts if f.mode == NO_PSI),
         "",
         *share_table(forecasts, data["k"]),
     ]
@@ -180,6 +262,13 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         f"sample cached in {data['cache']} (rmq status shows the estimate now)",
     ]
     return "\n".join(lines)
+
+
+def _whose(forecasts: list[ModeForecast]) -> str:
+    modes = {f.mode for f in forecasts}
+    if "rm" not in modes:
+        return ""
+    return "; the plain new model's" if "naive" in modes else "; here this graph's new output's"
 
 
 def status_estimate(store: Store, pair: PairRecord, location: str) -> dict[str, Any] | None:

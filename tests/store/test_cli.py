@@ -173,14 +173,19 @@ def test_migrate_bad_input(rmq, models, image_folder, args, message):
     assert result.exit_code != 0 and message in result.output
 
 
-def test_eval_summary_gives_auc_and_gain_against_its_ends():
+def test_eval_summary_gives_auc_gain_against_old_and_new_and_the_shape_against_its_ends():
+    from rm_qdrant.backfill.baseline import Ends
     from rm_qdrant.backfill.evaluate import ServedPoint
     from rm_qdrant.cli.evaluate import summary
 
     points = [ServedPoint(t, t, m, c) for t, m, c in ((0.0, 0.4, 0.5), (0.5, 0.8, 0.7), (1.0, 0.8, 0.9))]
-    totals = summary(points)
-    assert totals["auc_map"] == pytest.approx(0.7) and totals["gain_map"] == pytest.approx(0.75)
-    assert totals["auc_cmc"] == pytest.approx(0.7) and totals["gain_cmc"] == pytest.approx(0.5)
+    totals = summary(points, Ends(ServedPoint(0.0, 0.0, 0.5, 0.6), ServedPoint(1.0, 1.0, 0.9, 0.8)))
+    assert totals["auc_map"] == pytest.approx(0.7) and totals["shape_map"] == pytest.approx(0.75)
+    assert totals["auc_cmc"] == pytest.approx(0.7) and totals["shape_cmc"] == pytest.approx(0.5)
+    assert totals["gain_map"] == pytest.approx(0.5) and totals["gain_cmc"] == pytest.approx(0.5)
+    assert (totals["old_map"], totals["new_top1"]) == (0.5, 0.8)
+    unknown = summary(points, Ends(None, None, "no plain new model"))
+    assert unknown["gain_map"] is None and unknown["gain_note"] == "no plain new model"
     assert summary(points[1:])["auc_map"] is None  # no t = 0: no area over [0, 1]
 
 
@@ -206,6 +211,7 @@ def test_eval_measures_a_copy_and_leaves_the_pair_as_it_was(rmq, models, image_f
     assert out["points"][0]["fraction"] == 0.25 and out["points"][-1]["fraction"] == 1.0  # the copy moved
     assert "already in new" in result.stderr and "t=0.5" in result.stderr  # progress on stderr
     assert out["auc_map"] is not None and "gain_map" in out and out["in_place"] is False
+    assert out["gain_map"] is None and "records no plain new model" in out["gain_note"]  # rm, none given
     after = json.loads(rmq("status", "--name", "demo", "--json").stdout)
     assert (after["new_count"], after["order"]) == (before["new_count"], before["order"])  # not moved
     text = rmq("eval", "--name", "demo", "--queries", image_folder, "--at", "0,1").output
@@ -228,12 +234,12 @@ def test_probe_forecasts_without_writing_and_status_shows_the_estimate(
     assert "run rmq probe" in rmq("status", "--name", "demo").output
     out = json.loads(rmq("probe", "--name", "demo", "--sample", "20", "--k", "5", "--json").output)
     assert (out["sample"], out["unreadable"], out["order"]) == (20, 0, "random")
-    naive, rm = out["forecasts"]
-    assert (naive["mode"], rm["mode"]) == ("naive", "rm")
+    no_psi, rm = out["forecasts"]
+    assert (no_psi["mode"], rm["mode"]) == ("no-psi", "rm")  # no plain new model given: no naive curve
     assert rm["recall"][-1] == pytest.approx(1.0) and len(rm["recall"]) == len(rm["map"]) == 11
     # ψ selects the old part of the new vector exactly, yet the new vectors' extra dimensions stretch their
     # distances: merged with the old ones they rank too far, and the forecast must say where that dips.
-    assert out["recommendation"].startswith("serve ")
+    assert "The naive merge was not forecast" in out["recommendation"]
     assert ("rm dips at t = " in out["recommendation"]) == bool(rm["dips_at"])
     status = json.loads(rmq("status", "--name", "demo", "--json").output)
     assert status["new_count"] == 0  # the probe wrote nothing

@@ -1,0 +1,171 @@
+"""Old and New, the paper's references: the old model alone and the plain new model alone.
+
+An rm pair serves its graph from t = 0 (ψ's queries against the old vectors) to t = 1 (ρ's
+gallery), so its own ends are not the two systems the paper compares against: Old is the
+old model's queries on the old gallery, New the plain new model (no ψ, no ρ) on a gallery it
+embedded whole. A naive pair's ends are those two. For an rm pair, :func:`measure_ends` serves
+the naive pair of the same gallery on a copy (old model on old, the plain new model on new)
+at t = 0 and t = 1; :func:`forecast_with_plain` gives ``rmq probe`` the same naive merge.
+
+The pair records the plain new model only as a naive pair's encoder; for an rm pair the caller
+gives it (``--new-model``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
+from rm_qdrant.backfill.indexing import ImageItem
+from rm_qdrant.backfill.layouts import count_new
+from rm_qdrant.backfill.migrate import MigrateOptions
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, save_pair
+from rm_qdrant.backfill.probe import ProbeSample
+from rm_qdrant.backfill.sandbox import sandbox
+from rm_qdrant.core.forecast import ModeForecast, compare_fitted
+from rm_qdrant.core.ordering import order_keys
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.store import Store
+
+#: Why an rm pair has no New without the plain new model.
+NO_PLAIN = (
+    "pair {name!r} is an rm pair and records no plain new model (its graph's new output has ρ): "
+    "give the plain new model with --new-model PATH"
+)
+
+
+@dataclass(frozen=True)
+class Ends:
+    """Old and New as served (mAP and top-1), or why they could not be measured."""
+
+    old: ServedPoint | None
+    new: ServedPoint | None
+    missing: str | None = None  # why Old or New is unknown
+
+
+def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
+    """The plain new model: ``given``, else a naive pair's encoder, else None (an rm pair records none).
+
+    Raises:
+        ConfigError: ``given`` for a naive pair whose encoder is another model.
+    """
+    if pair.mode == "naive":
+        if given is not None:
+            model = OnnxEncoder(given)
+            if model.fingerprint != pair.encoder.fingerprint:
+                raise ConfigError(
+                    f"pair {pair.name!r} is naive: its encoder {pair.encoder.name} is the plain new model, "
+                    f"and --new-model {given} is another one"
+                )
+            return model
+        return None  # the pair's own encoder already is the plain new model
+    return OnnxEncoder(given) if given is not None else None
+
+
+def ends_of_curve(pair: PairRecord, points: Sequence[ServedPoint]) -> Ends:
+    """A naive pair's Old and New: its own served t = 0 (nothing in new yet) and t = 1 points."""
+    if not points or points[0].t != 0.0 or points[-1].t != 1.0:
+        return Ends(None, None, "the curve needs both t = 0 and t = 1 (--at 0,...,1)")
+    if points[0].fraction > 0.0:
+        return Ends(
+            None,
+            points[-1],
+            f"{points[0].fraction:.1%} of the gallery was already in new when eval began, so its t = 0 "
+            "is not the old model alone",
+        )
+    return Ends(points[0], points[-1])
+
+
+def measure_ends(
+    store: Store,
+    pair: PairRecord,
+    queries: Sequence[ImageItem],
+    plain: OnnxEncoder | None,
+    *,
+    options: MigrateOptions,
+    k: int | None,
+    exact: bool,
+    on_points: Callable[[int], None] | None = None,
+) -> Ends:
+    """An rm pair's Old and New: the naive pair of the same gallery (the old model, the plain new
+    model) served on a copy at t = 0 and t = 1. ``store`` is left as it was."""
+    if pair.mode == "naive":
+        raise ValueError("a naive pair's ends are its own curve's: ends_of_curve")
+    missing = _cannot_measure(store, pair, plain)
+    if missing is not None or plain is None:
+        return Ends(None, None, missing)
+    gallery = plain.info.gallery_output()
+    with contextlib.ExitStack() as stack:
+        copy, record = stack.enter_context(sandbox(store, pair, on_points=on_points))
+        naive = dataclasses.replace(
+            record, mode="naive", encoder=ModelRef.of(plain, gallery), calibration=None
+        )
+        save_pair(copy, naive)
+        index = DualIndex.open(copy, pair.name, encoder=plain, exact=exact)
+        old, new = evaluate_served(index, queries, [0.0, 1.0], options=options, k=k)
+    return Ends(old, new)
+
+
+def _cannot_measure(store: Store, pair: PairRecord, plain: OnnxEncoder | None) -> str | None:
+    if plain is None:
+        return NO_PLAIN.format(name=pair.name)
+    if pair.old_encoder is None:
+        return f"pair {pair.name!r} records no old model to query old with (rmq init --old-encoder)"
+    if count_new(store, pair):
+        return (
+            f"pair {pair.name!r} already holds points in new, embedded by its graph: the plain new "
+            "model's gallery cannot be served beside them"
+        )
+    gallery = plain.info.gallery_output()
+    dim = store.collection(pair.new_collection, pair.new_using).dim
+    if plain.info.outputs[gallery] != dim:
+        return (
+            f"the plain new model makes {plain.info.outputs[gallery]}-d vectors, "
+            f"new collection {pair.new_collection!r} holds {dim}-d"
+        )
+    return None
+
+
+def forecast_with_plain(
+    sample: ProbeSample,
+    plain: ProbeSample,
+    *,
+    order: str,
+    seed: int,
+    k: int,
+    label_field: str,
+    metric: str,
+) -> list[ModeForecast]:
+    """``rmq probe``'s curves for an rm pair: the naive merge of the plain new model (old vectors
+    queried by the old model) and the pair's graph, both scored against the plain new model's
+    neighbours, on the points both samples read."""
+    if sample.rev is None:
+        raise ValueError("the pair's sample has no rev output: not an rm graph")
+    rows = {pid: i for i, pid in enumerate(plain.ids)}
+    both = [i for i, pid in enumerate(sample.ids) if pid in rows]
+    if len(both) < 2:
+        raise ConfigError("fewer than two sampled images could be read by both models")
+    other = [rows[sample.ids[i]] for i in both]
+    ids = [sample.ids[i] for i in both]
+    payloads = [sample.payloads[i] for i in both]
+    old = sample.old[both]
+    keys = order_keys(order, ids, payloads, old, seed=seed, label_field=label_field)
+    labelled = dataclasses.replace(sample, ids=ids, payloads=payloads).labels(label_field)
+    naive, fitted = compare_fitted(
+        old,
+        plain.new[other],
+        sample.new[both],
+        sample.rev[both],
+        order=np.argsort(keys, kind="stable"),
+        labels=labelled,
+        k=k,
+        metric=metric,
+    )
+    return [naive, dataclasses.replace(fitted, mode="rm")]
