@@ -97,13 +97,14 @@ def probe_command(
     index = DualIndex.open(store, name, encoder=encoder)
     pair, hidden = index.pair, as_json or quiet(ctx)
     spec = check_order(order) if order else (pair.order or "random")
+    plain = plain_new_model(pair, new_model)  # before the sample: a wrong path stops at once
     sample = sample_with_progress(
         index.store, pair, index.encoder, size, seed=seed, source=source, hidden=hidden
     )
     forecasts, advice = _curves(
         index,
         sample,
-        plain_new_model(pair, new_model),
+        plain,
         spec=spec,
         seed=seed,
         k=k,
