@@ -130,7 +130,7 @@ def test_trained_models_serve_through_rmq(tiny_folder, tmp_path, monkeypatch, ne
     rmq("index", "--collection", "gallery", "--data", tiny_folder / "test", "--encoder", "old.onnx")
     rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", "model.onnx")
     probe = json.loads(rmq("probe", "--name", "p", "--k", "5", "--json"))
-    assert [f["mode"] for f in probe["forecasts"]] == ["naive", "rm"] and probe["sample"] == 32
+    assert [f["mode"] for f in probe["forecasts"]] == ["no-psi", "rm"] and probe["sample"] == 32
     rmq("migrate", "--name", "p", "--until", "0.5", "--order", "confidence")
     status = json.loads(rmq("status", "--name", "p", "--json"))
     assert (status["old_count"], status["new_count"]) == (16, 16) and status["estimate"]["mode"] == "rm"
