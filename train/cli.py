@@ -13,6 +13,7 @@ from typing import Any
 import click
 import yaml
 
+from rm_qdrant.cli.training import apply_threads, choose_threads, threads_option
 from rm_qdrant.core.modelinfo import parse_floats
 from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant_train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
@@ -44,16 +45,20 @@ def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
 
 
 def progress_options(command: Any) -> Any:
-    """``-v``/``-q`` and ``--cache-dir`` on every training command."""
+    """``-v``/``-q``, ``--cache-dir`` and ``--threads`` on every training command."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, verbose: bool, quiet: bool, cache_dir: str | None, **kwargs: Any) -> Any:
+    def wrapper(
+        *args: Any, verbose: bool, quiet: bool, cache_dir: str | None, threads: int | None, **kwargs: Any
+    ) -> Any:
         if cache_dir:
             os.environ[CACHE_ENV] = cache_dir
         show_progress(verbose=verbose, quiet=quiet)
+        apply_threads(choose_threads(threads))  # -v logs the count and why
         return command(*args, **kwargs)
 
     for option in (
+        threads_option,
         click.option("-v", "--verbose", is_flag=True, help="More detail (every step's figures)."),
         click.option("-q", "--quiet", is_flag=True, help="No progress: warnings and errors only."),
         click.option(

@@ -35,6 +35,53 @@ def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
     raise exc
 
 
+class ThreadCount(click.ParamType):
+    """``--threads``: a whole number, 1 or more."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = 0
+        if number < 1 or str(number) != str(value).strip().lstrip("+"):
+            self.fail(f"expected a whole number of threads, 1 or more; got {value!r}", param, ctx)
+        return number
+
+
+#: ``--threads`` of the commands that train in this process (``rmq train ...``, ``fit``, ``demo``).
+threads_option = click.option(
+    "--threads",
+    type=ThreadCount(),
+    help="CPU threads for PyTorch [default: $OMP_NUM_THREADS, else one per core not already busy "
+    "(cores minus the load average), 1 to 4].",
+)
+
+
+def choose_threads(threads: int | None, *, default: int | None = None) -> Any:
+    """The thread count a training command will use (``--threads``, ``OMP_NUM_THREADS``, the
+    load), chosen before torch loads: a bad ``OMP_NUM_THREADS`` is one line, exit 1."""
+    try:
+        from rm_qdrant_train.threads import choose_threads as choose
+    except ModuleNotFoundError as exc:
+        raise needs_torch(exc) from exc
+    try:
+        return choose(threads, default=default)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def apply_threads(choice: Any) -> Any:
+    """Give PyTorch the chosen thread count (:func:`rm_qdrant_train.threads.apply_threads`)."""
+    from rm_qdrant_train.threads import apply_threads as apply
+
+    try:
+        return apply(choice)
+    except ModuleNotFoundError as exc:
+        raise needs_torch(exc) from exc
+
+
 @click.command(name="export")
 @click.option("--new", "new", type=click.Path(exists=True), help="New backbone checkpoint (PyTorch).")
 @click.option("--new-onnx", type=click.Path(exists=True), help="Or: the team's own ONNX backbone.")
@@ -131,12 +178,14 @@ def export_command(
     help="An ImageFolder with train/ and test/ [default: scikit-learn's digits].",
 )
 @click.option("--epochs", default=12, show_default=True, type=click.IntRange(min=1), help="Backbone epochs.")
+@threads_option
 @json_option
-def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
+def demo(out: str, data: str | None, epochs: int, threads: int | None, as_json: bool) -> None:
     """Train old and new models, serve both collections, and watch quality climb as the gallery migrates."""
     import time
     from pathlib import Path
 
+    choice = choose_threads(threads)
     try:
         from rm_qdrant_exporters.serving import ExportError
         from rm_qdrant_train.cli import show_progress
@@ -144,8 +193,10 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     show_progress()
+    used = apply_threads(choice)
     started = time.perf_counter()
     if not as_json:
+        click.echo(f"torch threads: {used.threads} ({used.reason})")
         click.echo("training the old model (first half of the classes), the new one (all) and ψ/ρ (MCL)...")
 
     def show(row: Any) -> None:
@@ -162,7 +213,12 @@ def demo(out: str, data: str | None, epochs: int, as_json: bool) -> None:
     except (ExportError, ValueError) as exc:  # a training that diverged, a --data of no images
         raise ConfigError(str(exc)) from exc
     areas = summary(rows)
-    report = {**areas, "seconds": time.perf_counter() - started, "out": str(Path(out).resolve())}
+    report = {
+        **areas,
+        "seconds": time.perf_counter() - started,
+        "threads": used.threads,
+        "out": str(Path(out).resolve()),
+    }
     auc = f"RM_naive {100 * areas['auc_map_naive']:.1f}, RM {100 * areas['auc_map_rm']:.1f}"
     plotted = ", the plot curves.png" if (Path(out) / "curves.png").is_file() else ""
     text = (
