@@ -7,6 +7,7 @@ and joined to the team's backbone as one graph (outputs ``new`` and ``rev``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import click
 
 from rm_qdrant.backfill.layouts import count_new
 from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.probe import ProbeSample
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     FiniteFloat,
@@ -27,7 +29,7 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.cli.training import needs_torch
+from rm_qdrant.cli.training import apply_threads, choose_threads, needs_torch, threads_option
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError, Refused
@@ -35,6 +37,11 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 
 FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
+#: Torch threads when neither --threads nor OMP_NUM_THREADS says: the heads are small (an idle
+#: 16-core machine trains them 1.2-1.4x faster on 2 to 4 threads, a busy 2-core one 4-26x
+#: slower on 2: benchmarks/results/threads.md), and a fixed count keeps the graph from
+#: depending on how busy the machine was (another count sums floats in another order).
+FIT_THREADS = 1
 
 
 @click.command(name="fit", epilog=EXIT_STATUS_HELP)
@@ -65,6 +72,7 @@ FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
 @click.option(
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
 )
+@threads_option
 @source_options
 @json_option
 @click.pass_context
@@ -84,6 +92,7 @@ def fit_command(
     k: int,
     seed: int,
     force: bool,
+    threads: int | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
@@ -92,7 +101,14 @@ def fit_command(
     No old model is needed, and no labels unless --label-field. Part of the sample is held
     out: the fitted graph is written only if its forecast beats the naive merge there
     (or with --force); otherwise nothing is written and rmq exits 3.
+
+    The same --seed, gallery, backbone and thread count give the same graph; another thread
+    count (--threads, OMP_NUM_THREADS; default 1) can change the last digits, and so the graph.
     """
+    choice = choose_threads(threads, default=FIT_THREADS)  # before torch loads: it reads OMP_NUM_THREADS
+    # ONNX Runtime embeds the sample (byte-identical on 1 and 2 threads, a ResNet-18 measured):
+    # one thread per idle core.
+    onnx_threads = choose_threads(threads).threads
     try:
         from rm_qdrant_exporters.compose import attach_model
         from rm_qdrant_exporters.serving import ExportError
@@ -104,6 +120,7 @@ def fit_command(
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)
     show_progress(quiet=silent)
+    used = apply_threads(choice)
     target = Path(out)
     if target.resolve() == Path(backbone).resolve():
         raise ConfigError("--out is the backbone itself: write the fitted graph to another file")
@@ -113,7 +130,7 @@ def fit_command(
     pair = load_pair(store, name)
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
-    encoder = OnnxEncoder(backbone)
+    encoder = OnnxEncoder(backbone, threads=onnx_threads)
     if "rev" in encoder.info.outputs:
         raise ConfigError(f"{backbone} already has heads (a 'rev' output): give the plain backbone")
     role = encoder.info.gallery_output()
@@ -129,8 +146,10 @@ def fit_command(
         chosen = resolve_loss(loss, label_field is not None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    sample = sample_with_progress(
-        store, pair, encoder, size, seed=seed, source=source, hidden=silent, label="embedding the sample"
+    sample = in_id_order(
+        sample_with_progress(
+            store, pair, encoder, size, seed=seed, source=source, hidden=silent, label="embedding the sample"
+        )
     )
     labels = sample.labels(label_field) if label_field else None
     if label_field and labels is None:
@@ -157,6 +176,7 @@ def fit_command(
     started = time.perf_counter()
     if not silent:
         click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
+        click.echo(reproducible(used.threads, used.reason), err=True)
     try:
         heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
         trained_s = time.perf_counter() - started
@@ -183,6 +203,8 @@ def fit_command(
         "train_seconds": round(trained_s, 1),
         "learned_rho": bool(heads.learn_rho),
         "k": k,
+        "seed": seed,
+        "threads": used.threads,
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_naive": ok,
         "measure": measure,
@@ -207,6 +229,31 @@ def fit_command(
         raise ConfigError(str(exc)) from exc
     data.update(out=str(path), parity=parity, seconds=round(time.perf_counter() - started, 1))
     emit(data, as_json, _text(data, forecasts, count_new(store, pair) > 0))
+
+
+def in_id_order(sample: ProbeSample) -> ProbeSample:
+    """The sample's rows sorted by point id (numbers, then UUIDs): the split and the training
+    order then do not depend on the order a store hands the points back in."""
+    order = sorted(range(len(sample.ids)), key=lambda i: (isinstance(sample.ids[i], str), sample.ids[i]))
+    if order == list(range(len(order))):
+        return sample
+    return dataclasses.replace(
+        sample,
+        ids=[sample.ids[i] for i in order],
+        payloads=[sample.payloads[i] for i in order],
+        old=sample.old[order],
+        new=sample.new[order],
+        rev=None if sample.rev is None else sample.rev[order],
+    )
+
+
+def reproducible(threads: int, reason: str) -> str:
+    """The one line on what makes a fit repeatable: PyTorch sums floats in an order that
+    depends on its thread count, and the label-free recipe's choice can turn on the last digits."""
+    return (
+        f"torch threads: {threads} ({reason}); the same --seed, sample and thread count give the same "
+        "graph, another thread count may not"
+    )
 
 
 def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) -> str:
