@@ -58,7 +58,7 @@ def progress_options(command: Any) -> Any:
         return command(*args, **kwargs)
 
     for option in (
-        threads_option,
+        threads_option(),
         click.option("-v", "--verbose", is_flag=True, help="More detail (every step's figures)."),
         click.option("-q", "--quiet", is_flag=True, help="No progress: warnings and errors only."),
         click.option(

@@ -72,7 +72,7 @@ FIT_THREADS = 1
 @click.option(
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
 )
-@threads_option
+@threads_option("$OMP_NUM_THREADS, else 1: the same graph however busy the machine")
 @source_options
 @json_option
 @click.pass_context

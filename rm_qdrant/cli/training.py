@@ -50,13 +50,14 @@ class ThreadCount(click.ParamType):
         return number
 
 
-#: ``--threads`` of the commands that train in this process (``rmq train ...``, ``fit``, ``demo``).
-threads_option = click.option(
-    "--threads",
-    type=ThreadCount(),
-    help="CPU threads for PyTorch [default: $OMP_NUM_THREADS, else one per core not already busy "
-    "(cores minus the load average), 1 to 4].",
-)
+def threads_option(
+    default: str = "$OMP_NUM_THREADS, else one per core not already busy (cores minus the load "
+    "average), 1 to 4",
+) -> Any:
+    """``--threads`` of the commands that train in this process (``rmq train ...``, ``fit``, ``demo``)."""
+    return click.option(
+        "--threads", type=ThreadCount(), help=f"CPU threads for PyTorch [default: {default}]."
+    )
 
 
 def choose_threads(threads: int | None, *, default: int | None = None) -> Any:
@@ -178,7 +179,7 @@ def export_command(
     help="An ImageFolder with train/ and test/ [default: scikit-learn's digits].",
 )
 @click.option("--epochs", default=12, show_default=True, type=click.IntRange(min=1), help="Backbone epochs.")
-@threads_option
+@threads_option()
 @json_option
 def demo(out: str, data: str | None, epochs: int, threads: int | None, as_json: bool) -> None:
     """Train old and new models, serve both collections, and watch quality climb as the gallery migrates."""
