@@ -7,8 +7,9 @@ embedded whole. A naive pair's ends are those two. For an rm pair, :func:`measur
 the naive pair of the same gallery on a copy (old model on old, the plain new model on new)
 at t = 0 and t = 1; :func:`forecast_with_plain` gives ``rmq probe`` the same naive merge.
 
-The pair records the plain new model only as a naive pair's encoder; for an rm pair the caller
-gives it (``--new-model``).
+A naive pair's encoder is its plain new model; an rm pair records one as ``new_model`` (``rmq
+init --new-model``, or the graph a naive pair served before ``rmq switch-encoder`` moved it to ψ),
+and a caller's ``--new-model`` overrides it for that run.
 """
 
 from __future__ import annotations
@@ -25,19 +26,19 @@ from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import ImageItem
 from rm_qdrant.backfill.layouts import count_new
 from rm_qdrant.backfill.migrate import MigrateOptions
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, save_pair
+from rm_qdrant.backfill.pair import ModelRef, PairRecord, open_encoder, save_pair
 from rm_qdrant.backfill.probe import ProbeSample
 from rm_qdrant.backfill.sandbox import sandbox
 from rm_qdrant.core.forecast import ModeForecast, compare_fitted
 from rm_qdrant.core.ordering import order_keys
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store
 
 #: Why an rm pair has no New without the plain new model.
 NO_PLAIN = (
     "pair {name!r} is an rm pair and records no plain new model (its graph's new output has ρ): "
-    "give the plain new model with --new-model PATH"
+    "give the plain new model with --new-model PATH (or record it: rmq switch-encoder --new-model)"
 )
 
 
@@ -51,10 +52,13 @@ class Ends:
 
 
 def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
-    """The plain new model: ``given``, else a naive pair's encoder, else None (an rm pair records none).
+    """The plain new model: ``given``, else a naive pair's encoder (None: the pair's own), else the
+    one an rm pair recorded, else None.
 
     Raises:
-        ConfigError: ``given`` for a naive pair whose encoder is another model.
+        ConfigError: ``given`` for a naive pair whose encoder is another model, or the recorded
+            model's file is another model now.
+        EncoderError: the model (given or recorded) cannot be read.
     """
     if pair.mode == "naive":
         if given is not None:
@@ -66,7 +70,16 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
                 )
             return model
         return None  # the pair's own encoder already is the plain new model
-    return OnnxEncoder(given) if given is not None else None
+    if given is not None:
+        return OnnxEncoder(given)
+    if pair.new_model is not None:
+        try:
+            return open_encoder(None, pair.new_model, pair.name, "the recorded plain new model")
+        except EncoderError as exc:
+            raise EncoderError(
+                f"pair {pair.name!r}'s recorded plain new model: {exc}; give it with --new-model PATH"
+            ) from exc
+    return None
 
 
 def ends_of_curve(pair: PairRecord, points: Sequence[ServedPoint]) -> Ends:

@@ -49,6 +49,7 @@ def create_pair(
     old_collection: str,
     encoder: OnnxEncoder,
     old_encoder: OnnxEncoder | None = None,
+    new_model: OnnxEncoder | None = None,
     new_collection: str | None = None,
     mode: Mode | None = None,
     keep_old: bool = False,
@@ -70,6 +71,8 @@ def create_pair(
     ``naive``, which needs ``old_encoder``. Every check runs before anything is written.
 
     Args:
+        new_model: the plain new model (no ψ/ρ heads) ``encoder`` was trained from, recorded as
+            ``rmq eval``'s and ``rmq probe``'s New (see :func:`plain_model_ref`).
         old_vector: the old collection's vector (None: its only one).
         uri: where each point's image is (default: payload field ``uri``).
         label_field: the payload field with class labels, if the gallery has them (a path:
@@ -132,6 +135,14 @@ def create_pair(
     for model in (encoder, old_encoder):
         if model is not None:
             check_output_sizes(model)
+    plain = None
+    if new_model is not None:
+        plain = plain_model_ref(new_model, name, dim=dim, distance=old_spec.distance)
+        if chosen == "naive" and new_model.fingerprint != encoder.fingerprint:
+            raise ConfigError(
+                f"pair {name!r} is naive: its encoder {encoder.path} is the plain new model, and "
+                f"--new-model {new_model.path} is another one"
+            )
     if full_scan_kb is not None:
         check_kb(full_scan_kb)
     _check_free(store, old_collection)
@@ -152,6 +163,7 @@ def create_pair(
         distance=old_spec.distance,
         encoder=ModelRef.of(encoder, gallery),
         old_encoder=old_ref,
+        new_model=plain,
         keep_old=keep_old,
         vector=old_spec.vector,
         uri_field=(uri or UriRule()).field,
@@ -220,6 +232,35 @@ def _cannot_merge(spec: CollectionSpec) -> str:
         f"vector {spec.vector!r} of {spec.name!r} is a multivector (late interaction): rm-qdrant "
         "merges single-vector searches"
     )
+
+
+def plain_model_ref(model: OnnxEncoder, pair: str, *, dim: int, distance: str) -> ModelRef:
+    """The plain new model (no ψ/ρ heads) as pair ``pair`` records it, once it runs and makes
+    vectors of the pair's new size (``dim``) for its ``distance``.
+
+    Raises:
+        DimensionMismatch: its gallery output is another size.
+        ConfigError: it is an rm graph (it has ψ), or is made for another distance.
+        EncoderError: it does not run, or its outputs are not the sizes its metadata says.
+    """
+    if "rm" in model.info.query_modes:
+        raise ConfigError(
+            f"--new-model {model.path} has a 'rev' output (ψ): the plain new model is the new model "
+            "without ψ/ρ heads"
+        )
+    output = model.info.gallery_output()
+    if model.info.outputs[output] != dim:
+        raise DimensionMismatch(
+            f"--new-model {model.path} makes {model.info.outputs[output]}-d vectors, pair {pair!r} "
+            f"stores {dim}-d new vectors: it is not the plain new model of this pair"
+        )
+    if not model.info.serves(distance):
+        raise ConfigError(
+            f"--new-model {model.path} is made for {model.info.distance} distance, pair {pair!r} "
+            f"uses {distance}"
+        )
+    check_output_sizes(model)
+    return ModelRef.of(model, output)
 
 
 def old_model_ref(store: Store, old: CollectionSpec, encoder: OnnxEncoder) -> ModelRef:

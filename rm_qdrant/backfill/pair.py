@@ -59,6 +59,10 @@ class PairRecord:
         encoder: The graph that makes new-collection vectors (and, in ``rm``
             mode, old-collection queries).
         old_encoder: The old model, for the ``naive`` mode (optional in ``rm``).
+        new_model: The plain new model (no ψ/ρ heads) an ``rm`` pair's graph was trained from:
+            New for ``rmq eval``'s Gain and ``rmq probe``'s naive curve (``rmq init --new-model``,
+            or the graph a naive pair served before ``rmq switch-encoder`` moved it to ψ). None:
+            not recorded (a naive pair's own encoder is its plain new model).
         state: ``backfilling``, then ``finalized`` (new serves alone) or
             ``rolled_back`` (old serves alone; keep-old pairs only). ``finalizing``
             while a cutover is under way (new serves alone; ``rmq finalize`` completes it).
@@ -92,6 +96,7 @@ class PairRecord:
     distance: str
     encoder: ModelRef
     old_encoder: ModelRef | None = None
+    new_model: ModelRef | None = None
     state: str = "backfilling"
     keep_old: bool = False
     order: str | None = None
@@ -149,8 +154,9 @@ class PairRecord:
         known = {f.name for f in fields(cls)}
         raw = {k: v for k, v in payload["record"].items() if k in known}
         raw["encoder"] = ModelRef(**raw["encoder"])
-        if raw.get("old_encoder"):
-            raw["old_encoder"] = ModelRef(**raw["old_encoder"])
+        for model in ("old_encoder", "new_model"):  # optional: absent from records written before it
+            if raw.get(model):
+                raw[model] = ModelRef(**raw[model])
         return cls(**raw)
 
 

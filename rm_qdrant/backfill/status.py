@@ -32,6 +32,7 @@ class PairStatus:
         kept_count: keep-old mode: migrated points kept in old for a rollback.
         failed: old points whose last migration attempt failed.
         failure_sample: up to five of them as (id, uri, reason).
+        new_model: the plain new model the pair records (New for ``rmq eval`` and ``rmq probe``).
     """
 
     name: str
@@ -54,6 +55,7 @@ class PairStatus:
     new_vector: str = ""
     old_place: str = ""
     new_place: str = ""
+    new_model: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -104,4 +106,5 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         new_vector=pair.new_using,
         old_place=layout.old_place,
         new_place=layout.new_place,
+        new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
     )

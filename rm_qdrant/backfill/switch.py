@@ -7,13 +7,17 @@ the candidate's gallery output must reproduce them, under the collection's own m
 (a Euclid or dot collection compares norms too: a graph that L2-normalises raw vectors
 is refused); otherwise two embedding spaces would mix in one collection, and the switch
 is refused with the measured reason.
+
+The graph a naive pair served until it switches to ψ is the plain new model that ψ's graph was
+trained from: the pair records it (unless it records one already), as ``rmq eval``'s and
+``rmq probe``'s New.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from rm_qdrant.backfill.create import old_model_ref
+from rm_qdrant.backfill.create import old_model_ref, plain_model_ref
 from rm_qdrant.backfill.layouts import count_new, layout_of, new_where
 from rm_qdrant.backfill.pair import ModelRef, PairRecord, record_collection_model, save_pair
 from rm_qdrant.backfill.verify import SAME_OUTPUT, Agreement, agreement
@@ -31,13 +35,16 @@ def switch_encoder(
     encoder: OnnxEncoder,
     *,
     old_encoder: OnnxEncoder | None = None,
+    new_model: OnnxEncoder | None = None,
     sample: int = 64,
     source: SourceConfig | None = None,
 ) -> tuple[PairRecord, Agreement | None]:
     """Make ``encoder`` the pair's encoder, if the vectors already in new stay valid.
 
     The mode follows the graph: ``rm`` with ``new`` and ``rev`` outputs, else ``naive``
-    (with the pair's old model, or ``old_encoder``).
+    (with the pair's old model, or ``old_encoder``). The plain new model the record keeps is
+    ``new_model`` if given, else the one recorded, else (a naive pair moving to ``rm``) the
+    graph the pair served until now.
 
     Returns:
         The updated record, and the agreement measured on new (None when new is empty).
@@ -67,6 +74,11 @@ def switch_encoder(
         old_model = old_model_ref(store, store.collection(pair.old_collection, pair.vector), old_encoder)
     if mode == "naive" and old_model is None:
         raise ConfigError(f"{encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
+    plain = pair.new_model
+    if new_model is not None:
+        plain = plain_model_ref(new_model, pair.name, dim=new_dim, distance=pair.distance)
+    elif plain is None and pair.mode == "naive" and mode == "rm":
+        plain = pair.encoder
     measured = None
     if count_new(store, pair):
         measured = agreement(
@@ -89,7 +101,9 @@ def switch_encoder(
                 "unchanged (e.g. ψ trained with ρ = identity), or start a new pair",
                 measured=measured,
             )
-    updated = replace(pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model)
+    updated = replace(
+        pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model, new_model=plain
+    )
     save_pair(store, updated)
     record_collection_model(store, layout_of(pair).new_model_key, updated.encoder)
     return updated, measured

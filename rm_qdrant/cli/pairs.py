@@ -59,6 +59,12 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
 @click.option("--encoder", required=True, type=click.Path(), help="The graph to serve from now on (.onnx).")
 @click.option("--old-encoder", type=click.Path(), help="The old model, if the pair has none recorded.")
 @click.option(
+    "--new-model",
+    type=click.Path(),
+    help="The plain new model (no ψ/ρ heads) to record as New for 'rmq eval' and 'rmq probe' "
+    "[default: a naive pair moving to a graph with ψ records the graph it served until now].",
+)
+@click.option(
     "--sample",
     default=64,
     show_default=True,
@@ -73,6 +79,7 @@ def switch_encoder_command(
     name: str,
     encoder: str,
     old_encoder: str | None,
+    new_model: str | None,
     sample: int,
     source: SourceConfig,
     as_json: bool,
@@ -83,12 +90,14 @@ def switch_encoder_command(
     stored there, the pair is left as it was and rmq exits 3.
     """
     store = open_cli_store(ctx)
+    before = load_pair(store, name)
     try:
         updated, measured = switch_encoder(
             store,
-            load_pair(store, name),
+            before,
             OnnxEncoder(encoder),
             old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+            new_model=OnnxEncoder(new_model) if new_model else None,
             sample=sample,
             source=source,
         )
@@ -103,6 +112,13 @@ def switch_encoder_command(
         else "; new was empty"
     )
     text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
+    recorded = updated.new_model
+    if recorded is not None and recorded != before.new_model:
+        how = "as given" if new_model else f"the graph pair {name!r} served until now"
+        text += (
+            f"\nplain new model recorded: {plain(recorded.name)} ({recorded.fingerprint}), {how}; "
+            "rmq eval and rmq probe measure New with it"
+        )
     emit(
         {
             "pair": dataclasses.asdict(updated),

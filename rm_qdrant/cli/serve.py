@@ -87,6 +87,7 @@ def _json_filter(item: str) -> Any:
 @click.option(
     "--old-encoder", type=click.Path(), help="Old model graph: the naive mode's, and what a rollback serves."
 )
+@click.option("--new-model", type=click.Path(), help="The plain new model (no ψ/ρ): New for eval, probe.")
 @click.option("--new-collection", type=COLLECTION, help="Name of the new collection [default: NAME-new].")
 @click.option(
     "--mode",
@@ -139,6 +140,7 @@ def init(
     new_vector: str | None,
     encoder: str,
     old_encoder: str | None,
+    new_model: str | None,
     new_collection: str | None,
     mode: str | None,
     query_mode: str | None,
@@ -177,6 +179,7 @@ def init(
         old_collection=collection or old_collection or "",
         encoder=OnnxEncoder(encoder),
         old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
+        new_model=OnnxEncoder(new_model) if new_model else None,
         new_collection=new_collection,
         mode=query_mode,  # type: ignore[arg-type]
         keep_old=keep_old,
@@ -368,6 +371,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
             f"encoder       {plain(state.encoder)}",
             f"old encoder   {plain(state.old_encoder or '-')}",
+            f"plain new     {plain(state.new_model or '-')}",
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {plain(state.alias or '-')}",
             f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
