@@ -149,7 +149,8 @@ def _percent(value: float | None) -> str:
     "--new-model",
     type=click.Path(),
     help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: New, for the "
-    "paper's Gain [default: a naive pair's encoder; an rm pair records none].",
+    "paper's Gain [default: a naive pair's encoder; an rm pair's recorded one "
+    "(rmq init/switch-encoder --new-model)].",
 )
 @source_options
 @json_option

@@ -70,7 +70,7 @@ CURVES = {
     "--new-model",
     type=click.Path(),
     help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: the naive curve "
-    "[default: a naive pair's encoder; an rm pair records none].",
+    "[default: a naive pair's encoder; an rm pair's recorded one (rmq init/switch-encoder --new-model)].",
 )
 @json_option
 @click.pass_context
@@ -183,7 +183,8 @@ def without_plain_advice(forecasts: list[ModeForecast], k: int) -> str:
     )
     return (
         f"{verdict}; area {rm.area:.3f}, {NO_PSI} {other.area:.3f}: this graph's new output without ψ). "
-        "The naive merge was not forecast: give the plain new model with --new-model PATH"
+        "The naive merge was not forecast: give the plain new model with --new-model PATH, or record it "
+        "(rmq switch-encoder --new-model PATH)"
     )
 
 
