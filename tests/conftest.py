@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: tiny tensors, and one worker per core
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
