@@ -12,6 +12,7 @@ collection stores raw vectors, and ``new`` must stay in their space.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from pathlib import Path
@@ -30,6 +31,9 @@ from rm_qdrant_exporters.serving import TOLERANCE, ExportError, FoldedHeads, che
 from rm_qdrant_train.heads import Heads, load_heads
 
 PREFIX = "rmq_heads/"
+#: Metadata entry (JSON) saying how ``rmq fit`` made the heads, e.g. ``{"recipe": "label-free/procrustes"}``;
+#: apart from the ``rm_qdrant`` entry, so readers of that entry (and graphs without it) are unchanged.
+FIT_METADATA_KEY = "rm_qdrant_fit"
 
 
 class _HeadsGraph(nn.Module):
@@ -164,6 +168,7 @@ def attach_model(
     name: str | None = None,
     what: str = "the heads",
     distance: str | None = None,
+    fit: dict[str, object] | None = None,
 ) -> tuple[Path, float]:
     """Join trained heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
 
@@ -173,7 +178,8 @@ def attach_model(
     the backbone's vectors are unit length, or of unstated scale for cosine (the
     backbone's distance, else ``distance``, the collection the graph will serve). Parity: images
     go through rm-qdrant's encoder on both sides, the backbone's φ through the heads in
-    PyTorch, at batch 1 and 7.
+    PyTorch, at batch 1 and 7. ``fit`` (e.g. the winning recipe) goes into the graph's metadata
+    as JSON under :data:`FIT_METADATA_KEY`.
 
     Raises:
         ExportError: an unstamped backbone, a missing output, a width that does not
@@ -203,7 +209,10 @@ def attach_model(
         info.input,
         scale=scale,
     )
-    helper.set_model_props(merged, composed.to_metadata())
+    props = composed.to_metadata()
+    if fit is not None:
+        props[FIT_METADATA_KEY] = json.dumps(fit, sort_keys=True)
+    helper.set_model_props(merged, props)
     onnx.checker.check_model(merged)
     path = Path(out)
     with checked_write(path) as partial:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from rm_qdrant.core.forecast import label_codes
 from rm_qdrant_train.heads import Heads, procrustes_heads, run_steps
-from rm_qdrant_train.label_free import fit_label_free
+from rm_qdrant_train.label_free import Selection, select_label_free
 from rm_qdrant_train.losses import contrastive_loss, rqt_loss
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,31 @@ def resolve_loss(loss: str, labelled: bool) -> str:
     return loss
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """Trained heads, the recipe that made them (the loss; for label-free, the candidate that won)
+    and, for label-free, every candidate's holdout evidence."""
+
+    heads: Heads
+    recipe: str
+    selection: Selection | None = None
+
+
 def fit_heads(
     phi_new: np.ndarray, old: np.ndarray, labels: Sequence[object] | None, settings: FitSettings
 ) -> Heads:
     """Train the heads ``settings.loss`` names on paired embeddings (rows of the same images).
+
+    Raises:
+        ValueError: a loss that needs labels without them, or unusable rows.
+    """
+    return fit_recipe(phi_new, old, labels, settings).heads
+
+
+def fit_recipe(
+    phi_new: np.ndarray, old: np.ndarray, labels: Sequence[object] | None, settings: FitSettings
+) -> Fitted:
+    """:func:`fit_heads`, with the recipe that won and its evidence.
 
     Raises:
         ValueError: a loss that needs labels without them, or unusable rows.
@@ -84,9 +105,10 @@ def fit_heads(
     if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
         raise ValueError("the sampled embeddings hold NaN or infinity")
     if loss == "procrustes":
-        return match_norms(procrustes_heads(x, y), x, y)
+        return Fitted(match_norms(procrustes_heads(x, y), x, y), loss)
     if loss == "label-free":
-        return match_norms(fit_label_free(x, y, seed=settings.seed), x, y)
+        heads, selection = select_label_free(x, y, seed=settings.seed)
+        return Fitted(match_norms(heads, x, y), f"label-free/{selection.winner}", selection)
     heads = Heads(x.shape[1], y.shape[1], learn_rho=loss == "mcl")
     if loss == "rqt":
 
@@ -111,7 +133,7 @@ def fit_heads(
         seed=settings.seed,
         what=f"fit {loss}",
     )
-    return match_norms(heads, x, y)
+    return Fitted(match_norms(heads, x, y), loss)
 
 
 @torch.no_grad()

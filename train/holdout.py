@@ -8,7 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rm_qdrant.core.forecast import ModeForecast, compare_fitted
+from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
+from rm_qdrant.core.guard import GuardVerdict, guard
 from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads
 
@@ -45,6 +46,32 @@ def holdout_forecast(
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
     return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k, metric=metric)
+
+
+def holdout_guard(
+    heads: Heads,
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    *,
+    k: int = 10,
+    seed: int = 0,
+    metric: str = "cosine",
+    unit: bool = True,
+    naive_distance: OldDistance | None = None,
+) -> GuardVerdict:
+    """The label-free guard (:mod:`rm_qdrant.core.guard`) on held-out pairs, backfilled in the
+    order :func:`holdout_forecast` uses; ``naive_distance``: a calibrated pair's map of old distances."""
+    new, rev = apply_heads(heads, phi_new, unit=unit)
+    order = np.random.default_rng(seed).permutation(len(old))
+    return guard(old, phi_new, new, rev, order=order, k=k, metric=metric, naive_distance=naive_distance)
+
+
+def decide(forecasts: Sequence[ModeForecast], verdict: GuardVerdict | None) -> tuple[bool, str]:
+    """Whether to write the fitted graph, and why in one clause: with labels (mAP in the
+    forecasts) :func:`better` decides; without, the label-free guard's ``verdict``."""
+    if verdict is None or forecasts[0].maps is not None:
+        return better(forecasts)
+    return verdict.passed, verdict.reason()
 
 
 def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:

@@ -11,8 +11,11 @@ No label is read anywhere, not even to choose a setting:
    pair can switch to the fitted graph (``rmq switch-encoder``).
 3. One ψ per ladder in :data:`LADDERS`, and Procrustes; each is scored on a held-out tenth
    of the training pairs by the label-free forecast of ``rmq probe`` (recall@10 of the
-   merged ranking against the new model's own top-10, area over t). A curve that dips
-   below its start is dropped; the best area wins.
+   merged ranking against the new model's own top-10, area over t) and by the guard
+   (:mod:`rm_qdrant.core.guard`: the neighbours both models agree on, against the naive
+   merge at every t). A curve that dips below its start, or that the guard refuses, is
+   dropped; the best area wins. When every candidate is dropped, the best area that does not
+   dip wins (else Procrustes), and ``rmq fit``'s own guard on its holdout will say no.
 
 Measured (CIFAR-10 and digits; ``benchmarks/fit_table.py``): see the README's ``rmq fit`` section.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,8 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rm_qdrant.core.forecast import holdout_split
+from rm_qdrant.core.guard import GuardVerdict
 from rm_qdrant_train.heads import Heads, procrustes_heads, run_steps
-from rm_qdrant_train.holdout import holdout_forecast
+from rm_qdrant_train.holdout import holdout_forecast, holdout_guard
 from rm_qdrant_train.losses import masked_contrastive_loss
 
 log = logging.getLogger(__name__)
@@ -102,36 +107,107 @@ def train_consensus(phi: Tensor, old: Tensor, ladder: tuple[int, ...], *, seed: 
     return heads.eval()
 
 
-def holdout_area(heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -> tuple[float, bool]:
-    """Area under the fitted curve's recall@K on held-out pairs, and whether it dips below its start
-    (a candidate whose training diverged counts as dipping)."""
+@dataclass(frozen=True)
+class Candidate:
+    """One label-free candidate's evidence on the recipe's own holdout."""
+
+    recipe: str  # procrustes | clusters 8-16-32-64 ...
+    area: float  # area under recall@K against the new model's own neighbours (-inf: diverged)
+    naive_area: float
+    dips: bool
+    verdict: GuardVerdict | None  # None: diverged
+
+    @property
+    def eligible(self) -> bool:
+        return not self.dips and self.verdict is not None and self.verdict.passed
+
+    def line(self) -> str:
+        """One line: the guard at t = 0, its lowest fitted − naive over t, and the area."""
+        if self.verdict is None:
+            return f"{self.recipe}: training diverged"
+        v = self.verdict
+        return (
+            f"{self.recipe}: t=0 agreed-neighbour recall {v.fitted[0]:.3f} (old model {v.naive[0]:.3f}), "
+            f"min fitted-naive {v.margins[v.worst]:+.3f} at t={v.fractions[v.worst]:g}, "
+            f"area {self.area:.3f} (naive {self.naive_area:.3f})"
+            + ("; dips below its start" if self.dips else "")
+            + ("; guard: no" if not v.passed else "")
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "recipe": self.recipe,
+            "area": None if math.isinf(self.area) else self.area,
+            "naive_area": self.naive_area,
+            "dips": self.dips,
+            "guard": None if self.verdict is None else self.verdict.as_dict(),
+            "eligible": self.eligible,
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which label-free candidate won, and why, with every candidate's evidence."""
+
+    winner: str
+    why: str
+    candidates: tuple[Candidate, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        return {"winner": self.winner, "why": self.why, "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def ladder_name(ladder: tuple[int, ...]) -> str:
+    return "clusters " + "-".join(map(str, ladder))
+
+
+def evaluate(recipe: str, heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -> Candidate:
+    """A candidate's holdout evidence (a candidate whose training diverged counts as dipping)."""
     try:
-        _, fitted = holdout_forecast(heads, phi, old, None, k=K, seed=seed)
+        naive, fitted = holdout_forecast(heads, phi, old, None, k=K, seed=seed)
+        verdict = holdout_guard(heads, phi, old, k=K, seed=seed)
     except ValueError:
-        return -math.inf, True
-    return fitted.area, bool(fitted.dips())
+        return Candidate(recipe, -math.inf, math.nan, True, None)
+    return Candidate(recipe, fitted.area, naive.area, bool(fitted.dips()), verdict)
+
+
+def choose(candidates: list[Candidate]) -> tuple[int, str]:
+    """The winning candidate's index and why: the best area among those that neither dip nor
+    fail the guard; else the best that does not dip; else the first (Procrustes)."""
+    for pool, why in (
+        ([c for c in candidates if c.eligible], "the guard passed"),
+        ([c for c in candidates if not c.dips], "do not dip (none passed the guard)"),
+    ):
+        if pool:
+            best = max(pool, key=lambda c: c.area)  # the first of equals: the order tried
+            why = f"highest area ({best.area:.3f}) of the {len(pool)} of {len(candidates)} that {why}"
+            return candidates.index(best), why
+    return 0, f"every candidate dips or diverged: {candidates[0].recipe}, the closed form"
 
 
 def fit_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> Heads:
-    """The best label-free heads for paired rows (φ_new, stored old vector), chosen as the module says."""
+    """The best label-free heads for paired rows (φ_new, stored old vector): :func:`select_label_free`."""
+    return select_label_free(phi_new, old, seed=seed)[0]
+
+
+def select_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> tuple[Heads, Selection]:
+    """The best label-free heads for paired rows (φ_new, stored old vector), chosen as the module
+    says, and the evidence they were chosen on."""
     phi, target = phi_new.detach().float().contiguous(), old.detach().float().contiguous()
     if len(phi) * HOLDOUT < 3 * K:  # too few pairs to choose on: the middle ladder, on all of them
         log.info("label-free: %d pairs, too few to choose a ladder on; clusters %s", len(phi), LADDERS[1])
-        return train_consensus(phi, target, LADDERS[1], seed=seed)
+        why = f"{len(phi)} pairs are too few to hold some out and choose on (the middle ladder)"
+        return train_consensus(phi, target, LADDERS[1], seed=seed), Selection(ladder_name(LADDERS[1]), why)
     train_idx, held_idx = holdout_split(len(phi), HOLDOUT, seed)
     tr, ho = torch.from_numpy(train_idx), torch.from_numpy(held_idx)
     held = (phi[ho].numpy(), target[ho].numpy())
-    best: tuple[float, Heads] = (-math.inf, procrustes_heads(phi[tr], target[tr]))
-    fallback, dips = holdout_area(best[1], *held, seed=seed)
-    log.info("label-free: Procrustes holdout area %.4f", fallback)
-    if not dips:
-        best = (fallback, best[1])
-    for i, ladder in enumerate(LADDERS):
-        heads = train_consensus(phi[tr], target[tr], ladder, seed=seed + i)
-        score, dips = holdout_area(heads, *held, seed=seed)
-        log.info(
-            "label-free: clusters %s holdout area %.4f%s", ladder, score, " (dips: dropped)" if dips else ""
-        )
-        if not dips and score > best[0]:
-            best = (score, heads)
-    return best[1]
+    fitted = [("procrustes", procrustes_heads(phi[tr], target[tr]))]
+    fitted += [
+        (ladder_name(ladder), train_consensus(phi[tr], target[tr], ladder, seed=seed + i))
+        for i, ladder in enumerate(LADDERS)
+    ]
+    candidates = [evaluate(name, heads, *held, seed=seed) for name, heads in fitted]
+    for candidate in candidates:
+        log.info("label-free: %s", candidate.line())
+    best, why = choose(candidates)
+    return fitted[best][1], Selection(candidates[best].recipe, why, tuple(candidates))

@@ -113,9 +113,9 @@ def fit_command(
         from rm_qdrant_exporters.compose import attach_model
         from rm_qdrant_exporters.serving import ExportError
         from rm_qdrant_train.cli import show_progress
-        from rm_qdrant_train.fit import FitSettings, fit_heads, resolve_loss
+        from rm_qdrant_train.fit import FitSettings, fit_recipe, resolve_loss
         from rm_qdrant_train.heads import steps_per_epoch
-        from rm_qdrant_train.holdout import better, holdout_forecast
+        from rm_qdrant_train.holdout import decide, holdout_forecast, holdout_guard
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)
@@ -178,21 +178,22 @@ def fit_command(
         click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
         click.echo(reproducible(used.threads, used.reason), err=True)
     try:
-        heads = fit_heads(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+        fitted = fit_recipe(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+        heads = fitted.heads
         trained_s = time.perf_counter() - started
-        forecasts = holdout_forecast(
-            heads,
-            sample.new[held_idx],
-            sample.old[held_idx],
-            rows(labels, held_idx),
-            k=k,
-            seed=seed,
-            metric=pair.distance,  # as the pair will serve the graph
-            unit=encoder.info.derived_scale(pair.distance) == "unit",
-        )
+        served = {
+            "k": k,
+            "seed": seed,
+            "metric": pair.distance,  # as the pair will serve the graph
+            "unit": encoder.info.derived_scale(pair.distance) == "unit",
+        }
+        held = (sample.new[held_idx], sample.old[held_idx])
+        forecasts = holdout_forecast(heads, *held, rows(labels, held_idx), **served)
+        # Without labels the guard decides, against the naive merge as the pair serves it (calibrated or not).
+        verdict = None if labels else holdout_guard(heads, *held, naive_distance=pair.old_distance, **served)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    ok, measure = better(forecasts)
+    ok, measure = decide(forecasts, verdict)
     data: dict[str, Any] = {
         "pair": name,
         "loss": chosen,
@@ -208,13 +209,26 @@ def fit_command(
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_naive": ok,
         "measure": measure,
+        "decided_by": "labels" if verdict is None else "guard",
+        "guard": None if verdict is None else verdict.as_dict(),
+        "recipe": fitted.recipe,
+        **(fitted.selection.as_dict() if fitted.selection else {"winner": fitted.recipe, "candidates": []}),
     }
     if not ok and not force:
         if as_json:
             emit(data, True, "")
+        elif not silent:
+            click.echo("\n".join(selection_lines(data)), err=True)
+        worse = (
+            f"forecasts worse than the naive merge ({measure})"
+            if verdict is None
+            else f"is refused by the guard: {measure}"
+        )
         raise Refused(
-            f"on the {len(held_idx)} held-out points the fitted graph forecasts worse than the naive "
-            f"merge ({measure}); not written to {out} (try another --loss, a larger --sample, or --force)"
+            f"on the {len(held_idx)} held-out points the fitted graph {worse}; "
+            f"the naive merge is kept, not written to {out} "
+            "(try another --loss, a larger --sample, or --force)",
+            measured=verdict,
         )
     try:
         path, parity = attach_model(
@@ -224,6 +238,7 @@ def fit_command(
             output_name=encoder.info.graph_output(role),
             name=f"{Path(backbone).stem}+fit-{chosen}",
             distance=pair.distance,
+            fit={"recipe": fitted.recipe, "loss": chosen, "seed": seed},
         )
     except ExportError as exc:
         raise ConfigError(str(exc)) from exc
@@ -256,6 +271,28 @@ def reproducible(threads: int, reason: str) -> str:
     )
 
 
+def selection_lines(data: dict[str, Any]) -> list[str]:
+    """Each candidate's holdout evidence, one line each, and which won and why (label-free only)."""
+    if not data["candidates"]:
+        return [f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")]
+    lines = ["label-free candidates, on a holdout of the training pairs:"]
+    for c in data["candidates"]:
+        guard = c["guard"]
+        if guard is None:
+            lines.append(f"  {c['recipe']}: training diverged")
+            continue
+        worst = guard["fractions"].index(guard["worst_t"])
+        lines.append(
+            f"  {c['recipe']}: t=0 {guard['fitted'][0]:.3f} (old {guard['naive'][0]:.3f}), "
+            f"min fitted-naive {guard['min_margin']:+.3f} at t={guard['worst_t']:g} "
+            f"(fitted {guard['fitted'][worst]:.3f}, naive {guard['naive'][worst]:.3f}), area {c['area']:.3f}"
+            + ("" if guard["passed"] else ", guard: no")
+            + (", dips" if c["dips"] else "")
+        )
+    lines.append(f"won: {data['winner']}: {data['why']}")
+    return lines
+
+
 def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) -> str:
     recall, maps = curve_table(forecasts)
     lines = [
@@ -269,10 +306,18 @@ def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) ->
     ]
     if maps:
         lines += ["", "mAP on the held-out points (payload labels):", *maps]
-    verdict = "better than" if data["better_than_naive"] else "WORSE than (written with --force)"
+    if data["decided_by"] == "guard":
+        verdict = (
+            "passes the guard against"
+            if data["better_than_naive"]
+            else "FAILS the guard (written with --force) against"
+        )
+    else:
+        verdict = "better than" if data["better_than_naive"] else "WORSE than (written with --force)"
+    lines += ["", *selection_lines(data)]
     lines += [
         "",
-        f"the fitted graph is {verdict} the naive merge: {data['measure']}",
+        f"the fitted graph ({data['recipe']}) {verdict} the naive merge: {data['measure']}",
         f"wrote {data['out']} (outputs new and rev; ONNX Runtime vs PyTorch {data['parity']:.1e})",
     ]
     if data["learned_rho"] and new_holds_points:

@@ -1,0 +1,75 @@
+"""The label-free guard (rm_qdrant.core.guard) on constructed embeddings: it refuses a ψ that the
+new model's own neighbours reward while it loses what both models agree on, and accepts ψ = identity."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rm_qdrant.core.forecast import compare_fitted
+from rm_qdrant.core.guard import GUARD_TOLERANCE, guard
+
+N, CLASSES, K = 200, 10, 10
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _open_class_pair() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Old and new embeddings whose classes agree on the first half of the points; on the second
+    half the new model puts each point in the next class. Old vectors carry a small one-hot tail
+    (one dimension per point) through which a ψ can rank the old side in any order it likes."""
+    rng = np.random.default_rng(0)
+    c_old = np.arange(N) % CLASSES
+    c_new = np.where(np.arange(N) < N // 2, c_old, (c_old + 1) % CLASSES)
+    centres = _unit(rng.normal(size=(CLASSES, 32)))
+    old_feat = _unit(centres[c_old] + 0.3 * rng.normal(size=(N, 32)) / np.sqrt(32))
+    base = _unit(centres[c_new] + 0.3 * rng.normal(size=(N, 32)) / np.sqrt(32))
+    old = np.hstack([old_feat, 0.05 * np.eye(N)])
+    return old, base, c_new
+
+
+def _psi_ranking(scores: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """rev vectors whose cosine to old vector j orders the old side by ``scores[:, j]`` (high first)."""
+    return np.hstack(
+        [np.zeros((len(scores), old.shape[1] - len(scores))), scores - scores.min(axis=1, keepdims=True)]
+    )
+
+
+def test_guard_refuses_a_psi_that_matches_new_neighbours_but_scatters_the_old_ones() -> None:
+    old, base, _ = _open_class_pair()
+    sim_new = base @ base.T
+    sim_old = old[:, :32] @ old[:, :32].T
+    depth = 3 * K
+    ranks_new = np.argsort(np.argsort(-sim_new, axis=1), axis=1)
+    ranks_old = np.argsort(np.argsort(-sim_old, axis=1), axis=1)
+    agreed = (ranks_new <= depth) & (ranks_old <= depth)
+    # ψ: the new model's order on the old side, where the models agree on a query's class; on the
+    # other half, the same order with the neighbours both models agree on pushed to the bottom.
+    scores = sim_new.copy()
+    disagreeing = np.arange(N) >= N // 2
+    scores[disagreeing] -= 10.0 * agreed[disagreeing]
+    rev = _psi_ranking(scores, old)
+    order = np.random.default_rng(1).permutation(N)
+
+    # The old evidence, recall@k against the new model's own top k, at the two ends (in between
+    # this constructed ψ's tiny cosines are crowded out, which is beside the point here).
+    naive, fitted = compare_fitted(old, base, base, rev, order=order, k=K, fractions=(0.0, 1.0))
+    assert fitted.recall[0] > naive.recall[0] + 0.2 and fitted.area > naive.area  # it was accepted
+
+    verdict = guard(old, base, base, rev, order=order, k=K)
+    assert not verdict.passed
+    assert verdict.fitted[0] < verdict.naive[0] - GUARD_TOLERANCE  # it starts below the old model
+    worst = verdict.worst
+    reason = verdict.reason()
+    assert f"at t = {verdict.fractions[worst]:g} " in reason
+    assert f"{verdict.fitted[worst]:.3f}" in reason and f"{verdict.naive[worst]:.3f}" in reason
+
+
+def test_guard_accepts_psi_identity_on_a_compatible_pair() -> None:
+    rng = np.random.default_rng(2)
+    centres = _unit(rng.normal(size=(CLASSES, 32)))
+    emb = _unit(centres[np.arange(N) % CLASSES] + 0.3 * rng.normal(size=(N, 32)))
+    verdict = guard(emb, emb, emb, emb, order=rng.permutation(N), k=K)
+    assert verdict.passed and verdict.queries == N
+    assert min(verdict.margins) == 0.0
