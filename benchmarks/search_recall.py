@@ -2,6 +2,7 @@
 
     python benchmarks/search_recall.py --data cifar
     python benchmarks/search_recall.py --data gaussian
+    python benchmarks/search_recall.py --data cifar --full-scan-kb 1000 --out search_recall-cifar-kb1000
 
 A gallery halfway through a backfill: a random ``--new-share`` of its points migrated, the
 rest not, served by a DualIndex in ``rm`` mode in both layouts of a pair: ``paired`` (new
@@ -95,7 +96,7 @@ def dataset(args, rng):
     return f.old[g], f.new[g], f.new[q], f.rev[q]
 
 
-def build(store, g_old, g_new, in_new, batch=5_000):
+def build(store, g_old, g_new, in_new, kb, batch=5_000):
     """The four collections, HNSW-built; a note on the build."""
     ids = np.arange(len(g_new))
     olds, news = ids[~in_new], ids[in_new]
@@ -107,7 +108,7 @@ def build(store, g_old, g_new, in_new, batch=5_000):
     for i in range(0, len(news), batch):  # ... and the migrated points' new one, as migration adds it
         part = news[i : i + batch]
         store.set_vectors(ONE, part.tolist(), g_new[part], vector="new", where=Where(lacks_vector=("new",)))
-    tuned = tune(store, {OLD: [""], NEW: [""], ALL: [""], ONE: ["", "new"]})
+    tuned = tune(store, {OLD: [""], NEW: [""], ALL: [""], ONE: ["", "new"]}, kb)
     t0 = time.perf_counter()
     for name in (OLD, NEW, ALL, ONE):
         store.optimize(name)
@@ -121,15 +122,13 @@ def build(store, g_old, g_new, in_new, batch=5_000):
     )
 
 
-def tune(store, vectors):
-    """What ``rmq init`` does to the vectors a pair searches, where this code has it (issue 26)."""
-    try:
-        from rm_qdrant.backfill.create import tune_search
-        from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
-    except ImportError:
-        return "full_scan_threshold: Qdrant's default (this code has no tune_search)"
-    tune_search(store, vectors)
-    kb = SERVING_FULL_SCAN_KB
+def tune(store, vectors, kb):
+    """What ``rmq init --full-scan-kb KB`` does to the vectors a pair searches (None: nothing)."""
+    if kb is None:
+        return "full_scan_threshold: Qdrant's default (rmq init without --full-scan-kb)"
+    from rm_qdrant.backfill.create import tune_search
+
+    tune_search(store, vectors, kb)
     return f"full_scan_threshold {kb} KB on every searched vector (as rmq init --full-scan-kb {kb} sets it)"
 
 
@@ -221,6 +220,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--efs", default="10,16,24,32,48,64,96,128,192,256,384,512,768,1024,1536,2048")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--full-scan-kb", type=int, default=None, help="as rmq init --full-scan-kb (default: Qdrant's own)"
+    )
+    ap.add_argument("--out", default=None, help="results file stem (default: search_recall-<data>)")
     args = ap.parse_args()
     wall = time.perf_counter()
     rng = np.random.default_rng(args.seed)
@@ -234,7 +237,7 @@ def main() -> None:
     rows, exact, notes = [], {}, []
     with tempfile.TemporaryDirectory(prefix="rmq-recall-") as tmp:
         store = open_store(tmp)
-        notes.append(build(store, g_old, g_new, in_new))
+        notes.append(build(store, g_old, g_new, in_new, args.full_scan_kb))
         model = ModelRef("bench", "0", 128, "-")
         pairs = {
             "paired": PairRecord("bench", OLD, NEW, "rm", "cosine", model),
@@ -303,7 +306,7 @@ def main() -> None:
     sizes = f"N={n:,} ({n - in_new.sum():,} old-only, {in_new.sum():,} migrated"
     text = markdown(date, args, sizes, rules, rows, equal, exact, notes)
     print(text)
-    out = RESULTS / f"search_recall-{args.data}"
+    out = RESULTS / (args.out or f"search_recall-{args.data}")
     out.with_suffix(".md").write_text(text)
     record = {"command": f"python {shlex.join(sys.argv)}", "machine": machine(), "date": date}
     record |= {"args": vars(args), "rows": rows, "equal_recall": equal, "exact": exact}
