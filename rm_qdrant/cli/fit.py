@@ -99,8 +99,11 @@ def fit_command(
     """Train ψ (and ρ) on pairs from the gallery: stored old vectors and the backbone's embeddings.
 
     No old model is needed, and no labels unless --label-field. Part of the sample is held
-    out: the fitted graph is written only if its forecast beats the naive merge there
-    (or with --force); otherwise nothing is written and rmq exits 3.
+    out. Without labels, the fitted graph is written only if, at every backfill fraction t,
+    its hits there are as near in both models' rankings as the naive merge's (calibrated
+    where the pair is; at t = 0 the old model's), within two standard errors; with labels,
+    if its area under mAP beats the naive merge's. Otherwise (unless --force) nothing is
+    written, the one line says at which t and by how much, and rmq exits 3.
 
     The same --seed, gallery, backbone and thread count give the same graph; another thread
     count (--threads, OMP_NUM_THREADS; default 1) can change the last digits, and so the graph.

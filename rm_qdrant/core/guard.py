@@ -1,20 +1,27 @@
-"""The label-free guard on a fitted graph: never below the naive merge on what both models agree on.
+"""The label-free guard on a fitted graph: its hits must be as near as the naive merge's in both models' eyes.
 
-Without labels, the only reference for "similar" is the models themselves. The new
-model's own neighbours are blind where the two models disagree (an open-class
-gallery): a ψ can match more of them than the old model does while losing the
-neighbours the old model served correctly, and so start below the old model. The
-guard scores against the neighbours *both* models agree on: for each query, the
-items in the old model's top-K and in the new model's top-K (K =
-:data:`CONSENSUS_FACTOR` × k) over the same gallery. Neither model's quirks are
-rewarded, and a ψ that scatters the old side loses them.
+Without labels, the only judges of "similar" are the two models. The new model's own
+top k is blind where they disagree (an open-class gallery): a ψ can match more of it than
+the old model does while scattering what the old model found, and start below the old
+model. Overlaps of top-K lists (the neighbours both models agree on) fail the other way:
+they only reward items both models rank in their top K, so a ψ that finds other members
+of a large class (outside both top K, and right) scores below the old model however good
+it is. Measured on the digits pairs (``benchmarks/guard_check.py``), a top-3k overlap
+refused the graphs that start 18 and 27 mAP points above Old.
 
-At each backfill fraction t, the merged top-k of the naive merge (calibrated where the
-pair is) and of the fitted graph are scored by the share of those agreed neighbours
-they find (recall@k, out of at most k). The fitted graph passes when at every t it is
-not below the naive merge by more than :data:`GUARD_TOLERANCE`. At t = 0 the naive
-merge is exactly the old model (a calibration maps old distances monotonically, so the
-old side's order is unchanged), so that check is also "not below the old model".
+So each hit is judged by where *both* models rank it: for query i and hit j, the share
+of the gallery that each model ranks behind j, the smaller of the two (its *support*: a
+hit one model places far away has little). A ranking's score is its top k's mean support,
+averaged over queries. Neither model wins by construction (the old model's own neighbours
+are judged by the new model, and the other way round), no depth K or class size is
+assumed, and a ψ whose hits either model places far away loses.
+
+At each backfill fraction t, the naive merge (calibrated where the pair is) and the fitted
+graph are scored on the same queries. The fitted graph passes when at every t its score is
+not below the naive merge's by more than the tolerance at that t: two standard errors of
+the per-query difference (a real tie is refused about one time in 40 at one t), and at
+least :data:`GUARD_MIN_TOLERANCE`. At t = 0 the naive merge is exactly the old model (a
+calibration maps old distances monotonically), so that check is "not below the old model".
 
 Pure numpy; no label is read, and no setting was chosen by looking at labels.
 """
@@ -30,25 +37,22 @@ from rm_qdrant.core.forecast import OldDistance, merged_distances, top_k
 from rm_qdrant.core.metrics import FRACTIONS, migrated_at
 from rm_qdrant.core.spaces import distance_matrix
 
-#: Recall@k the fitted graph may lose against the naive merge at any t: the issue's goal
-#: is t = 0 no worse than Old by 0.5 mAP points, and rmq probe's dip tolerance is the same
-#: 0.005; a wider one would let through the 4.5-point loss the guard is for.
-GUARD_TOLERANCE = 0.005
-#: K = this × k: the depth in each model's ranking an agreed neighbour may sit at. At k it
-#: would mostly keep what the models already rank alike; a few times k reaches the items
-#: one model ranks high and the other merely near.
-CONSENSUS_FACTOR = 3
+#: The smallest tolerance (support, 0 to 1) at any t: a share of the gallery small enough that
+#: a hit moved by it is one neighbour nearer or farther in a gallery of a few hundred.
+GUARD_MIN_TOLERANCE = 0.002
+#: Standard errors of the per-query difference a fitted graph may fall below the naive merge.
+GUARD_STANDARD_ERRORS = 2.0
 
 
 @dataclass(frozen=True)
 class GuardVerdict:
-    """The guard's evidence on one holdout: agreed-neighbour recall@k per t, and the decision."""
+    """The guard's evidence on one holdout: mean support of the top k per t, and the decision."""
 
     fractions: tuple[float, ...]
-    naive: tuple[float, ...]  # the naive merge's share of the agreed neighbours found, per t
+    naive: tuple[float, ...]  # the naive merge's mean support, per t (0 to 1, higher is nearer)
     fitted: tuple[float, ...]  # the fitted graph's
-    queries: int  # queries with one or more agreed neighbours (the others are not scored)
-    tolerance: float = GUARD_TOLERANCE
+    tolerances: tuple[float, ...]  # how far fitted may fall below naive, per t
+    queries: int
 
     @property
     def margins(self) -> tuple[float, ...]:
@@ -57,63 +61,60 @@ class GuardVerdict:
 
     @property
     def worst(self) -> int:
-        """Index of the t where fitted − naive is lowest (the first such)."""
-        return int(np.argmin(self.margins)) if self.margins else 0
+        """Index of the deciding t: the first where fitted falls below naive beyond the tolerance,
+        else where fitted − naive is lowest."""
+        below = [i for i, (m, tol) in enumerate(zip(self.margins, self.tolerances, strict=True)) if m < -tol]
+        return below[0] if below else int(np.argmin(self.margins)) if self.margins else 0
 
     @property
     def passed(self) -> bool:
-        return self.queries > 0 and min(self.margins) >= -self.tolerance
+        return self.queries > 0 and all(
+            m >= -tol for m, tol in zip(self.margins, self.tolerances, strict=True)
+        )
 
     def reason(self) -> str:
         """One clause naming the deciding t and the two numbers."""
-        if self.queries == 0:
-            return "the two models share no neighbours on the holdout, so there is no label-free evidence"
         i = self.worst
         below = "below" if not self.passed else "within tolerance of" if self.margins[i] < 0 else "not below"
         start = f"; at t = 0 {self.fitted[0]:.3f} against the old model's {self.naive[0]:.3f}" if i else ""
         return (
-            f"at t = {self.fractions[i]:g} the fitted graph finds {self.fitted[i]:.3f} of the neighbours "
-            f"both models agree on, {below} the naive merge's {self.naive[i]:.3f} "
-            f"(tolerance {self.tolerance:g}{start})"
+            f"at t = {self.fractions[i]:g} the fitted graph's hits have support {self.fitted[i]:.3f} "
+            f"(the share of the gallery both models rank behind them), {below} the naive merge's "
+            f"{self.naive[i]:.3f} (tolerance {self.tolerances[i]:.3f}{start})"
         )
 
     def as_dict(self) -> dict[str, object]:
         return {
+            "measure": "support: the top k's mean share of the gallery both models rank behind a hit",
             "fractions": list(self.fractions),
             "naive": list(self.naive),
             "fitted": list(self.fitted),
+            "tolerances": list(self.tolerances),
             "queries": self.queries,
-            "tolerance": self.tolerance,
             "min_margin": min(self.margins) if self.margins else None,
             "worst_t": self.fractions[self.worst] if self.fractions else None,
             "passed": self.passed,
         }
 
 
-def agreed_neighbours(
-    old: np.ndarray, base: np.ndarray, k: int, *, factor: int = CONSENSUS_FACTOR, metric: str = "cosine"
-) -> np.ndarray:
-    """(n, n) booleans: j is among query i's top-(factor·k) under the old model *and* under the new."""
-    depth = factor * k
-    mask = np.zeros((len(old), len(old)), dtype=bool)
-    rows = np.arange(len(old))[:, None]
-    both = np.zeros_like(mask)
-    mask[rows, top_k(distance_matrix(old, old, metric), depth)] = True
-    both[rows, top_k(distance_matrix(base, base, metric), depth)] = True
-    return mask & both
+def support(old: np.ndarray, base: np.ndarray, *, metric: str = "cosine") -> np.ndarray:
+    """(n, n): for query i and item j, the share of the other items that both the old model and
+    the new model rank behind j (the smaller of the two shares; the diagonal is 0)."""
+    n = len(old)
+    shares = []
+    for x in (old, base):
+        d = distance_matrix(x, x, metric)
+        np.fill_diagonal(d, np.inf)
+        rank = np.argsort(np.argsort(d, axis=1, kind="stable"), axis=1, kind="stable")
+        shares.append(1.0 - rank / max(1, n - 2))
+    both = np.minimum(*shares)
+    np.fill_diagonal(both, 0.0)
+    return both
 
 
-def agreed_recall(distances: np.ndarray, agreed: np.ndarray, k: int) -> tuple[float, int]:
-    """Mean share of each query's agreed neighbours in its top-k (out of at most k), over the
-    queries that have any; and how many those are."""
-    counts = agreed.sum(axis=1)
-    scored = counts > 0
-    if not scored.any():
-        return 0.0, 0
-    found = top_k(distances, k)
-    hits = np.take_along_axis(agreed, found, axis=1).sum(axis=1)
-    share = hits[scored] / np.minimum(found.shape[1], counts[scored])
-    return float(share.mean()), int(scored.sum())
+def top_k_support(distances: np.ndarray, both: np.ndarray, k: int) -> np.ndarray:
+    """Each query's mean support over its top k under ``distances``."""
+    return np.take_along_axis(both, top_k(distances, k), axis=1).mean(axis=1)
 
 
 def guard(
@@ -127,34 +128,32 @@ def guard(
     fractions: Sequence[float] = FRACTIONS,
     metric: str = "cosine",
     naive_distance: OldDistance | None = None,
-    tolerance: float = GUARD_TOLERANCE,
 ) -> GuardVerdict:
-    """The naive merge of the plain new model (``base``) against a fitted encoder (``new``, ``rev``)
-    on the neighbours both models agree on, backfilled in ``order``.
+    """The naive merge of the plain new model (``base``) against a fitted encoder (``new``,
+    ``rev``), backfilled in ``order``, by the support of their top k (module docstring).
 
     Args:
         old: the holdout's stored old vectors (n, d_old).
         base: the plain new model's embeddings of the same images (n, d_new).
         new, rev: the fitted graph's outputs for them, as served.
         order: the holdout indices in migration order.
-        k: the neighbours served; the agreed ones are looked for down to CONSENSUS_FACTOR × k.
+        k: the neighbours served.
         naive_distance: a calibrated pair's map of old distances (the naive merge only).
 
     Raises:
-        ValueError: fewer than two items, or arrays of different lengths.
+        ValueError: fewer than three items, or arrays of different lengths.
     """
     n = len(old)
-    if n < 2 or any(len(a) != n for a in (base, new, rev, order)):
-        raise ValueError(f"the guard needs two or more items and one row each; got {n} old")
-    agreed = agreed_neighbours(old, base, k, metric=metric)
-    naive, fitted, queries = [], [], 0
+    if n < 3 or any(len(a) != n for a in (base, new, rev, order)):
+        raise ValueError(f"the guard needs three or more items and one row each; got {n} old")
+    both = support(old, base, metric=metric)
+    naive, fitted, tolerances = [], [], []
     for t in fractions:
         migrated = migrated_at(order, t)
-        for curve, (q_new, q_old, gallery, mapped) in (
-            (naive, (base, old, base, naive_distance)),
-            (fitted, (new, rev, new, None)),
-        ):
-            d = merged_distances(q_new, q_old, gallery, old, migrated, mapped, metric)
-            score, queries = agreed_recall(d, agreed, k)
-            curve.append(score)
-    return GuardVerdict(tuple(fractions), tuple(naive), tuple(fitted), queries, tolerance)
+        a = top_k_support(merged_distances(base, old, base, old, migrated, naive_distance, metric), both, k)
+        b = top_k_support(merged_distances(new, rev, new, old, migrated, None, metric), both, k)
+        naive.append(float(a.mean()))
+        fitted.append(float(b.mean()))
+        error = float(np.std(b - a, ddof=1) / np.sqrt(n))
+        tolerances.append(max(GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS * error))
+    return GuardVerdict(tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n)
