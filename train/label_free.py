@@ -12,7 +12,7 @@ No label is read anywhere, not even to choose a setting:
 3. One ψ per ladder in :data:`LADDERS`, and Procrustes; each is scored on a held-out tenth
    of the training pairs by the label-free forecast of ``rmq probe`` (recall@10 of the
    merged ranking against the new model's own top-10, area over t) and by the guard
-   (:mod:`rm_qdrant.core.guard`: the neighbours both models agree on, against the naive
+   (:mod:`rm_qdrant.core.guard`: how near both models rank the hits, against the naive
    merge at every t). A curve that dips below its start, or that the guard refuses, is
    dropped; the best area wins. When every candidate is dropped, the best area that does not
    dip wins (else Procrustes), and ``rmq fit``'s own guard on its holdout will say no.
@@ -125,10 +125,10 @@ class Candidate:
         """One line: the guard at t = 0, its lowest fitted − naive over t, and the area."""
         if self.verdict is None:
             return f"{self.recipe}: training diverged"
-        v = self.verdict
+        v, low = self.verdict, int(np.argmin(self.verdict.margins))
         return (
-            f"{self.recipe}: t=0 agreed-neighbour recall {v.fitted[0]:.3f} (old model {v.naive[0]:.3f}), "
-            f"min fitted-naive {v.margins[v.worst]:+.3f} at t={v.fractions[v.worst]:g}, "
+            f"{self.recipe}: t=0 support {v.fitted[0]:.3f} (old model {v.naive[0]:.3f}), "
+            f"min fitted-naive {v.margins[low]:+.3f} at t={v.fractions[low]:g}, "
             f"area {self.area:.3f} (naive {self.naive_area:.3f})"
             + ("; dips below its start" if self.dips else "")
             + ("; guard: no" if not v.passed else "")

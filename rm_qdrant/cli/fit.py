@@ -284,10 +284,10 @@ def selection_lines(data: dict[str, Any]) -> list[str]:
         if guard is None:
             lines.append(f"  {c['recipe']}: training diverged")
             continue
-        worst = guard["fractions"].index(guard["worst_t"])
+        worst = guard["fractions"].index(guard["min_margin_t"])
         lines.append(
             f"  {c['recipe']}: t=0 {guard['fitted'][0]:.3f} (old {guard['naive'][0]:.3f}), "
-            f"min fitted-naive {guard['min_margin']:+.3f} at t={guard['worst_t']:g} "
+            f"min fitted-naive {guard['min_margin']:+.3f} at t={guard['min_margin_t']:g} "
             f"(fitted {guard['fitted'][worst]:.3f}, naive {guard['naive'][worst]:.3f}), area {c['area']:.3f}"
             + ("" if guard["passed"] else ", guard: no")
             + (", dips" if c["dips"] else "")

@@ -92,6 +92,7 @@ class GuardVerdict:
             "tolerances": list(self.tolerances),
             "queries": self.queries,
             "min_margin": min(self.margins) if self.margins else None,
+            "min_margin_t": self.fractions[int(np.argmin(self.margins))] if self.margins else None,
             "worst_t": self.fractions[self.worst] if self.fractions else None,
             "passed": self.passed,
         }

@@ -50,7 +50,10 @@ def test_label_free_fit_names_its_candidates_and_winner_in_json_and_graph_metada
     assert report["recipe"] == f"label-free/{report['winner']}"
     assert report["decided_by"] == "guard" and len(report["guard"]["fitted"]) == len(report["guard"]["naive"])
     for c in report["candidates"]:
-        assert set(c["guard"]) >= {"fitted", "naive", "min_margin", "worst_t", "passed"}
+        guard = c["guard"]
+        assert set(guard) >= {"fitted", "naive", "min_margin", "min_margin_t", "worst_t", "passed"}
+        low = guard["fractions"].index(guard["min_margin_t"])
+        assert abs(guard["fitted"][low] - guard["naive"][low] - guard["min_margin"]) < 1e-9
     props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert json.loads(props["rm_qdrant_fit"])["recipe"] == report["recipe"]
 
