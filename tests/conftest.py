@@ -79,6 +79,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     return Models(old, rm, new_only, w_old, w_new, w_rev)
 
 
+def one_error_line(result) -> str:
+    """The one line a CLI failure printed (exit 1, ``Error: ...``, no traceback)."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
 def make_image_folder(root: Path, *, per_class: int = 8, labels: tuple[str, ...] = ("a", "b", "c")) -> Path:
     """Write real PNG and JPEG files in the ImageFolder layout; each class has its own colour."""
     rng = np.random.default_rng(3)

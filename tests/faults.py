@@ -23,6 +23,24 @@ WRITES = frozenset(
 )
 
 
+class Recording:
+    """The real store, with every call it gets written down: (method, args, kwargs)."""
+
+    def __init__(self, inner) -> None:
+        self._inner, self.log = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.log.append((name, args, kwargs))
+            return attr(*args, **kwargs)
+
+        return call
+
+
 class Crash(BaseException):
     """A process dying at this point (a BaseException: no ``except Exception`` catches it)."""
 

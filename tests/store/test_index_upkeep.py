@@ -16,27 +16,19 @@ from rm_qdrant.backfill.upkeep import IndexUpkeep
 from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
+from tests.faults import Recording
 
 WRITES = {"upsert", "delete", "mark", "set_payload", "set_vectors", "update_points", "clear_fields"}
 LAYOUTS = [("paired", False), ("paired", True), ("single-collection", False)]
 
 
-class Recorder:
-    """The real store, with every call it gets written down (method, collection)."""
+class Recorder(Recording):
+    """The real store, with every call it gets written down."""
 
-    def __init__(self, inner) -> None:
-        self._inner, self.calls = inner, []
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            self.calls.append((name, args[0] if args else None))
-            return attr(*args, **kwargs)
-
-        return call
+    @property
+    def calls(self) -> list[tuple[str, str | None]]:
+        """(method, collection) of each call."""
+        return [(name, args[0] if args else None) for name, args, _ in self.log]
 
     def unbuilt(self) -> set[str]:
         """Searched collections written since their last optimisation (not rm-qdrant's records)."""

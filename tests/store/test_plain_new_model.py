@@ -15,19 +15,11 @@ import numpy as np
 from rm_qdrant.backfill.pair import META_COLLECTION, PairRecord, _key, _put, load_pair
 from rm_qdrant.store import open_store
 from rm_qdrant_exporters.linear import linear_encoder
-from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC
+from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, one_error_line
 from tests.store import test_eval_probe_ends as ends
 
 pairs = ends.pairs  # the fixture: pairs 'rm' and 'naive', the images, the plain new model
 _eval = ends._eval
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
 
 
 def _record(tmp_path: Path, name: str) -> PairRecord:
@@ -66,7 +58,7 @@ def test_init_records_the_plain_new_model_and_eval_measures_old_and_new_without_
     assert given["old_map"] == out["old_map"] and given["new_map"] != out["new_map"]
     Path(new_model).unlink()  # moved away: one line, naming the recorded model and the way out
     args = ("eval", "--name", "planned", "--queries", images, "--at", "0,1")
-    line = _one_error_line(rmq(*args, ok=False))
+    line = one_error_line(rmq(*args, ok=False))
     assert "recorded plain new model" in line and "--new-model PATH" in line
 
 
@@ -90,11 +82,11 @@ def test_a_plain_new_model_of_another_size_is_one_line_and_nothing_is_recorded(r
         input_spec=SPEC,
         name="small",
     )
-    line = _one_error_line(_init_rm(rmq, tmp_path, "gallery3", "--new-model", small))
+    line = one_error_line(_init_rm(rmq, tmp_path, "gallery3", "--new-model", small))
     assert "small.onnx" in line and f"{OLD_DIM}-d" in line
     assert "planned" not in rmq("pairs").output
     switch = ("switch-encoder", "--name", "rm", "--encoder", tmp_path / "graph.onnx", "--new-model", small)
-    assert f"{OLD_DIM}-d" in _one_error_line(rmq(*switch, ok=False))
+    assert f"{OLD_DIM}-d" in one_error_line(rmq(*switch, ok=False))
     assert _record(tmp_path, "rm").new_model is None
 
 

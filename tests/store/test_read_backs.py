@@ -74,24 +74,6 @@ def test_has_vector_counts_agree_with_reading_each_point(store):
         assert all_have_vector(store, "c", asked, "a") == (set(asked) <= set(ids))
 
 
-class Calls:
-    """A store that records each call made through it (method, arguments, keyword arguments)."""
-
-    def __init__(self, inner) -> None:
-        self._inner, self.calls = inner, []
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            return attr(*args, **kwargs)
-
-        return call
-
-
 @pytest.mark.parametrize("touched", [False, True])
 def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, tmp_path, touched):
     """A batch nobody wrote to meanwhile is confirmed with a count: no vector comes back from new
@@ -100,7 +82,7 @@ def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, 
     from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
     from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
     from tests.conftest import make_image_folder
-    from tests.faults import Scripted
+    from tests.faults import Recording, Scripted
 
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=10))
     index_images(store, "old", OnnxEncoder(models.old), items)
@@ -112,9 +94,9 @@ def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, 
         user.set_payload({"by": "user"}, points=[victim])
 
     writes_copies = lambda name, args, kw: name == "upsert" and kw.get("insert_only")  # noqa: E731
-    calls = Calls(Scripted(store, [("before", writes_copies, edit)] if touched else []))
+    calls = Recording(Scripted(store, [("before", writes_copies, edit)] if touched else []))
     report = run_migration(DualIndex.open(calls, "p"), MigrateOptions(batch=100))
-    read = [a[1] for f, a, k in calls.calls if f == "retrieve" and a[0] == "p-new" and k.get("with_vectors")]
+    read = [a[1] for f, a, k in calls.log if f == "retrieve" and a[0] == "p-new" and k.get("with_vectors")]
     assert report.moved == len(items) and store.count("old") == 0
     assert {i for ids in read for i in ids} == ({victim} if touched else set())  # then once more, caught up
     edited = store.retrieve("p-new", [victim])[0].payload

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from rm_qdrant.cli import cli
 from rm_qdrant_train.threads import choose_threads
+from tests.conftest import one_error_line
 
 
 @pytest.mark.parametrize(
@@ -35,14 +36,6 @@ def test_threads_then_omp_num_threads_then_a_commands_own_default():
 
 def rmq(*args: str, env: dict[str, str] | None = None):
     return CliRunner().invoke(cli, list(args), env=env)
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "x", "1.5"])
