@@ -47,6 +47,65 @@ def graphs() -> tuple[Path, Path]:
     return old, rm
 
 
+OLD_CACHE = ROOT / ".cache" / "bench-features" / "cifar-old-small-cnn.npz"
+
+
+def old_features() -> tuple[list[str], np.ndarray]:
+    """The 60,000 CIFAR-10 images (train, then test) through the old small CNN alone (128-d
+    ``embedding``): real trained-CNN embeddings for what needs only one model. Its checkpoint is
+    the one fit_table.py trains first (``rmq train backbone --role old``, trained here when
+    missing: about 20 minutes on 2 idle cores), exported with ``rmq export --out-old``."""
+    if not OLD_CACHE.is_file():
+        checkpoint = GRAPHS.parent / "runs" / "old.pt"
+        if not checkpoint.is_file():
+            print("training the old CIFAR small CNN (rmq train backbone, long)...", flush=True)
+            from benchmarks.cifar import cifar_root as data
+
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "rm_qdrant",
+                    "train",
+                    "backbone",
+                    "-q",
+                    "--data",
+                    str(data()),
+                    "--role",
+                    "old",
+                    "--arch",
+                    "small-cnn",
+                    "--epochs",
+                    "8",
+                    "--out",
+                    str(checkpoint),
+                ],
+                check=True,
+            )
+        graph = OLD_CACHE.with_name("cifar-old-small-cnn.onnx")
+        graph.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rm_qdrant",
+                "export",
+                "--old",
+                str(checkpoint),
+                "--out-old",
+                str(graph),
+                "--no-scores",
+            ],
+            check=True,
+        )
+        root = cifar_root()
+        uris = [item.uri for item in scan_image_folder(root / "train") + scan_image_folder(root / "test")]
+        print(f"embedding {len(uris):,} CIFAR-10 images with the old small CNN...", flush=True)
+        np.savez(OLD_CACHE, uris=np.array(uris), old=_embed(graph, uris, ["embedding"])["embedding"])
+    data = np.load(OLD_CACHE)
+    return [str(u) for u in data["uris"]], data["old"]
+
+
 def _embed(model: Path, uris: list[str], outputs: list[str]) -> dict[str, np.ndarray]:
     encoder = OnnxEncoder(model, batch_size=512)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in outputs}

@@ -13,7 +13,9 @@ DualIndex sends one query: a prefetch per vector and a ``max`` formula). Beside 
 collection of every point's new vector (what serves once the backfill is done). All
 HNSW-indexed (``store.optimize``), embedded EdgeStore. ``cifar``: benchmarks/cifar_features.py's
 vectors, N train images as the gallery, held-out test images as queries; dual sends a query's
-``new`` vector to new and ``rev`` (ψ) to old, single sends ``new``. ``gaussian``:
+``new`` vector to new and ``rev`` (ψ) to old, single sends ``new``. ``cifar-old``: the old small
+CNN's CIFAR embeddings (cifar_features.old_features) on both sides, as gaussian has its vectors.
+``gaussian``:
 search_overhead.py's setup (N standard normal vectors, the same on both sides, the same query
 vector to both).
 
@@ -86,6 +88,15 @@ def dataset(args, rng):
         gallery = rng.standard_normal((args.n, 128), dtype=np.float32)
         queries = rng.standard_normal((args.warmup + args.queries, 128), dtype=np.float32)
         return gallery, gallery, queries, queries
+    if args.data == "cifar-old":
+        from benchmarks.cifar_features import old_features
+
+        uris, vectors = old_features()
+        test = np.array(["/test/" in u for u in uris])
+        train, held_out = np.flatnonzero(~test), np.flatnonzero(test)
+        g = np.sort(rng.choice(train, args.n, replace=False)) if args.n < len(train) else train
+        q = rng.choice(held_out, args.warmup + args.queries, replace=False)
+        return vectors[g], vectors[g], vectors[q], vectors[q]
     from benchmarks.cifar_features import cifar_features
 
     f = cifar_features()
@@ -212,7 +223,7 @@ def equal_recall(rows, labels, make, args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", choices=["cifar", "gaussian"], default="cifar")
+    ap.add_argument("--data", choices=["cifar", "cifar-old", "gaussian"], default="cifar")
     ap.add_argument("--n", type=int, default=50_000, help="gallery size (cifar: at most the 50,000 train)")
     ap.add_argument("--new-share", type=float, default=0.5, help="fraction of the gallery already in new")
     ap.add_argument("--queries", type=int, default=300, help="timed queries (after warm-up)")

@@ -126,7 +126,8 @@ def _json_filter(item: str) -> Any:
     "--full-scan-kb",
     type=click.IntRange(min=0),
     help="Give the searched vectors this HNSW full_scan_threshold (KB), so segments above it are "
-    "searched through their graph, not scanned (e.g. 1000; default: keep the collections' own).",
+    "searched through their graph, not scanned [default: 1000 in the single-collection layout; "
+    "the collections' own when paired; Qdrant's own is 10000].",
 )
 @recorded_source_options
 @json_option
