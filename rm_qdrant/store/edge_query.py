@@ -27,7 +27,7 @@ from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
 from rm_qdrant.store.points import merged_from
-from rm_qdrant.store.qfilter import to_edge
+from rm_qdrant.store.qfilter import has_id, to_edge
 from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {
@@ -50,7 +50,7 @@ def edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> 
     where = where or Where()
     must: list[Any] = [condition(k, v) for k, v in where.must.items()]
     if ids is not None:
-        must.append(qe.HasIdCondition({normalize_id(i) for i in ids}))
+        must.append(has_id(ids))
     must += [qe.IsEmptyCondition(k) for k in where.empty]
     must += [qe.HasVectorCondition(v) for v in where.has_vector]
     must += [to_edge(c) for c in where.clauses]

@@ -101,3 +101,23 @@ def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, 
     assert {i for ids in read for i in ids} == ({victim} if touched else set())  # then once more, caught up
     edited = store.retrieve("p-new", [victim])[0].payload
     assert edited.get("by") == ("user" if touched else None)
+
+
+def test_filters_by_id_sets_match_exactly_those_ids_however_many_sets_come_and_go(store):
+    """qdrant-edge's id conditions are kept for the last few id sets (a batch's calls share
+    one): every count by a set of ids, seen before or not, int or UUID, matches that set."""
+    from rm_qdrant.store.filters import with_ids
+
+    rng = np.random.default_rng(3)
+    ids = list(range(1, 31)) + [f"00000000-0000-4000-8000-{i:012d}" for i in range(30)]
+    store.create_collection("c", dim=2, distance="cosine")
+    store.upsert("c", ids, rng.normal(size=(len(ids), 2)).astype(np.float32))
+    asked_before = []
+    for round in range(40):
+        if asked_before and round % 3 == 0:
+            asked = asked_before[int(rng.integers(len(asked_before)))]  # a set seen before
+        else:
+            picked = rng.choice(len(ids) + 10, size=int(rng.integers(1, 12)), replace=False)
+            asked = [ids[i] if i < len(ids) else 1000 + int(i) for i in picked]  # some not stored
+            asked_before.append(asked)
+        assert store.count("c", with_ids(asked)) == len(set(asked) & set(ids)), asked
