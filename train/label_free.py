@@ -64,6 +64,8 @@ def spherical_kmeans(x: Tensor, k: int, *, iterations: int = 30, seed: int = 0) 
     nearest = (1 - x @ x[first]).clamp_min(0)
     for _ in range(1, k):
         weights = nearest**2
+        if not float(weights.sum()) > 0:  # every point on a chosen centre (identical images): any will do
+            weights = torch.ones_like(weights)
         pick = int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
         chosen.append(pick)
         nearest = torch.minimum(nearest, (1 - x @ x[pick]).clamp_min(0))

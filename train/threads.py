@@ -38,6 +38,10 @@ class ThreadChoice:
     reason: str
 
 
+#: More threads than any CPU has (torch takes a C int, and crashed at exit with 100,000).
+MAX_THREADS = 1024
+
+
 def parse_threads(value: object, what: str = "--threads") -> int:
     """A thread count from the command line or the environment: a whole number ≥ 1.
 
@@ -45,12 +49,11 @@ def parse_threads(value: object, what: str = "--threads") -> int:
         ValueError: anything else, in one line that names ``what``.
     """
     text = str(value).strip()
-    try:
-        number = int(text)
-    except ValueError:
-        raise ValueError(f"{what}: expected a whole number of threads ≥ 1, got {text!r}") from None
-    if number < 1:
-        raise ValueError(f"{what}: expected a whole number of threads ≥ 1, got {number}")
+    if not text.isascii() or not text.lstrip("+").isdigit():  # int() would take "1_0"; OpenMP does not
+        raise ValueError(f"{what}: expected a whole number of threads ≥ 1, got {text!r}")
+    number = int(text)
+    if not 1 <= number <= MAX_THREADS:
+        raise ValueError(f"{what}: expected a whole number of threads from 1 to {MAX_THREADS}, got {number}")
     return number
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rm_qdrant.backfill.create import plain_model_ref
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import ImageItem
@@ -56,8 +57,9 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
     one an rm pair recorded, else None.
 
     Raises:
-        ConfigError: ``given`` for a naive pair whose encoder is another model, or the recorded
-            model's file is another model now.
+        ConfigError: ``given`` for a naive pair whose encoder is another model; for an rm pair,
+            one with ψ or made for another distance; the recorded model's file is another now.
+        DimensionMismatch: ``given`` makes vectors of another size than the pair's new ones.
         EncoderError: the model (given or recorded) cannot be read.
     """
     if pair.mode == "naive":
@@ -70,8 +72,10 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
                 )
             return model
         return None  # the pair's own encoder already is the plain new model
-    if given is not None:
-        return OnnxEncoder(given)
+    if given is not None:  # the checks rmq init --new-model makes: no ψ, the pair's size and distance
+        model = OnnxEncoder(given)
+        plain_model_ref(model, pair.name, dim=pair.encoder.dim, distance=pair.distance)
+        return model
     if pair.new_model is not None:
         try:
             return open_encoder(None, pair.new_model, pair.name, "the recorded plain new model")

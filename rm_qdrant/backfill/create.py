@@ -81,15 +81,16 @@ def create_pair(
         new_vector: the new vector's name (single-collection layout).
         source: the source settings every command reading the pair's images uses
             (plain data, as :mod:`rm_qdrant.sources.settings` reads it), or None.
-        full_scan_kb: the HNSW ``full_scan_threshold`` (KB) the searched vectors get. None, the
-            default: :data:`~rm_qdrant.store.tuning.SERVING_FULL_SCAN_KB` (1,000) in the
-            single-collection layout, whose ``new`` vector is spread thin over the collection's
-            segments (on real CNN embeddings, 50,000 points half migrated, its search went from
-            4.3-4.6x the paired layout's latency at equal recall to 1.2-1.4x:
-            benchmarks/results/search_recall-cifar-old*.md); the collections' own in the paired
-            layout. It suits embeddings that reach their recall at ef <= 64; vectors that need
-            ef in the hundreds (random Gaussian ones) scan faster, and find every point, up to
-            ~8,000 KB (Qdrant's default is 10,000).
+        full_scan_kb: the HNSW ``full_scan_threshold`` (KB) every searched vector gets (the
+            team's too: ``drop_pair`` does not put it back). None, the default: in the
+            single-collection layout :data:`~rm_qdrant.store.tuning.SERVING_FULL_SCAN_KB` (1,000)
+            on the ``new`` vector alone, which is spread thin over the collection's segments (on
+            real CNN embeddings, 50,000 points half migrated, the search went from 4.3-4.6x the
+            paired layout's latency at equal recall to 1.2-1.4x with both vectors tuned,
+            benchmarks/results/search_recall-cifar-old*.md, and 1.2-1.6x with ``new`` alone);
+            the collections' own in the paired layout. It suits embeddings that reach their
+            recall at ef <= 64; vectors that need ef in the hundreds (random Gaussian ones) scan
+            faster, and find every point, up to ~8,000 KB (Qdrant's default is 10,000).
 
     Raises:
         CollectionNotFound: the old collection does not exist.
@@ -149,13 +150,14 @@ def create_pair(
             )
     if full_scan_kb is not None:
         check_kb(full_scan_kb)
-    elif single:
-        full_scan_kb = SERVING_FULL_SCAN_KB
     _check_free(store, old_collection)
     if single:
         target = old_collection
         _add_new_vector(store, old_spec, new_vector, dim)
-        tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
+        if full_scan_kb is None:  # the new vector only: rm-qdrant's, which drop-pair deletes
+            tune_search(store, {old_collection: [new_vector or ""]}, SERVING_FULL_SCAN_KB)
+        else:
+            tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
     else:
         target = new_collection or f"{name}-new"
         _check_free(store, target)

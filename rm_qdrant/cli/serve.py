@@ -124,10 +124,10 @@ def _json_filter(item: str) -> Any:
 )
 @click.option(
     "--full-scan-kb",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=1_000_000_000),
     help="Give the searched vectors this HNSW full_scan_threshold (KB), so segments above it are "
-    "searched through their graph, not scanned [default: 1000 in the single-collection layout; "
-    "the collections' own when paired; Qdrant's own is 10000].",
+    "searched through their graph, not scanned; the team's vector keeps it after drop-pair "
+    "[default: 1000 on a single-collection pair's new vector; Qdrant's own is 10000].",
 )
 @recorded_source_options
 @json_option

@@ -35,6 +35,10 @@ def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
     raise exc
 
 
+#: As train/threads.py (which this module cannot import: it loads torch).
+MAX_THREADS = 1024
+
+
 class ThreadCount(click.ParamType):
     """``--threads``: a whole number, 1 or more."""
 
@@ -45,8 +49,9 @@ class ThreadCount(click.ParamType):
             number = int(value)
         except (TypeError, ValueError):
             number = 0
-        if number < 1 or str(number) != str(value).strip().lstrip("+"):
-            self.fail(f"expected a whole number of threads, 1 or more; got {value!r}", param, ctx)
+        if not 1 <= number <= MAX_THREADS or str(number) != str(value).strip().lstrip("+"):
+            expected = f"expected a whole number of threads from 1 to {MAX_THREADS}"
+            self.fail(f"{expected}; got {value!r}", param, ctx)
         return number
 
 

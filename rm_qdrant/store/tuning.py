@@ -43,10 +43,17 @@ SERVING_FULL_SCAN_KB = 1_000
 _HNSW_DEFAULTS = {"m": 16, "ef_construct": 100, "full_scan_threshold": 10_000, "max_indexing_threads": 0}
 
 
+#: The largest threshold taken (1 TB of vectors: every segment scanned). Qdrant reads it as a
+#: machine word; a larger number written into a shard's config left the collection unopenable.
+MAX_FULL_SCAN_KB = 1_000_000_000
+
+
 def check_kb(kb: int) -> int:
     """``kb`` if it is a usable threshold, else ConfigError."""
-    if not isinstance(kb, int) or isinstance(kb, bool) or kb < 0:
-        raise ConfigError(f"full_scan_threshold must be an integer >= 0 (KB), got {kb!r}")
+    if not isinstance(kb, int) or isinstance(kb, bool) or not 0 <= kb <= MAX_FULL_SCAN_KB:
+        raise ConfigError(
+            f"full_scan_threshold must be an integer from 0 to {MAX_FULL_SCAN_KB:,} (KB), got {kb!r}"
+        )
     return kb
 
 

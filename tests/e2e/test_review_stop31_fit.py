@@ -1,7 +1,4 @@
-"""Review of stop 31, ``rmq fit``: bad input that ends in a traceback instead of one line.
-
-Each test is marked xfail(strict=True) until the library is fixed; the reason names the fault.
-"""
+"""What an adversarial review of stop 31 broke in ``rmq fit`` (a traceback, not one line), now held."""
 
 from __future__ import annotations
 
@@ -29,11 +26,6 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train/threads.py apply_threads: torch.set_num_threads raises ValueError ('Overflow when "
-    "unpacking long') for a count past 2**31 - 1, and parse_threads has no upper bound",
-)
 @pytest.mark.parametrize("how", ["--threads", "OMP_NUM_THREADS"])
 def test_a_thread_count_torch_cannot_take_is_one_line(how, tmp_path):
     open_store(tmp_path / "q").close()
@@ -56,12 +48,6 @@ def test_a_thread_count_torch_cannot_take_is_one_line(how, tmp_path):
     assert huge in one_error_line(result)  # today: a ValueError traceback from torch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train/label_free.py spherical_kmeans (line 67): identical embeddings make every k-means++ "
-    "weight 0 (1 - cos clamped at 0), weights / weights.sum() is nan and torch.multinomial raises "
-    "RuntimeError, a traceback out of rmq fit's default (label-free) recipe",
-)
 def test_fit_on_a_gallery_of_identical_images_is_one_line_or_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr("rm_qdrant_train.label_free.STEPS", 5)
     rng = np.random.default_rng(5)
@@ -105,5 +91,7 @@ def test_fit_on_a_gallery_of_identical_images_is_one_line_or_not_kept(tmp_path, 
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     if result.exit_code == 1:
         one_error_line(result)
-    else:
-        assert result.exit_code == 3 and "Not kept:" in result.output, result.output
+    elif result.exit_code == 3:
+        assert "Not kept:" in result.output, result.output
+    else:  # every candidate ties the naive merge: the guard passes it, and it is written
+        assert result.exit_code == 0 and "passes the guard" in result.output, result.output

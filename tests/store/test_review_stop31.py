@@ -1,13 +1,9 @@
-"""Review of stop 31 (a team with its own collections): what broke, pinned as failing tests.
-
-Each test is marked xfail(strict=True) until the library is fixed; the reason names the fault.
-"""
+"""What an adversarial review of stop 31 broke (a team with its own collections), now held."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
 import qdrant_edge as qe
 from click.testing import CliRunner
 
@@ -57,12 +53,6 @@ def _init_single(folder, models, *extra):
     return CliRunner().invoke(cli, ["--qdrant", str(folder), *args, *map(str, extra)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check_kb (rm_qdrant/store/tuning.py) has no upper bound and init adds the new vector before "
-    "tune_search (create.py): a --full-scan-kb past u64 is written into edge_config.json, which "
-    "qdrant-edge then cannot parse, so the team's collection no longer opens",
-)
 def test_a_full_scan_kb_qdrant_cannot_read_is_refused_and_the_team_collection_still_opens(models, tmp_path):
     folder = tmp_path / "team"
     items, _ = _team_shard(folder, models, tmp_path)
@@ -75,11 +65,6 @@ def test_a_full_scan_kb_qdrant_cannot_read_is_refused_and_the_team_collection_st
         }  # nothing half-written
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rmq init (create.py tune_search) lowers the team's own 'image' vector's full_scan_threshold "
-    "and rmq drop-pair (backfill/drop.py) never puts it back",
-)
 def test_drop_pair_leaves_the_team_collection_with_the_threshold_it_had(models, tmp_path):
     folder = tmp_path / "team"
     _, config = _team_shard(folder, models, tmp_path)
@@ -90,12 +75,6 @@ def test_drop_pair_leaves_the_team_collection_with_the_threshold_it_had(models, 
     assert edge_thresholds(json.loads(config.read_text()))["image"] == before["image"]  # 1000, was 10000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plain_new_model (rm_qdrant/backfill/baseline.py, 'if given is not None: return "
-    "OnnxEncoder(given)') skips plain_model_ref's checks for an rm pair: an rm graph with psi is "
-    "taken as New, and eval prints a Gain of thousands of percent",
-)
 def test_eval_refuses_an_rm_graph_as_the_plain_new_model(rmq, pairs, tmp_path):
     images, _ = pairs
     args = (
@@ -112,12 +91,6 @@ def test_eval_refuses_an_rm_graph_as_the_plain_new_model(rmq, pairs, tmp_path):
     assert "rev" in one_error_line(rmq(*args, ok=False))  # as init and switch-encoder say
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plain_new_model (rm_qdrant/backfill/baseline.py) skips plain_model_ref's size check for "
-    "--new-model: probe draws a 'naive' curve with a 6-d model the 10-d pair cannot serve and "
-    "advises 'serve naive'",
-)
 def test_probe_refuses_a_plain_new_model_of_another_size(rmq, pairs, tmp_path):
     args = ("probe", "--name", "rm", "--sample", "24", "--k", "3", "--new-model", tmp_path / "old.onnx")
     assert f"{OLD_DIM}-d" in one_error_line(rmq(*args, ok=False))  # as init and switch-encoder say

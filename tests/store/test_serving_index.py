@@ -176,11 +176,11 @@ def test_init_can_keep_the_collections_own_threshold(edge, models, items):
 
 
 @pytest.mark.parametrize("given", [None, 10_000])
-def test_a_single_collection_pair_searches_its_graphs_unless_told_otherwise(edge, models, items, given):
-    """The single-collection layout's vectors are spread over the collection's segments, each
+def test_a_single_collection_pair_searches_its_graph_unless_told_otherwise(edge, models, items, given):
+    """The single-collection layout's new vector is spread over the collection's segments, each
     under Qdrant's default threshold: scanned on every search although the graph exists
-    (4.3-4.6x the paired layout at equal recall on CIFAR embeddings). By default init gives both
-    searched vectors 1,000 KB; a threshold given (here Qdrant's own) is kept."""
+    (4.3-4.6x the paired layout at equal recall on CIFAR embeddings). By default init gives the
+    new vector 1,000 KB and leaves the team's own alone; a threshold given goes on both."""
     index_images(edge, "photos", OnnxEncoder(models.old), items)
     encoder = OnnxEncoder(models.rm)
     create_pair(
@@ -192,8 +192,8 @@ def test_a_single_collection_pair_searches_its_graphs_unless_told_otherwise(edge
         new_vector="new",
         full_scan_kb=given,
     )
-    kb = SERVING_FULL_SCAN_KB if given is None else given
-    assert thresholds(edge, "photos") == {"": kb, "new": kb}
+    expected = {"": 10_000, "new": SERVING_FULL_SCAN_KB} if given is None else {"": given, "new": given}
+    assert thresholds(edge, "photos") == expected
 
 
 def test_rmq_init_full_scan_kb(rmq, models, image_folder, tmp_path):

@@ -38,7 +38,7 @@ def rmq(*args: str, env: dict[str, str] | None = None):
     return CliRunner().invoke(cli, list(args), env=env)
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "x", "1.5"])
+@pytest.mark.parametrize("value", ["0", "-1", "x", "1.5", "2147483648", "1_0"])
 @pytest.mark.parametrize(
     "command",
     [
@@ -50,12 +50,20 @@ def rmq(*args: str, env: dict[str, str] | None = None):
 )
 def test_a_bad_thread_count_is_one_line_and_exit_1(command, value):
     line = one_error_line(rmq(*command, "--threads", value))
-    assert f"'--threads': expected a whole number of threads, 1 or more; got '{value}'" in line
+    assert f"'--threads': expected a whole number of threads from 1 to 1024; got '{value}'" in line
 
 
-def test_a_bad_omp_num_threads_is_one_line_and_exit_1():
-    line = one_error_line(rmq("train", "heads", "--old", "missing.pt", env={"OMP_NUM_THREADS": "abc"}))
-    assert line == "Error: OMP_NUM_THREADS: expected a whole number of threads ≥ 1, got 'abc'"
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("abc", "≥ 1, got 'abc'"),
+        ("1_0", "≥ 1, got '1_0'"),  # int() takes it, OpenMP does not
+        ("2147483648", "from 1 to 1024, got 2147483648"),  # torch takes a C int
+    ],
+)
+def test_a_bad_omp_num_threads_is_one_line_and_exit_1(value, said):
+    line = one_error_line(rmq("train", "heads", "--old", "missing.pt", env={"OMP_NUM_THREADS": value}))
+    assert line == f"Error: OMP_NUM_THREADS: expected a whole number of threads {said}"
 
 
 def test_train_gives_torch_the_threads_asked_for(tmp_path):
