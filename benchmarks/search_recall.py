@@ -2,7 +2,7 @@
 
     python benchmarks/search_recall.py --data cifar
     python benchmarks/search_recall.py --data gaussian
-    python benchmarks/search_recall.py --data cifar --full-scan-kb 1000 --out search_recall-cifar-kb1000
+    python benchmarks/search_recall.py --data cifar-old [--full-scan-kb KB --out search_recall-cifar-old-kbKB]
 
 A gallery halfway through a backfill: a random ``--new-share`` of its points migrated, the
 rest not, served by a DualIndex in ``rm`` mode in both layouts of a pair: ``paired`` (new
@@ -134,11 +134,17 @@ def build(store, g_old, g_new, in_new, kb, batch=5_000):
 
 
 def tune(store, vectors, kb):
-    """What ``rmq init --full-scan-kb KB`` does to the vectors a pair searches (None: nothing)."""
-    if kb is None:
-        return "full_scan_threshold: Qdrant's default (rmq init without --full-scan-kb)"
+    """What ``rmq init`` does to the vectors a pair searches: with ``--full-scan-kb KB``, KB on
+    every one; without, 1,000 KB on the single-collection pair's ``new`` vector alone."""
     from rm_qdrant.backfill.create import tune_search
+    from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
 
+    if kb is None:
+        tune_search(store, {ONE: ["new"]}, SERVING_FULL_SCAN_KB)
+        return (
+            f"full_scan_threshold {SERVING_FULL_SCAN_KB} KB on the single-collection pair's new vector, "
+            "Qdrant's default on the rest (rmq init without --full-scan-kb)"
+        )
     tune_search(store, vectors, kb)
     return f"full_scan_threshold {kb} KB on every searched vector (as rmq init --full-scan-kb {kb} sets it)"
 
@@ -232,7 +238,7 @@ def main() -> None:
     ap.add_argument("--efs", default="10,16,24,32,48,64,96,128,192,256,384,512,768,1024,1536,2048")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--full-scan-kb", type=int, default=None, help="as rmq init --full-scan-kb (default: Qdrant's own)"
+        "--full-scan-kb", type=int, default=None, help="as rmq init --full-scan-kb [default: as rmq init]"
     )
     ap.add_argument("--out", default=None, help="results file stem (default: search_recall-<data>)")
     args = ap.parse_args()

@@ -86,8 +86,8 @@ def create_pair(
             single-collection layout :data:`~rm_qdrant.store.tuning.SERVING_FULL_SCAN_KB` (1,000)
             on the ``new`` vector alone, which is spread thin over the collection's segments (on
             real CNN embeddings, 50,000 points half migrated, the search went from 4.3-4.6x the
-            paired layout's latency at equal recall to 1.2-1.4x with both vectors tuned,
-            benchmarks/results/search_recall-cifar-old*.md, and 1.2-1.6x with ``new`` alone);
+            paired layout's latency at equal recall to 1.19-1.38x, about what tuning both gives:
+            benchmarks/results/search_recall-cifar-old*.md);
             the collections' own in the paired layout. It suits embeddings that reach their
             recall at ef <= 64; vectors that need ef in the hundreds (random Gaussian ones) scan
             faster, and find every point, up to ~8,000 KB (Qdrant's default is 10,000).
