@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rm_qdrant import OnnxEncoder, index_images, open_store, scan_image_folder
+from rm_qdrant import ImageItem, OnnxEncoder, index_images, open_store, scan_image_folder
 from rm_qdrant.cli import cli
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, make_image_folder
@@ -37,10 +37,10 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def gallery(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+def naive_pair(tmp_path: Path, items: list[ImageItem]) -> tuple[Path, Path]:
+    """``items`` indexed in a store under ``tmp_path`` by the old linear model, and the naive pair
+    'up' on them with the new one: (the store's folder, the new model: the backbone to fit)."""
     rng = np.random.default_rng(5)
-    items = scan_image_folder(make_image_folder(tmp_path / "images", per_class=N // 3))
     w_old = rng.normal(size=(PIXELS, OLD_DIM))
     w_new = np.hstack(
         [w_old @ rng.normal(size=(OLD_DIM, OLD_DIM)), rng.normal(size=(PIXELS, NEW_DIM - OLD_DIM))]
@@ -53,7 +53,13 @@ def gallery(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     init = ["init", "--name", "up", "--old-collection", "catalog", "--encoder", new, "--old-encoder", old]
     result = CliRunner().invoke(cli, ["--qdrant", str(folder), *map(str, init)])
     assert result.exit_code == 0, result.output
-    return folder, new, [i.uri for i in items[::7]]
+    return folder, new
+
+
+@pytest.fixture
+def gallery(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    items = scan_image_folder(make_image_folder(tmp_path / "images", per_class=N // 3))
+    return (*naive_pair(tmp_path, items), [i.uri for i in items[::7]])
 
 
 def served(graph: Path, images: list[str]) -> np.ndarray:

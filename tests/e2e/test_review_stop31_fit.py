@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rm_qdrant import OnnxEncoder, index_images, open_store, scan_image_folder
+from rm_qdrant import open_store, scan_image_folder
 from rm_qdrant.cli import cli
-from rm_qdrant_exporters.linear import linear_encoder
-from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, make_image_folder, one_error_line
+from tests.conftest import make_image_folder, one_error_line
+from tests.e2e.test_fit_reproducible import naive_pair, torch_threads  # noqa: F401 (an autouse fixture)
 
 pytest.importorskip("torch")
-
-
-@pytest.fixture(autouse=True)
-def torch_threads():
-    """rmq fit sets this process's torch threads (CliRunner runs it here): put them back."""
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("how", ["--threads", "OMP_NUM_THREADS"])
@@ -45,37 +34,16 @@ def test_a_thread_count_torch_cannot_take_is_one_line(how, tmp_path):
         result = CliRunner().invoke(cli, [*args, "--threads", huge])
     else:
         result = CliRunner().invoke(cli, args, env={"OMP_NUM_THREADS": huge})
-    assert huge in one_error_line(result)  # today: a ValueError traceback from torch
+    assert huge in one_error_line(result)  # before: a ValueError traceback from torch
 
 
 def test_fit_on_a_gallery_of_identical_images_is_one_line_or_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr("rm_qdrant_train.label_free.STEPS", 5)
-    rng = np.random.default_rng(5)
     items = scan_image_folder(make_image_folder(tmp_path / "images", per_class=120))
     for item in items[1:]:  # the same bytes everywhere: every embedding is the same
         shutil.copy(items[0].uri, item.uri)
-    w_old = rng.normal(size=(PIXELS, OLD_DIM))
-    w_new = np.hstack(  # test_fit_reproducible's models: 1 - cos of equal vectors rounds below 0 here
-        [w_old @ rng.normal(size=(OLD_DIM, OLD_DIM)), rng.normal(size=(PIXELS, NEW_DIM - OLD_DIM))]
-    )
-    old = linear_encoder(tmp_path / "old.onnx", [("embedding", "pixels", w_old)], input_spec=SPEC, name="old")
-    new = linear_encoder(tmp_path / "new.onnx", [("embedding", "pixels", w_new)], input_spec=SPEC, name="new")
-    folder = tmp_path / "qdrant"
-    with open_store(folder) as store:
-        index_images(store, "catalog", OnnxEncoder(old), items)
+    folder, new = naive_pair(tmp_path, items)  # its models: 1 - cos of equal vectors rounds below 0
     rmq = ["--qdrant", str(folder)]
-    init = [
-        "init",
-        "--name",
-        "up",
-        "--old-collection",
-        "catalog",
-        "--encoder",
-        str(new),
-        "--old-encoder",
-        str(old),
-    ]
-    assert CliRunner().invoke(cli, [*rmq, *init]).exit_code == 0
     fit = [
         "fit",
         "--name",

@@ -58,7 +58,7 @@ def test_a_full_scan_kb_qdrant_cannot_read_is_refused_and_the_team_collection_st
     items, _ = _team_shard(folder, models, tmp_path)
     line = one_error_line(_init_single(folder, models, "--full-scan-kb", "99999999999999999999"))
     assert "full" in line.lower()  # names the bad option, not a Rust deserializer
-    with open_store(folder, create=False) as store:  # today: "cannot open collection 'products'"
+    with open_store(folder, create=False) as store:  # before: "cannot open collection 'products'"
         assert store.count("products") == len(items)
         assert "newv" not in {
             o.name for o in store.collection("products", "image").extra
