@@ -53,6 +53,16 @@ name_option = click.option("--name", required=True, type=COLLECTION, help="The p
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
+def new_model_option(use: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--new-model`` of ``rmq eval`` and ``rmq probe``: the plain new model, for ``use``."""
+    return click.option(
+        "--new-model",
+        type=click.Path(),
+        help=f"The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: {use} "
+        "[default: a naive pair's encoder; an rm pair's recorded one (rmq init/switch-encoder --new-model)].",
+    )
+
+
 #: The exit status of a command that ran as asked but kept nothing (``calibrate``, ``fit``,
 #: ``switch-encoder``); 1 is a failure, 0 a result kept.
 NOT_KEPT = 3

@@ -24,6 +24,7 @@ from rm_qdrant.cli.common import (
     emit,
     json_option,
     name_option,
+    new_model_option,
     open_cli_store,
     quiet,
 )
@@ -145,13 +146,7 @@ def _percent(value: float | None) -> str:
     help="Migrate the live pair itself between the fractions (it stays migrated); by default a "
     "temporary copy is migrated and the pair is left as it is.",
 )
-@click.option(
-    "--new-model",
-    type=click.Path(),
-    help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: New, for the "
-    "paper's Gain [default: a naive pair's encoder; an rm pair's recorded one "
-    "(rmq init/switch-encoder --new-model)].",
-)
+@new_model_option("New, for the paper's Gain")
 @source_options
 @json_option
 @click.pass_context

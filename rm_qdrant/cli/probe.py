@@ -27,6 +27,7 @@ from rm_qdrant.cli.common import (
     emit,
     json_option,
     name_option,
+    new_model_option,
     open_cli_store,
     quiet,
     store_location,
@@ -66,12 +67,7 @@ CURVES = {
 )
 @source_options
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
-@click.option(
-    "--new-model",
-    type=click.Path(),
-    help="The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: the naive curve "
-    "[default: a naive pair's encoder; an rm pair's recorded one (rmq init/switch-encoder --new-model)].",
-)
+@new_model_option("the naive curve")
 @json_option
 @click.pass_context
 def probe_command(

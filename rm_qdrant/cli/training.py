@@ -35,12 +35,12 @@ def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
     raise exc
 
 
-#: As train/threads.py (which this module cannot import: it loads torch).
+#: As train/threads.py: rm_qdrant loads rm_qdrant_train only when a command trains.
 MAX_THREADS = 1024
 
 
 class ThreadCount(click.ParamType):
-    """``--threads``: a whole number, 1 or more."""
+    """``--threads``: a whole number from 1 to :data:`MAX_THREADS`."""
 
     name = "integer"
 
