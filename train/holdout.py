@@ -68,10 +68,16 @@ def holdout_guard(
 
 def decide(forecasts: Sequence[ModeForecast], verdict: GuardVerdict | None) -> tuple[bool, str]:
     """Whether to write the fitted graph, and why in one clause: with labels (mAP in the
-    forecasts) :func:`better` decides; without, the label-free guard's ``verdict``."""
+    forecasts) :func:`better` decides; without, the label-free guard's ``verdict``, and then
+    :func:`better` too. On a small holdout (a few times k points) the guard's support barely
+    separates a random ψ from the old model (0.917 against 1.000 within a tolerance of 0.095,
+    where recall@1 against the new model's neighbours was 0.417 against 1.000)."""
     if verdict is None or forecasts[0].maps is not None:
         return better(forecasts)
-    return verdict.passed, verdict.reason()
+    if not verdict.passed:
+        return False, verdict.reason()
+    ahead, measure = better(forecasts)
+    return ahead, verdict.reason() if ahead else f"it passes the guard, but its {measure} is not ahead"
 
 
 def better(forecasts: Sequence[ModeForecast]) -> tuple[bool, str]:

@@ -224,7 +224,7 @@ def fit_command(
             click.echo("\n".join(selection_lines(data)), err=True)
         worse = (
             f"forecasts worse than the naive merge ({measure})"
-            if verdict is None
+            if verdict is None or verdict.passed
             else f"is refused by the guard: {measure}"
         )
         raise Refused(
