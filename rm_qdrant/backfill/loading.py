@@ -25,7 +25,7 @@ from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ImageError, SourceError, TooLarge
-from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
 from rm_qdrant.sources import ImageSource, SourceConfig, shown
 from rm_qdrant.store import Store, Where
 
@@ -52,7 +52,7 @@ def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[
 
 
 def _decoded(
-    encoder: OnnxEncoder, source: ImageSource, point_id: PointId, uri: Any
+    encoder: PixelDecoder, source: ImageSource, point_id: PointId, uri: Any
 ) -> tuple[np.ndarray | None, str]:
     """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read."""
     try:
@@ -89,7 +89,7 @@ class LoadedBatch:
 
 
 def load_batch(
-    encoder: OnnxEncoder,
+    encoder: PixelDecoder,
     source: ImageSource,
     rule: UriRule,
     points: Sequence[tuple[PointId, Mapping[str, Any]]],

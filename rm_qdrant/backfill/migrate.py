@@ -29,12 +29,14 @@ image lands, and the next run embeds the point from its new image.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +45,7 @@ from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
 from rm_qdrant.backfill.loading import NETWORK_WORKERS, load_batch
 from rm_qdrant.backfill.outcome import (
     BatchResult,
+    ClaimedBatch,
     Encoded,
     Gallery,
     MigrateOptions,
@@ -56,11 +59,31 @@ from rm_qdrant.backfill.upkeep import IndexUpkeep
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR, chunks, over_failure_limit
 from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import ImageSource
 from rm_qdrant.store import Where
 
+if TYPE_CHECKING:
+    from rm_qdrant.backfill.ray_engine import RayOptions
+
 log = logging.getLogger(__name__)
 __all__ = ["REMOVAL_GRACE", "MigrateOptions", "Migrator", "run_migration"]
+
+
+def encode_loaded(
+    encoder: OnnxEncoder, output: str, distance: str, ids: list[PointId], pixels: np.ndarray
+) -> Encoded:
+    """Embed a batch's decoded images; rows the encoder left unusable fail with the reason."""
+    if not ids:
+        return Encoded([], np.zeros((0, encoder.info.outputs[output]), dtype=np.float32), [])
+    vectors = encoder.run_pixels(pixels, [output])[output]
+    log.debug("encoded %s", ids)
+    bad = unusable_rows(vectors, distance)
+    if not bad.any():
+        return Encoded(ids, vectors, [])
+    reason = "the encoder returned NaN, infinity or a zero vector for this image"
+    failed = [(i, reason) for i, b in zip(ids, bad.tolist(), strict=True) if b]
+    return Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
 
 
 class Migrator:
@@ -151,27 +174,26 @@ class Migrator:
         batches = list(chunks(ids, self.options.batch))
         halt = stop or threading.Event()  # set: fetches not yet begun give up at once
         with (
-            ImageSource(self.options.source, stop=halt) as source,
-            ThreadPoolExecutor(self.options.fetch_workers or NETWORK_WORKERS, "rmq-fetch") as fetch,
+            self._stages(halt) as begin,
             ThreadPoolExecutor(1, "rmq-prepare") as prepare,
             ThreadPoolExecutor(1, "rmq-write") as write,
         ):
             queue = iter(batches)
 
-            def next_batch() -> Future[Prepared] | None:
+            def next_batch() -> Future[Any] | None:
                 batch = next(queue, None)
-                return None if batch is None else prepare.submit(self._prepare, batch, source, fetch)
+                return None if batch is None else prepare.submit(begin, batch)
 
             upcoming, pending_write = next_batch(), None
             try:
                 while upcoming is not None:
-                    prepared = None if halt.is_set() else upcoming.result()
-                    if prepared is None or halt.is_set():  # its fetches may have given up: drop it
+                    begun = None if halt.is_set() else upcoming.result()
+                    if begun is None or halt.is_set():  # its fetches may have given up: drop it
                         report.stopped_early = True
                         upcoming.cancel()
                         break
                     upcoming = next_batch()  # fetched and decoded while this one is encoded
-                    encoded = self._encode(prepared)
+                    prepared, encoded = self._finish(begun)
                     if pending_write is not None:
                         self._collect(pending_write.result(), report, on_batch)
                     pending_write = write.submit(self._settle, prepared, encoded)
@@ -182,6 +204,19 @@ class Migrator:
                 raise
         report.seconds = time.perf_counter() - started
         return report
+
+    @contextlib.contextmanager
+    def _stages(self, halt: threading.Event) -> Iterator[Callable[[Sequence[PointId]], Any]]:
+        """What starts a batch on the prepare thread: claim it, fetch and decode its images."""
+        with (
+            ImageSource(self.options.source, stop=halt) as source,
+            ThreadPoolExecutor(self.options.fetch_workers or NETWORK_WORKERS, "rmq-fetch") as fetch,
+        ):
+            yield lambda batch: self._prepare(batch, source, fetch)
+
+    def _finish(self, prepared: Any) -> tuple[Prepared, Encoded]:
+        """A started batch, encoded (on the calling thread, while the next batch is fetched)."""
+        return prepared, self._encode(prepared)
 
     def _collect(
         self,
@@ -204,41 +239,30 @@ class Migrator:
             )
 
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> Prepared:
-        pair = self.pair
+        claim = self._claim(batch)
+        loaded = load_batch(
+            self.encoder, source, self.pair.uri_rule, claim.todo, fetch, workers=self.options.fetch_workers
+        )
+        return claim.prepared(loaded)
+
+    def _claim(self, batch: Sequence[PointId]) -> ClaimedBatch:
+        """Read a batch (one collection: token it) before its images are fetched."""
         claimed = self.layout.claim(self.store, list(batch), self.carried)
         present, done = claimed.present, claimed.done
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        todo = [i for i in ids if i not in done]
-        points = [(i, payloads[i]) for i in todo]
-        loaded = load_batch(
-            self.encoder, source, pair.uri_rule, points, fetch, workers=self.options.fetch_workers
-        )
-        already = [i for i in ids if i in done]
-        return Prepared(
+        return ClaimedBatch(
             ids,
             payloads,
-            already,
-            [todo[row] for row in loaded.rows],
-            loaded.pixels,
-            [(todo[row], reason) for row, reason in loaded.failed],
+            [i for i in ids if i in done],
+            [(i, payloads[i]) for i in ids if i not in done],
             len(batch) - len(ids),
             claimed.token,
             {r.id: r.others for r in present} if self.carried else {},
         )
 
     def _encode(self, prepared: Prepared) -> Encoded:
-        if not prepared.loaded:
-            return Encoded([], np.zeros((0, self.dim), dtype=np.float32), [])
-        ids = prepared.loaded
-        vectors = self.encoder.run_pixels(prepared.pixels, [self.output])[self.output]
-        log.debug("encoded %s", ids)
-        bad = unusable_rows(vectors, self.pair.distance)
-        if not bad.any():
-            return Encoded(ids, vectors, [])
-        reason = "the encoder returned NaN, infinity or a zero vector for this image"
-        failed = [(i, reason) for i, b in zip(ids, bad.tolist(), strict=True) if b]
-        return Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
+        return encode_loaded(self.encoder, self.output, self.pair.distance, prepared.loaded, prepared.pixels)
 
     def _settle(self, prepared: Prepared, encoded: Encoded) -> BatchResult:
         result = self.layout.settle(self.store, prepared, encoded, self.dim)
@@ -255,12 +279,14 @@ def run_migration(
     stop: threading.Event | None = None,
     on_batch: Callable[[BatchResult], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
+    ray: RayOptions | None = None,
 ) -> MigrationReport:
     """What ``rmq migrate`` does: rank the gallery once, plan, then run ``workers`` shards.
 
     With ``workers > 1`` the shards run as threads of this process (the embedded
     store admits one process); against a server, ``options.shard`` lets separate
-    processes or machines share the work instead.
+    processes or machines share the work instead. ``ray``: fetch, decode and encode on a Ray
+    cluster (see ray_engine.py); the shards still write from this process.
 
     Raises:
         ConfigError: ``workers`` is below 1, or combined with ``options.shard``.
@@ -285,6 +311,22 @@ def run_migration(
     plans = [plan(index.store, index.pair, m.options) for m in migrators]
     if on_plan is not None:
         on_plan(sum(map(len, plans)))
+    with contextlib.ExitStack() as stack:
+        if ray is not None and any(plans):  # nothing to move: no cluster to start
+            from rm_qdrant.backfill.ray_engine import ray_migrators
+
+            migrators = ray_migrators(stack, migrators, ray)
+        return _run_shards(migrators, plans, skipped, upkeep, stop, on_batch)
+
+
+def _run_shards(
+    migrators: list[Migrator],
+    plans: list[list[PointId]],
+    skipped: int,
+    upkeep: IndexUpkeep,
+    stop: threading.Event | None,
+    on_batch: Callable[[BatchResult], None] | None,
+) -> MigrationReport:
     lock = threading.Lock()
 
     def report_batch(result: BatchResult) -> None:

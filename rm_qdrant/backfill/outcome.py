@@ -86,6 +86,42 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class ClaimedBatch:
+    """A batch read from the store, before its images are fetched: what :class:`Prepared` keeps,
+    and the points whose images are to be read."""
+
+    ids: list[PointId]
+    payloads: dict[PointId, dict[str, Any]]
+    already_in_new: list[PointId]
+    todo: list[tuple[PointId, dict[str, Any]]]  # (id, payload), in plan order
+    gone: int
+    token: str | None
+    others: dict[PointId, dict[str, Any]]
+
+    def prepared(self, loaded: LoadedRows) -> Prepared:
+        """The batch once its images were read (``loaded``: positions in ``todo``)."""
+        return Prepared(
+            self.ids,
+            self.payloads,
+            self.already_in_new,
+            [self.todo[row][0] for row in loaded.rows],
+            loaded.pixels,
+            [(self.todo[row][0], reason) for row, reason in loaded.failed],
+            self.gone,
+            self.token,
+            self.others,
+        )
+
+
+class LoadedRows(Protocol):
+    """Which of a batch's images were read (:class:`~rm_qdrant.backfill.loading.LoadedBatch`)."""
+
+    rows: list[int]
+    pixels: np.ndarray
+    failed: list[tuple[int, str]]
+
+
+@dataclass(frozen=True)
 class BatchResult:
     """One settled batch."""
 

@@ -20,6 +20,7 @@ from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget, order_ready
+from rm_qdrant.backfill.ray_engine import RayOptions, import_ray
 from rm_qdrant.backfill.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.cli.common import (
     SEED,
@@ -95,6 +96,29 @@ def _seconds_or_end(value: str) -> float | None:
     return seconds
 
 
+def _ray_options(
+    engine: str,
+    address: str | None,
+    encoders: int | None,
+    gpus: float | None,
+    decoders: int | None,
+) -> RayOptions | None:
+    """``--engine ray``'s settings (None: the local engine, which takes none of them)."""
+    given = {
+        "--ray-address": address,
+        "--encoders": encoders,
+        "--gpus-per-encoder": gpus,
+        "--decoders": decoders,
+    }
+    if engine == "local":
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise ConfigError(f"{', '.join(named)} only apply with --engine ray")
+        return None
+    import_ray()
+    return RayOptions(address, encoders or 1, gpus or 0.0, decoders or 2)
+
+
 def _summary(report: MigrationReport, name: str) -> str:
     rate = report.moved / report.seconds if report.seconds else 0.0
     text = (
@@ -150,6 +174,33 @@ def _summary(report: MigrationReport, name: str) -> str:
     help="Embedded store: build the search indexes of what the run wrote every this many seconds "
     "(0: after each batch) and at its end; 'end': only at the end.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where images are fetched, decoded and encoded: threads of this process, or a Ray "
+    "cluster (pip install 'rm-qdrant[ray]'); the store is written from this process either way.",
+)
+@click.option(
+    "--ray-address",
+    help="With --engine ray: the cluster (auto, ray://HOST:10001) [default: start a local Ray].",
+)
+@click.option(
+    "--encoders",
+    type=click.IntRange(min=1),
+    help="With --engine ray: encoder actors, one ONNX Runtime session each [default: 1].",
+)
+@click.option(
+    "--gpus-per-encoder",
+    type=FiniteFloat(0, 1_000_000),
+    help="With --engine ray: GPUs each encoder actor takes (CUDA provider) [default: 0, the CPU].",
+)
+@click.option(
+    "--decoders",
+    type=click.IntRange(min=1),
+    help="With --engine ray: fetch-and-decode tasks at once, a CPU each [default: 2].",
+)
 @click.option("--prepare", is_flag=True, help="Rank the gallery in backfill order, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
@@ -170,12 +221,18 @@ def migrate(
     source: SourceConfig,
     fetch_workers: int | None,
     optimize_every: str,
+    engine: str,
+    ray_address: str | None,
+    encoders: int | None,
+    gpus_per_encoder: float | None,
+    decoders: int | None,
     prepare: bool,
     dry_run: bool,
     encoder: str | None,
     as_json: bool,
 ) -> None:
     """Move gallery points from the old collection to the new one, in backfill order."""
+    ray = _ray_options(engine, ray_address, encoders, gpus_per_encoder, decoders)
     store = open_cli_store(ctx)
     options = MigrateOptions(
         batch=batch,
@@ -211,6 +268,7 @@ def migrate(
                     r.moved + r.repaired + len(r.failed) + r.gone + r.unconfirmed, done=r.moved
                 ),
                 on_plan=bar.start,
+                ray=ray,
             )
     if prepare:
         emit(

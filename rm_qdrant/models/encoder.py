@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from rm_qdrant.core.modelinfo import check_input_shape, parse_metadata
+from rm_qdrant.core.modelinfo import ModelInfo, check_input_shape, parse_metadata
 from rm_qdrant.errors import EncoderError, RmqError
 from rm_qdrant.models.images import MAX_PIXELS, ImageLike, as_batch, pixels
 
@@ -166,78 +166,12 @@ def run_in_chunks(
     return [np.concatenate(p) for p in parts] if len(tensor) else []
 
 
-class OnnxEncoder:
-    """One ONNX graph, one ONNX Runtime session, reused for every call.
+class PixelDecoder:
+    """Decodes images as a graph takes them, from its metadata alone (no ONNX Runtime session):
+    what a process that only fetches and decodes needs (see backfill/ray_engine.py)."""
 
-    Args:
-        path: The ``.onnx`` file. Its ``rm_qdrant`` metadata entry describes it
-            (see :mod:`rm_qdrant.core.modelinfo`).
-        batch_size: Images per inference call. A graph whose batch axis is fixed at B
-            gets exactly B per call instead (the last call padded with zeros).
-        threads: Intra-op threads for ONNX Runtime (0: its default).
-        spin: let ONNX Runtime's threads busy-wait between calls (its default): faster for
-            an encoder that has the machine to itself, slower beside other work.
-
-    Raises:
-        EncoderError: the file is missing, not an ONNX graph, keeps tensors in external
-            data files, or lacks the metadata or outputs rm-qdrant needs.
-
-    Example:
-        >>> enc = OnnxEncoder("model.onnx")  # doctest: +SKIP
-        >>> enc.encode(["cat.jpg", "dog.jpg"])["new"].shape  # doctest: +SKIP
-        (2, 128)
-    """
-
-    def __init__(
-        self, path: str | os.PathLike[str], *, batch_size: int = 64, threads: int = 0, spin: bool = False
-    ):
-        self.path = Path(path)
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise EncoderError(f"cannot read encoder {self.path}: {exc.strerror or exc}") from exc
-        _parse(data, str(self.path))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        # ONNX Runtime's threads otherwise busy-wait for the next call, taking the cores that
-        # fetch, decode and write between calls (benchmarks/migration_throughput.py).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        try:
-            self._session = ort.InferenceSession(data, options, providers=_providers())
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EncoderError(f"{self.path} is not a loadable ONNX graph: {exc}") from exc
-        inputs = self._session.get_inputs()
-        if len(inputs) != 1:
-            raise EncoderError(f"{self.path}: expected one 4-D image input, got {len(inputs)} inputs")
-        self._input_name = inputs[0].name
-        outputs = [o.name for o in self._session.get_outputs()]
-        meta = self._session.get_modelmeta().custom_metadata_map
-        info = parse_metadata(meta, outputs, source=str(self.path))
-        self.info = dataclasses.replace(info, fingerprint=fingerprint_bytes(data))
-        #: The batch size the graph is fixed at, or None for a dynamic batch axis.
-        self.fixed_batch = check_input_shape(info.input, inputs[0].shape, str(self.path))
-        if ORT_DTYPES.get(inputs[0].type, inputs[0].type) != info.input.dtype:
-            raise EncoderError(
-                f"{self.path}: the graph's input is {inputs[0].type}, metadata says {info.input.dtype}"
-            )
-        self.batch_size = batch_size
-        running = self._session.get_providers()[0]
-        if "CUDAExecutionProvider" in _providers() and running != "CUDAExecutionProvider":
-            log.info("CUDA is installed but not usable here: %s encodes on the CPU", self.path)
-        log.debug("loaded encoder %s (%s) on %s", self.path, self.info.name, self._session.get_providers())
-
-    @property
-    def fingerprint(self) -> str:
-        return self.info.fingerprint
-
-    def preprocess(self, images: Sequence[ImageLike], *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-        """Decode and lay out a batch of images as the graph's input tensor.
-
-        Raises:
-            ImageError: an image cannot be decoded, or declares more than ``max_pixels``.
-        """
-        return self.layout(np.stack([self.decode(i, max_pixels=max_pixels) for i in images]))
+    def __init__(self, info: ModelInfo) -> None:
+        self.info = info
 
     def decode(self, image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
         """One image's ``(height, width, channels)`` uint8 pixels, sized as the graph takes them.
@@ -257,6 +191,94 @@ class OnnxEncoder:
             interpolation=spec.interpolation,
             max_pixels=max_pixels,
         )
+
+
+class OnnxEncoder(PixelDecoder):
+    """One ONNX graph, one ONNX Runtime session, reused for every call.
+
+    Args:
+        path: The ``.onnx`` file. Its ``rm_qdrant`` metadata entry describes it
+            (see :mod:`rm_qdrant.core.modelinfo`).
+        batch_size: Images per inference call. A graph whose batch axis is fixed at B
+            gets exactly B per call instead (the last call padded with zeros).
+        threads: Intra-op threads for ONNX Runtime (0: its default).
+        spin: let ONNX Runtime's threads busy-wait between calls (its default): faster for
+            an encoder that has the machine to itself, slower beside other work.
+        providers: ONNX Runtime execution providers, in order of preference (None: CUDA where
+            it is installed, else the CPU).
+
+    Raises:
+        EncoderError: the file is missing, not an ONNX graph, keeps tensors in external
+            data files, or lacks the metadata or outputs rm-qdrant needs.
+
+    Example:
+        >>> enc = OnnxEncoder("model.onnx")  # doctest: +SKIP
+        >>> enc.encode(["cat.jpg", "dog.jpg"])["new"].shape  # doctest: +SKIP
+        (2, 128)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int = 64,
+        threads: int = 0,
+        spin: bool = False,
+        providers: Sequence[str] | None = None,
+    ):
+        self.path = Path(path)
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise EncoderError(f"cannot read encoder {self.path}: {exc.strerror or exc}") from exc
+        _parse(data, str(self.path))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        # ONNX Runtime's threads otherwise busy-wait for the next call, taking the cores that
+        # fetch, decode and write between calls (benchmarks/migration_throughput.py).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        try:
+            self._session = ort.InferenceSession(data, options, providers=list(providers or _providers()))
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise EncoderError(f"{self.path} is not a loadable ONNX graph: {exc}") from exc
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            raise EncoderError(f"{self.path}: expected one 4-D image input, got {len(inputs)} inputs")
+        self._input_name = inputs[0].name
+        outputs = [o.name for o in self._session.get_outputs()]
+        meta = self._session.get_modelmeta().custom_metadata_map
+        info = parse_metadata(meta, outputs, source=str(self.path))
+        self.info = dataclasses.replace(info, fingerprint=fingerprint_bytes(data))
+        #: The batch size the graph is fixed at, or None for a dynamic batch axis.
+        self.fixed_batch = check_input_shape(info.input, inputs[0].shape, str(self.path))
+        if ORT_DTYPES.get(inputs[0].type, inputs[0].type) != info.input.dtype:
+            raise EncoderError(
+                f"{self.path}: the graph's input is {inputs[0].type}, metadata says {info.input.dtype}"
+            )
+        self.batch_size = batch_size
+        running = self._session.get_providers()[0]
+        wanted = providers or _providers()
+        if "CUDAExecutionProvider" in wanted and running != "CUDAExecutionProvider":
+            log.info("CUDA is installed but not usable here: %s encodes on the CPU", self.path)
+        log.debug("loaded encoder %s (%s) on %s", self.path, self.info.name, self._session.get_providers())
+
+    @property
+    def fingerprint(self) -> str:
+        return self.info.fingerprint
+
+    @property
+    def provider(self) -> str:
+        """The ONNX Runtime execution provider the session runs on first (CUDA, or the CPU)."""
+        return str(self._session.get_providers()[0])
+
+    def preprocess(self, images: Sequence[ImageLike], *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+        """Decode and lay out a batch of images as the graph's input tensor.
+
+        Raises:
+            ImageError: an image cannot be decoded, or declares more than ``max_pixels``.
+        """
+        return self.layout(np.stack([self.decode(i, max_pixels=max_pixels) for i in images]))
 
     def layout(self, batch: np.ndarray) -> np.ndarray:
         """Decoded pixels ``(N, height, width, channels)`` as the graph's input: dtype, scaling, layout."""

@@ -1,0 +1,347 @@
+"""``rmq migrate --engine ray``: the backfill's fetching, decoding and encoding on a Ray cluster.
+
+The store is touched by the driver alone, with the local engine's code: each batch is claimed
+(one collection: tokened) and settled (insert-only write, read-back, retire) by
+:class:`~rm_qdrant.backfill.migrate.Migrator`, one writer per slice of the gallery (``--workers``
+threads of one driver, or ``--shard i/n`` drivers against a server). Only a batch's images go
+out: its points are cut into chunks; a Ray task per chunk fetches and decodes them (at most
+``decoders`` at once), and an actor of the encoder pool (``encoders`` actors, one ONNX Runtime
+session each, on ``gpus_per_encoder`` GPUs) embeds what the task decoded, straight from Ray's
+object store. The driver gets back vectors and failure reasons, never pixels.
+
+So the store's guarantees are the local engine's: a killed driver leaves batches claimed but
+unwritten, which the next run takes again; a killed Ray worker is retried by Ray (tasks, and
+actors restarted); a run whose worker fails for good stops with the batch unwritten, and its
+rerun continues. Failures of one image (a broken file, a NaN from the encoder) are recorded on
+the point, as by the local engine.
+
+This is Ray Core (tasks and an actor pool), which Ray Data's ``map_batches`` runs on: a batch is
+claimed in the store before its images are read, which a Dataset built ahead of time cannot do
+without re-creating its encoder actors (and their sessions) per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.backfill.loading import LoadedBatch, load_batch
+from rm_qdrant.backfill.migrate import Migrator, encode_loaded
+from rm_qdrant.backfill.outcome import ClaimedBatch, Encoded, Prepared
+from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.modelinfo import ModelInfo
+from rm_qdrant.core.redact import redact
+from rm_qdrant.core.uris import UriRule
+from rm_qdrant.errors import ConfigError, MigrationError, RmqError
+from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
+from rm_qdrant.sources import ImageSource, SourceConfig
+
+log = logging.getLogger(__name__)
+#: Most images one decode task, and one call of an encoder actor, take.
+CHUNK = 256
+#: Ray's own retries of a decode task whose process died, and restarts of an encoder actor.
+RETRIES = 3
+CUDA = "CUDAExecutionProvider"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide ``--engine ray`` runs.
+
+    Attributes:
+        address: the Ray cluster (``auto``, ``ray://host:10001``, ...); None starts a local
+            Ray for the run and stops it at its end. Inside a Ray job already connected
+            (``ray.init`` called), that connection is used and left open.
+        encoders: encoder actors, each one ONNX Runtime session on one CPU (and its GPUs).
+        gpus_per_encoder: GPUs each encoder actor takes (0: it encodes on its CPU); above 0,
+            ONNX Runtime's CUDA provider (``onnxruntime-gpu``) must be installed on the workers.
+        decoders: decode tasks at once (one CPU each), each fetching and decoding a chunk of a
+            batch with ``fetch_workers`` threads.
+    """
+
+    address: str | None = None
+    encoders: int = 1
+    gpus_per_encoder: float = 0.0
+    decoders: int = 2
+
+    @property
+    def slots(self) -> int:
+        """CPUs the run's Ray workers take at once: an encoder actor or a decode task each."""
+        return self.encoders + self.decoders
+
+    def __post_init__(self) -> None:
+        for name in ("encoders", "decoders"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} is a whole number >= 1, got {value!r}")
+        gpus = self.gpus_per_encoder
+        if isinstance(gpus, bool) or not isinstance(gpus, int | float) or not 0 <= gpus < math.inf:
+            raise ConfigError(f"gpus_per_encoder is a number >= 0, got {gpus!r}")
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ConfigError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--engine ray needs Ray: pip install 'rm-qdrant[ray]'") from exc
+    return ray
+
+
+# -- what runs on the Ray workers ---------------------------------------------------------
+
+
+@lru_cache(maxsize=4)
+def _source(config: SourceConfig) -> ImageSource:
+    """One open image source per worker process and setting (its HTTP and S3 clients stay warm)."""
+    return ImageSource(config).__enter__()
+
+
+def decode_chunk(
+    info: ModelInfo,
+    config: SourceConfig,
+    rule: UriRule,
+    points: Sequence[tuple[PointId, dict[str, Any]]],
+    fetch_workers: int | None,
+) -> LoadedBatch:
+    """A Ray task: fetch and decode the images of ``points`` as the encoder takes them."""
+    images = _source(config)
+    with ThreadPoolExecutor(fetch_workers or 8, "rmq-fetch") as pool:
+        return load_batch(PixelDecoder(info), images, rule, points, pool, workers=fetch_workers)
+
+
+class EncoderActor:
+    """A Ray actor: one ONNX Runtime session of the pair's encoder, loaded from the graph's bytes
+    on its first call (and again after Ray restarts it)."""
+
+    def __init__(self, name: str, fingerprint: str, batch_size: int, gpus: float) -> None:
+        self.settings = name, fingerprint, batch_size, gpus
+        self.encoder: OnnxEncoder | None = None
+
+    def _load(self, graph: list[Any]) -> OnnxEncoder:
+        import ray
+
+        name, fingerprint, batch_size, gpus = self.settings
+        providers = [CUDA, "CPUExecutionProvider"] if gpus > 0 else ["CPUExecutionProvider"]
+        with tempfile.TemporaryDirectory(prefix="rmq-encoder-") as folder:
+            path = Path(folder, name)
+            path.write_bytes(ray.get(graph[0]))
+            encoder = OnnxEncoder(path, batch_size=batch_size, threads=1, providers=providers)
+        if encoder.fingerprint != fingerprint:
+            raise ConfigError(f"the encoder {name} changed on disk while the run started: rerun")
+        if gpus > 0 and encoder.provider != CUDA:
+            raise ConfigError(
+                "an encoder asked for GPUs, but ONNX Runtime has no usable CUDA provider on the "
+                "Ray worker: install onnxruntime-gpu there (rm-qdrant[gpu]), or --gpus-per-encoder 0"
+            )
+        return encoder
+
+    def encode(
+        self, graph: list[Any], output: str, distance: str, ids: list[PointId], loaded: LoadedBatch
+    ) -> tuple[list[tuple[int, str]], Encoded]:
+        """Embed a decoded chunk: its decode failures (positions in the chunk), and what the
+        encoder made. ``graph``: [the ObjectRef of the graph's bytes], nested so that only a
+        first call (of this actor, or of its restart) reads it."""
+        if self.encoder is None:
+            self.encoder = self._load(graph)
+        return loaded.failed, encode_loaded(
+            self.encoder, output, distance, [ids[row] for row in loaded.rows], loaded.pixels
+        )
+
+
+# -- the driver's side ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A claimed batch whose chunks are out on Ray: one encoder result per chunk."""
+
+    claim: ClaimedBatch
+    starts: list[int]  # each chunk's first position in ``claim.todo``
+    results: list[Any]  # ObjectRefs of EncoderActor.encode
+
+
+class RayEngine:
+    """The Ray side of one migration run: connects (or starts a local Ray), holds the encoder
+    actors, sends out chunks and gathers their results; :meth:`close` ends what it started."""
+
+    def __init__(
+        self,
+        options: RayOptions,
+        encoder: OnnxEncoder,
+        *,
+        output: str,
+        distance: str,
+        source: SourceConfig,
+        rule: UriRule,
+        fetch_workers: int | None,
+    ) -> None:
+        ray = self.ray = import_ray()
+        self.options = options
+        self.started = not ray.is_initialized()
+        if self.started:
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            # its notice that token authentication is on (it is, and stays on) is no news to print
+            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            try:
+                # A local Ray counts a CPU per encoder actor and decode task: on a machine with
+                # fewer cores it would wait for ever, so it gets as many as they take.
+                local = {} if options.address else {"num_cpus": max(os.cpu_count() or 1, options.slots)}
+                ray.init(
+                    address=options.address,
+                    **local,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+            except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError...
+                raise ConfigError(
+                    f"cannot start or reach Ray ({options.address or 'local'}): "
+                    f"{type(exc).__name__}: {redact(str(exc))[:300]}"
+                ) from exc
+        self._check_room()
+        self.output, self.distance = output, distance
+        self.args = (encoder.info, source, rule, fetch_workers)
+        self._decode = ray.remote(num_cpus=1, max_retries=RETRIES)(decode_chunk)
+        actor = ray.remote(
+            num_cpus=1,
+            num_gpus=options.gpus_per_encoder,
+            max_restarts=RETRIES,
+            max_task_retries=RETRIES,
+        )(EncoderActor)
+        self.graph = [ray.put(encoder.path.read_bytes())]  # held for the actors' restarts
+        self.actors = [
+            actor.remote(
+                encoder.path.name,
+                encoder.fingerprint,
+                encoder.batch_size,
+                options.gpus_per_encoder,
+            )
+            for _ in range(options.encoders)
+        ]
+        self._lock = threading.Lock()
+        self._decoding: list[Any] = []
+        self._turn = 0
+
+    def _check_room(self) -> None:
+        """Warn where the cluster has fewer CPUs or GPUs than the run takes at once: Ray queues the
+        work until an autoscaler adds nodes, and without one it waits for ever."""
+        have = self.ray.cluster_resources()
+        want = {"CPU": self.options.slots, "GPU": self.options.encoders * self.options.gpus_per_encoder}
+        short = [f"{k} {have.get(k, 0):g} of {v:g}" for k, v in want.items() if v and have.get(k, 0) < v]
+        if short:
+            log.warning(
+                "the Ray cluster has %s the run takes at once (--encoders plus --decoders CPUs, "
+                "--encoders times --gpus-per-encoder GPUs): it waits until an autoscaler adds them",
+                ", ".join(short),
+            )
+
+    def dispatch(self, claim: ClaimedBatch) -> InFlight:
+        """Send a claimed batch's images out (blocks while ``decoders`` decode tasks are running)."""
+        todo = claim.todo
+        size = max(1, min(CHUNK, -(-len(todo) // max(self.options.encoders, self.options.decoders))))
+        starts, results = [], []
+        for start in range(0, len(todo), size):
+            points = todo[start : start + size]
+            with self._lock:
+                while len(self._decoding) >= self.options.decoders:
+                    _, self._decoding = self.ray.wait(self._decoding, num_returns=1)
+                decoded = self._decode.remote(*self.args[:3], points, self.args[3])
+                self._decoding.append(decoded)
+                actor = self.actors[self._turn % len(self.actors)]
+                self._turn += 1
+            starts.append(start)
+            ids = [point_id for point_id, _ in points]
+            results.append(actor.encode.remote(self.graph, self.output, self.distance, ids, decoded))
+        return InFlight(claim, starts, results)
+
+    def gather(self, batch: InFlight, dim: int) -> tuple[Prepared, Encoded]:
+        """Wait for a batch's chunks: the batch as settle takes it (no pixels come back)."""
+        parts = self._get(batch.results)
+        failed = [
+            (start + row, why)
+            for start, (bad, _) in zip(batch.starts, parts, strict=True)
+            for row, why in bad
+        ]
+        encoded = [e for _, e in parts]
+        read = sorted(set(range(len(batch.claim.todo))) - {row for row, _ in failed})
+        prepared = batch.claim.prepared(LoadedBatch(read, np.zeros((0, 0, 0, 0), np.uint8), failed))
+        vectors = [e.vectors for e in encoded if len(e.ids)]
+        return prepared, Encoded(
+            [i for e in encoded for i in e.ids],
+            np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32),
+            [f for e in encoded for f in e.failed],
+        )
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        ray = self.ray
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, RmqError):
+                raise cause from None
+            what = f"{type(cause).__name__}: {redact(str(cause))[:300]}" if cause else type(exc).__name__
+            raise MigrationError(f"a Ray worker failed ({what}); {_UNWRITTEN}") from exc
+        except ray.exceptions.RayError as exc:  # a worker or actor lost after Ray's retries
+            text = redact(str(exc)).splitlines()[0][:300] if str(exc) else ""
+            raise MigrationError(f"Ray lost a worker ({type(exc).__name__}: {text}); {_UNWRITTEN}") from exc
+
+    def close(self) -> None:
+        """Stop the encoder actors, and the local Ray this run started."""
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+        if self.started:
+            self.ray.shutdown()
+
+
+class RayMigrator(Migrator):
+    """A :class:`Migrator` whose batches are fetched, decoded and encoded on Ray: the prepare
+    thread claims a batch and sends it out, the run's thread gathers it, the writer settles it."""
+
+    def __init__(self, migrator: Migrator, engine: RayEngine) -> None:
+        super().__init__(migrator.index, migrator.options, upkeep=migrator.upkeep)
+        self.engine = engine
+
+    @contextlib.contextmanager
+    def _stages(self, halt: threading.Event) -> Iterator[Callable[[Sequence[PointId]], Any]]:
+        yield lambda batch: self.engine.dispatch(self._claim(batch))
+
+    def _finish(self, begun: Any) -> tuple[Prepared, Encoded]:
+        return self.engine.gather(begun, self.dim)
+
+
+def ray_migrators(
+    stack: contextlib.ExitStack, migrators: list[Migrator], options: RayOptions
+) -> list[Migrator]:
+    """``migrators`` (one per shard) on one Ray engine, which ``stack`` closes."""
+    first = migrators[0]
+    engine = RayEngine(
+        options,
+        first.encoder,
+        output=first.output,
+        distance=first.pair.distance,
+        source=first.options.source,
+        rule=first.pair.uri_rule,
+        fetch_workers=first.options.fetch_workers,
+    )
+    stack.callback(engine.close)
+    return [RayMigrator(m, engine) for m in migrators]
+
+
+_UNWRITTEN = (
+    "the batch was not written and no point was marked failed: run the same command again to continue"
+)
