@@ -14,6 +14,7 @@ from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, sc
 from rm_qdrant.backfill.outcome import BatchResult, MigrateOptions, MigrationReport
 from rm_qdrant.backfill.pair import PairRecord, load_pair
 from rm_qdrant.backfill.pair_points import PairPoint
+from rm_qdrant.backfill.ray_engine import RayOptions
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
@@ -52,6 +53,7 @@ __all__ = [
     "PairPoint",
     "PairRecord",
     "PairStatus",
+    "RayOptions",
     "RmqError",
     "Store",
     "StoreError",

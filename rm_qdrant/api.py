@@ -11,6 +11,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.outcome import BatchResult, MigrationReport
 from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.ray_engine import RayOptions, import_ray
 from rm_qdrant.backfill.upkeep import optimize_collections, optimizes
 from rm_qdrant.core.ordering import check_order
 from rm_qdrant.core.planning import parse_shard
@@ -31,6 +32,7 @@ def migrate(
     encoder: OnnxEncoder | str | None = None,
     on_batch: Callable[[BatchResult], None] | None = None,
     stop: threading.Event | None = None,
+    engine: str | RayOptions = "local",
     **options: Any,
 ) -> MigrationReport:
     """Move the gallery of pair ``name`` to the new model: what ``rmq migrate --name NAME`` does.
@@ -51,6 +53,11 @@ def migrate(
         on_batch: called with each settled batch (from a worker thread), for progress.
         stop: set it (from another thread, a signal handler, or ``on_batch``) to stop after
             the batch in flight; the report then says ``stopped_early``.
+        engine: ``"local"`` (threads of this process), or ``"ray"`` / a
+            :class:`~rm_qdrant.backfill.ray_engine.RayOptions` (cluster address, encoder actors,
+            GPUs per encoder, decode tasks): images are fetched, decoded and encoded on Ray, the
+            store is written from this process. Inside a Ray job (``ray.init`` called), its
+            connection is used and left open; otherwise a local Ray is started for the run.
         **options: the fields of :class:`~rm_qdrant.backfill.migrate.MigrateOptions`:
             ``batch``, ``until``, ``limit``, ``order``, ``seed``, ``shard`` (``(i, n)`` or
             ``"i/n"``), ``retry_failed``, ``max_failure_share``, ``fetch_workers``, ``source``
@@ -97,8 +104,21 @@ def migrate(
         raise ConfigError(
             f"on_batch is a function of one BatchResult (or None), not {type(on_batch).__name__}"
         )
+    ray = _engine(engine)
     with DualIndex.open(store, name, encoder=encoder) as index:
-        return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch)
+        return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch, ray=ray)
+
+
+def _engine(engine: object) -> RayOptions | None:
+    if isinstance(engine, RayOptions):
+        import_ray()
+        return engine
+    if engine == "ray":
+        import_ray()
+        return RayOptions()
+    if engine == "local":
+        return None
+    raise ConfigError(f"engine is 'local', 'ray' or a RayOptions, not {engine!r}")
 
 
 def optimize(store: Store, name: str) -> list[str]:

@@ -116,6 +116,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened.close()
 
 
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[None]:
+    """A local Ray for this test process (4 logical CPUs), which ``--engine ray`` runs use and
+    leave running; skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
 class QuietHandler(BaseHTTPRequestHandler):
     """A test server's request handler: no access log, and one way to answer with a body."""
 

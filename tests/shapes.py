@@ -38,7 +38,8 @@ RAW_STRETCH = 3.0
 
 #: Every axis and its values. ``backend``, ``switch`` (switch-encoder to the rm graph after the
 #: application's writes), ``ending`` and ``stated`` (the new graphs stamped with the distance,
-#: else for any distance; a finalize with ``stated`` also drops old) are the smaller axes.
+#: else for any distance; a finalize with ``stated`` also drops old) and ``engine`` (the
+#: migration's: threads, or ``--engine ray``) are the smaller axes.
 AXES: dict[str, tuple] = {
     "distance": ("cosine", "dot", "euclid"),
     "scale": ("unit", "raw"),
@@ -49,6 +50,7 @@ AXES: dict[str, tuple] = {
     "switch": (False, True),
     "ending": ("finalize", "rollback"),
     "stated": (False, True),
+    "engine": ("local", "ray"),
 }
 #: The default suite runs every distance x scale x layout, the other axes chosen so that every
 #: pair of values of any two axes appears in some cell. RMQ_SHAPES=full runs every
@@ -109,10 +111,16 @@ class Cell:
     switch: bool
     ending: str
     stated: bool
+    engine: str  # 'local' (threads) or 'ray' (rmq migrate --engine ray on a local Ray)
 
     @property
     def id(self) -> str:
-        tail = ["switch" if self.switch else "naive", self.ending, "stated" if self.stated else "any"]
+        tail = [
+            "switch" if self.switch else "naive",
+            self.ending,
+            "stated" if self.stated else "any",
+            self.engine,
+        ]
         return "-".join([self.distance, self.scale, self.vectors, self.layout, self.ids, self.backend, *tail])
 
 

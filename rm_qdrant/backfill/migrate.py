@@ -193,7 +193,11 @@ class Migrator:
                         upcoming.cancel()
                         break
                     upcoming = next_batch()  # fetched and decoded while this one is encoded
-                    prepared, encoded = self._finish(begun)
+                    finished = self._finish(begun)
+                    if finished is None:  # stopped before it was encoded: dropped, as above
+                        report.stopped_early = True
+                        break
+                    prepared, encoded = finished
                     if pending_write is not None:
                         self._collect(pending_write.result(), report, on_batch)
                     pending_write = write.submit(self._settle, prepared, encoded)
@@ -214,8 +218,9 @@ class Migrator:
         ):
             yield lambda batch: self._prepare(batch, source, fetch)
 
-    def _finish(self, prepared: Any) -> tuple[Prepared, Encoded]:
-        """A started batch, encoded (on the calling thread, while the next batch is fetched)."""
+    def _finish(self, prepared: Any) -> tuple[Prepared, Encoded] | None:
+        """A started batch, encoded (on the calling thread, while the next batch is fetched);
+        None: dropped unwritten, for a stop (the Ray engine's, see ray_engine.py)."""
         return prepared, self._encode(prepared)
 
     def _collect(

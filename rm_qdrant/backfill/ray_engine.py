@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 CHUNK = 256
 #: Ray's own retries of a decode task whose process died, and restarts of an encoder actor.
 RETRIES = 3
+#: Seconds between looks at the stop event while waiting on Ray.
+POLL = 0.2
 CUDA = "CUDAExecutionProvider"
 
 
@@ -170,7 +173,8 @@ class InFlight:
 
     claim: ClaimedBatch
     starts: list[int]  # each chunk's first position in ``claim.todo``
-    results: list[Any]  # ObjectRefs of EncoderActor.encode
+    decoding: list[Any]  # ObjectRefs of the decode tasks
+    results: list[Any]  # ObjectRefs of EncoderActor.encode, one per decode task
 
 
 class RayEngine:
@@ -199,6 +203,7 @@ class RayEngine:
                 # A local Ray counts a CPU per encoder actor and decode task: on a machine with
                 # fewer cores it would wait for ever, so it gets as many as they take.
                 local = {} if options.address else {"num_cpus": max(os.cpu_count() or 1, options.slots)}
+                handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
                 ray.init(
                     address=options.address,
                     **local,
@@ -211,6 +216,12 @@ class RayEngine:
                     f"cannot start or reach Ray ({options.address or 'local'}): "
                     f"{type(exc).__name__}: {redact(str(exc))[:300]}"
                 ) from exc
+            # Ray's driver installs a handler that aborts the process on SIGTERM: the run's own
+            # (stop after the batch in flight) comes back
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in handlers.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
         self._check_room()
         self.output, self.distance = output, distance
         self.args = (encoder.info, source, rule, fetch_workers)
@@ -236,11 +247,19 @@ class RayEngine:
         self._turn = 0
 
     def _check_room(self) -> None:
-        """Warn where the cluster has fewer CPUs or GPUs than the run takes at once: Ray queues the
-        work until an autoscaler adds nodes, and without one it waits for ever."""
+        """Refuse a local Ray short of the GPUs the encoders take (it would wait for ever); warn
+        where a cluster is short of CPUs or GPUs: Ray queues the work until an autoscaler adds
+        nodes, and without one it waits for ever."""
         have = self.ray.cluster_resources()
         want = {"CPU": self.options.slots, "GPU": self.options.encoders * self.options.gpus_per_encoder}
         short = [f"{k} {have.get(k, 0):g} of {v:g}" for k, v in want.items() if v and have.get(k, 0) < v]
+        if short and self.started and not self.options.address:
+            self.ray.shutdown()
+            raise ConfigError(
+                f"this machine's Ray has {', '.join(short)} that --encoders {self.options.encoders} "
+                f"times --gpus-per-encoder {self.options.gpus_per_encoder:g} take: lower them, or "
+                "give --ray-address of a cluster with GPUs"
+            )
         if short:
             log.warning(
                 "the Ray cluster has %s the run takes at once (--encoders plus --decoders CPUs, "
@@ -248,27 +267,39 @@ class RayEngine:
                 ", ".join(short),
             )
 
-    def dispatch(self, claim: ClaimedBatch) -> InFlight:
-        """Send a claimed batch's images out (blocks while ``decoders`` decode tasks are running)."""
+    def dispatch(self, claim: ClaimedBatch, halt: threading.Event) -> InFlight | None:
+        """Send a claimed batch's images out (blocks while ``decoders`` decode tasks are running);
+        None if ``halt`` was set meanwhile (what was sent is cancelled)."""
         todo = claim.todo
         size = max(1, min(CHUNK, -(-len(todo) // max(self.options.encoders, self.options.decoders))))
-        starts, results = [], []
+        batch = InFlight(claim, [], [], [])
         for start in range(0, len(todo), size):
             points = todo[start : start + size]
             with self._lock:
-                while len(self._decoding) >= self.options.decoders:
-                    _, self._decoding = self.ray.wait(self._decoding, num_returns=1)
+                while len(self._decoding) >= self.options.decoders and not halt.is_set():
+                    _, self._decoding = self.ray.wait(self._decoding, num_returns=1, timeout=POLL)
+                if halt.is_set():
+                    self.cancel(batch)
+                    return None
                 decoded = self._decode.remote(*self.args[:3], points, self.args[3])
                 self._decoding.append(decoded)
                 actor = self.actors[self._turn % len(self.actors)]
                 self._turn += 1
-            starts.append(start)
+            batch.starts.append(start)
+            batch.decoding.append(decoded)
             ids = [point_id for point_id, _ in points]
-            results.append(actor.encode.remote(self.graph, self.output, self.distance, ids, decoded))
-        return InFlight(claim, starts, results)
+            batch.results.append(actor.encode.remote(self.graph, self.output, self.distance, ids, decoded))
+        return batch
 
-    def gather(self, batch: InFlight, dim: int) -> tuple[Prepared, Encoded]:
-        """Wait for a batch's chunks: the batch as settle takes it (no pixels come back)."""
+    def gather(self, batch: InFlight, dim: int, halt: threading.Event) -> tuple[Prepared, Encoded] | None:
+        """Wait for a batch's chunks: the batch as settle takes it (no pixels come back); None if
+        ``halt`` was set first (its work is cancelled: the batch stays claimed, unwritten)."""
+        waiting = list(batch.results)
+        while waiting and not halt.is_set():
+            _, waiting = self.ray.wait(waiting, num_returns=len(waiting), timeout=POLL)
+        if waiting:
+            self.cancel(batch)
+            return None
         parts = self._get(batch.results)
         failed = [
             (start + row, why)
@@ -285,6 +316,12 @@ class RayEngine:
             [f for e in encoded for f in e.failed],
         )
 
+    def cancel(self, batch: InFlight) -> None:
+        """Stop a batch's decode tasks (their processes: a fetch may be waiting on a slow server);
+        its encoder calls end with them."""
+        for ref in batch.decoding:
+            self.ray.cancel(ref, force=True)
+
     def _get(self, refs: list[Any]) -> list[Any]:
         ray = self.ray
         try:
@@ -300,7 +337,10 @@ class RayEngine:
             raise MigrationError(f"Ray lost a worker ({type(exc).__name__}: {text}); {_UNWRITTEN}") from exc
 
     def close(self) -> None:
-        """Stop the encoder actors, and the local Ray this run started."""
+        """Stop what the run still has on Ray (a stop leaves decode tasks running), and the
+        local Ray this run started."""
+        for ref in self._decoding:
+            self.ray.cancel(ref, force=True)
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []
@@ -318,10 +358,11 @@ class RayMigrator(Migrator):
 
     @contextlib.contextmanager
     def _stages(self, halt: threading.Event) -> Iterator[Callable[[Sequence[PointId]], Any]]:
-        yield lambda batch: self.engine.dispatch(self._claim(batch))
+        self.halt = halt
+        yield lambda batch: self.engine.dispatch(self._claim(batch), halt)
 
-    def _finish(self, begun: Any) -> tuple[Prepared, Encoded]:
-        return self.engine.gather(begun, self.dim)
+    def _finish(self, begun: Any) -> tuple[Prepared, Encoded] | None:
+        return self.engine.gather(begun, self.dim, self.halt)
 
 
 def ray_migrators(

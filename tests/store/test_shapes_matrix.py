@@ -3,7 +3,8 @@
 Axes: distance (cosine, dot, euclid) x the models' scale (unit, raw) x vector layout (one
 unnamed vector; one named; several: the searched 'image' beside a dense 'text' and a sparse
 'bm25') x pair layout (paired, paired --keep-old, single-collection) x ids (int, UUID), each
-cell on qdrant-edge or on qdrant-client's local mode. Which cells run: ``tests/shapes.py``
+cell on qdrant-edge or on qdrant-client's local mode, migrated by the local engine or by
+``--engine ray`` (a local Ray: fetch, decode and encode in Ray workers). Which cells run: ``tests/shapes.py``
 :func:`design` (by default 18: every distance x scale x pair layout, the other axes chosen so
 that every pair of values of any two axes is in some cell; ``RMQ_SHAPES=full``: all 108).
 
@@ -40,6 +41,7 @@ from rm_qdrant.backfill.cutover import finalize, rollback
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.backfill.pair import save_pair
 from rm_qdrant.backfill.probe import draw_sample
+from rm_qdrant.backfill.ray_engine import RayOptions
 from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.core.calibration import Calibration, fit_calibration
 from rm_qdrant.core.uris import UriRule
@@ -112,7 +114,8 @@ class Run:
         self.index = DualIndex.open(self.store, "p", exact=True)
 
     def migrate(self, until: float | None) -> None:
-        run_migration(self.index, MigrateOptions(batch=5, until=until))
+        ray = RayOptions(encoders=2, decoders=1) if self.cell.engine == "ray" else None
+        run_migration(self.index, MigrateOptions(batch=5, until=until), ray=ray)
 
     def calibrate(self) -> None:
         """What ``rmq calibrate --force`` keeps: the quantile map fitted on a sample."""
@@ -319,8 +322,10 @@ def cell(request) -> Cell:
 
 
 def test_every_step_serves_each_point_once_with_its_own_vectors_ranked_as_brute_force(
-    cell, images, model_sets, tmp_path: Path
+    cell, images, model_sets, tmp_path: Path, request
 ):
+    if cell.engine == "ray":
+        request.getfixturevalue("local_ray")
     models = model_sets(cell.distance, cell.scale, cell.stated)
     points = shapes.team_points(images, cell.ids, cell.vectors)
     folder = tmp_path / "team"

@@ -1,0 +1,331 @@
+"""``rmq migrate --engine ray`` on a local Ray and real stores: the same end state as the local
+engine, the same guarantees under kills and stops, the same failure records.
+
+Tests that need Ray are skipped, with the reason, where it is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from rm_qdrant import (
+    DualIndex,
+    OnnxEncoder,
+    RayOptions,
+    create_pair,
+    index_images,
+    open_store,
+    scan_image_folder,
+)
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.cli import cli
+from rm_qdrant.core.planning import BATCH, ERROR
+from rm_qdrant.store import Where
+from tests.conftest import make_image_folder, one_error_line
+from tests.store.test_migrate_faults import nan_encoder
+
+N = 30
+LAYOUTS = {
+    "paired": {},
+    "keep-old": {"keep_old": True},
+    "single": {"layout": "single-collection", "new_vector": "new"},
+}
+
+
+def gallery(store, models, folder: Path, layout: str, encoder: Path | None = None) -> None:
+    """N real images indexed into 'old' by the old model, and a pair 'p' over them."""
+    items = scan_image_folder(folder)
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    extra = LAYOUTS[layout]
+    old = OnnxEncoder(models.old) if extra.get("keep_old") else None
+    create_pair(
+        store, "p", old_collection="old", encoder=OnnxEncoder(encoder or models.rm), old_encoder=old, **extra
+    )
+
+
+def snapshot(store) -> dict:
+    """Every point of every collection: payload and vectors, as the store returns them."""
+    seen = {}
+    for name in store.list_collections():
+        records, _ = store.scroll(name, limit=10_000, with_vectors=True)
+        seen[name] = {r.id: (r.payload, r.vector) for r in records}
+    return seen
+
+
+def _tokenless(payload: dict) -> dict:
+    """A payload with its batch token (random per run) shown as there or not."""
+    return {k: (v if k != BATCH else "token") for k, v in payload.items()}
+
+
+def same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].keys() == b[name].keys(), name
+        for point, (payload, vector) in a[name].items():
+            other_payload, other_vector = b[name][point]
+            assert _tokenless(payload) == _tokenless(other_payload), (name, point)
+            assert np.array_equal(np.asarray(vector), np.asarray(other_vector)), (name, point)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_both_engines_end_with_identical_vectors_and_payloads(models, tmp_path, local_ray, layout):
+    """The shapes matrix (test_shapes_matrix.py) runs --engine ray over distances, scales,
+    vector layouts, id types and both stores; this compares it with the local engine directly."""
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    store, reference = open_store(tmp_path / "q"), open_store(tmp_path / "ref")
+    gallery(reference, models, folder, layout)
+    gallery(store, models, folder, layout)
+    local = run_migration(DualIndex.open(reference, "p"), MigrateOptions(batch=7))
+    ray = run_migration(
+        DualIndex.open(store, "p"), MigrateOptions(batch=7), ray=RayOptions(encoders=2, decoders=2)
+    )
+    assert (ray.moved, ray.failed, ray.stopped_early) == (local.moved, local.failed, False) == (N, 0, False)
+    same(snapshot(store), snapshot(reference))
+    store.close()
+    reference.close()
+
+
+def test_a_poison_image_and_a_nan_are_recorded_as_the_local_engine_records_them(models, tmp_path, local_ray):
+    """A file that is no image, a missing file and an image the encoder turns into NaN: each
+    point failed with its reason, the others moved, by either engine alike."""
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    black = tmp_path / "black.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(black)
+    poison = tmp_path / "poison.jpg"
+    poison.write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG")
+    graph = nan_encoder(tmp_path / "nan.onnx", models)
+    ends = []
+    for engine in ("local", "ray"):
+        with open_store(tmp_path / f"q-{engine}") as store:
+            gallery(store, models, folder, "paired", encoder=graph)
+            ids = sorted(r.id for r in store.scroll("old", limit=100)[0])
+            bad = {ids[1]: str(black), ids[4]: str(poison), ids[7]: str(tmp_path / "missing.png")}
+            store.set_payload("old", [(i, {"uri": uri}) for i, uri in bad.items()])
+            ray = RayOptions(encoders=1, decoders=2) if engine == "ray" else None
+            report = run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=8), ray=ray)
+            failed = {
+                r.id: r.payload[ERROR]
+                for r in store.scroll("old", limit=100, where=Where(not_empty=(ERROR,)))[0]
+            }
+            ends.append((report.moved, report.failed, failed))
+    assert ends[0] == ends[1]
+    moved, count, failed = ends[1]
+    assert (moved, count, set(failed)) == (N - 3, 3, set(bad))
+    assert "NaN" in failed[ids[1]] and "poison.jpg" in failed[ids[4]] and "missing.png" in failed[ids[7]]
+
+
+def _encoder_actor_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"ray::EncoderActor" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_killed_encoder_actor_is_restarted_and_the_run_loses_nothing(models, tmp_path, local_ray):
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    with open_store(tmp_path / "ref") as reference:
+        gallery(reference, models, folder, "paired")
+        run_migration(DualIndex.open(reference, "p"), MigrateOptions(batch=5))
+        expected = snapshot(reference)
+    killed = []
+
+    def kill_an_encoder(result) -> None:
+        if not killed:
+            pids = _encoder_actor_pids()
+            assert pids, "no encoder actor is running"
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    with open_store(tmp_path / "q") as store:
+        gallery(store, models, folder, "paired")
+        report = run_migration(
+            DualIndex.open(store, "p"),
+            MigrateOptions(batch=5),
+            ray=RayOptions(encoders=1, decoders=1),
+            on_batch=kill_an_encoder,
+        )
+        assert killed and (report.moved, report.failed) == (N, 0)
+        same(snapshot(store), expected)
+
+
+# -- the CLI, in processes of its own --------------------------------------------------------
+
+#: ``rmq`` that SIGKILLs itself before its Nth store write (the ranking already done).
+KILL_AT_WRITE = textwrap.dedent(
+    """
+    import os, signal, sys
+    from rm_qdrant.store.edge import EdgeStore
+    from tests.faults import WRITES
+    n = int(os.environ["RMQ_KILL_AT"])
+    count = [0]
+    def wrap(name):
+        real = getattr(EdgeStore, name)
+        def write(self, *args, **kwargs):
+            count[0] += 1
+            if count[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, *args, **kwargs)
+        return write
+    for name in WRITES:
+        if hasattr(EdgeStore, name):
+            setattr(EdgeStore, name, wrap(name))
+    from rm_qdrant.cli import main
+    sys.argv = ["rmq", *sys.argv[1:]]
+    main()
+    """
+)
+RAY_ARGS = ["--engine", "ray", "--encoders", "1", "--decoders", "1"]
+
+
+def run_rmq(store_path: Path, *args, ok: bool = True):
+    result = CliRunner().invoke(cli, ["--qdrant", str(store_path), *map(str, args)])
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.parametrize(("layout", "kill_at"), [("paired", 4), ("single", 7)])
+def test_sigkill_of_the_driver_then_a_rerun_loses_and_reembeds_nothing(models, tmp_path, layout, kill_at):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    with open_store(tmp_path / "ref") as reference:
+        gallery(reference, models, folder, layout)
+        run_migration(DualIndex.open(reference, "p"), MigrateOptions(batch=6))
+        expected = snapshot(reference)
+    store_path = tmp_path / "q"
+    with open_store(store_path) as store:
+        gallery(store, models, folder, layout)
+    run_rmq(store_path, "migrate", "--name", "p", "--prepare")
+    args = ["--qdrant", str(store_path), "migrate", "--name", "p", "--batch", "6", *RAY_ARGS]
+    env = {**os.environ, "RMQ_KILL_AT": str(kill_at)}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AT_WRITE, *args],
+        capture_output=True,
+        env=env,
+        timeout=300,
+        cwd=Path.cwd(),
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    before = json.loads(run_rmq(store_path, "status", "--name", "p", "--json").output)
+    assert 0 < before["new_count"] < N  # killed mid-run, some batch written
+    rerun = json.loads(
+        run_rmq(store_path, "migrate", "--name", "p", "--batch", "6", *RAY_ARGS, "--json").output
+    )
+    # a point the killed run had written is not embedded again (at most confirmed, or retired)
+    assert rerun["moved"] == N - before["new_count"] and rerun["failed"] == 0
+    with open_store(store_path) as store:
+        same(snapshot(store), expected)
+
+
+def test_sigterm_stops_without_waiting_for_the_fetches_under_way(tmp_path, models):
+    """Every image comes from a server that sends its headers a byte every 0.3 s, forever: the
+    run stops at SIGTERM, writes nothing and marks nothing failed, and no fetch starts after."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def trickle(conn):
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                while True:
+                    conn.sendall(b"a")
+                    time.sleep(0.3)
+            except OSError:
+                pass
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(time.monotonic())
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    store_path = tmp_path / "q"
+    with open_store(store_path) as store:
+        gallery(store, models, make_image_folder(tmp_path / "g", per_class=N // 3), "paired")
+    run_rmq(store_path, "migrate", "--name", "p", "--prepare")  # ranked: the run fetches no sample first
+    with open_store(store_path) as store:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        ids = [r.id for r in store.scroll("old", limit=100)[0]]
+        store.set_payload("old", [(i, {"uri": f"{url}/{k}.jpg"}) for k, i in enumerate(ids)])
+    command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(store_path), "migrate", "--name", "p"]
+    command += ["--timeout", "4", "--batch", "8", "--fetch-workers", "2", *RAY_ARGS]
+    command += ["--allow-private-network", "--json"]
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not accepted and proc.poll() is None:  # a decode task is fetching, however long Ray took
+            time.sleep(0.05)
+        assert accepted, proc.communicate()[1][-2000:]
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        server.close()
+    assert proc.returncode == 0, err[-2000:]
+    assert json.loads(out)["stopped_early"] is True
+    # The fetches under way were cancelled: a run that waited for them would retry each (3
+    # attempts of 4 s) and connect again; one that began the next batch would too.
+    late = sum(t > signalled for t in accepted)
+    assert late == 0, f"{late} fetch attempts began after SIGTERM ({len(accepted)} in all)"
+    with open_store(store_path) as store:
+        assert store.count("old") == N and store.count("old", Where(not_empty=(ERROR,))) == 0
+
+
+# -- bad input: one line, exit 1 ---------------------------------------------------------------
+
+
+def test_ray_options_without_the_ray_engine_are_refused(rmq, demo):
+    result = rmq("migrate", "--name", "demo", "--encoders", "2", ok=False)
+    assert result.exit_code == 1 and "--encoders only apply with --engine ray" in one_error_line(result)
+
+
+def test_the_ray_engine_without_ray_says_how_to_install_it(rmq, demo, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    result = rmq("migrate", "--name", "demo", "--engine", "ray", ok=False)
+    assert result.exit_code == 1 and "pip install 'rm-qdrant[ray]'" in one_error_line(result)
+
+
+def test_gpus_a_local_ray_lacks_are_refused_before_anything_is_written(rmq, demo, tmp_path):
+    """In a process of its own: this one may hold the tests' local Ray, which it would use."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    command = [
+        sys.executable,
+        "-m",
+        "rm_qdrant",
+        "--qdrant",
+        str(tmp_path / "q"),
+        "migrate",
+        "--name",
+        "demo",
+    ]
+    result = subprocess.run(
+        [*command, *RAY_ARGS, "--gpus-per-encoder", "1", "--json"], capture_output=True, text=True
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "GPU 0 of 1" in lines[0], result.stderr
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert status["new_count"] == 0
