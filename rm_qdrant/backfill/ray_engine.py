@@ -222,9 +222,20 @@ class RayEngine:
                 for sig, handler in handlers.items():
                     if handler is not None:
                         signal.signal(sig, handler)
-        self._check_room()
-        self.output, self.distance = output, distance
-        self.args = (encoder.info, source, rule, fetch_workers)
+        self.actors: list[Any] = []
+        self._decoding: list[Any] = []
+        self._lock = threading.Lock()
+        self._turn = 0
+        try:
+            self._check_room()
+            self._start(encoder, output, distance, (encoder.info, source, rule, fetch_workers))
+        except BaseException:
+            self.close()  # the local Ray it started, too
+            raise
+
+    def _start(self, encoder: OnnxEncoder, output: str, distance: str, args: tuple) -> None:
+        ray, options = self.ray, self.options
+        self.output, self.distance, self.args = output, distance, args
         self._decode = ray.remote(num_cpus=1, max_retries=RETRIES)(decode_chunk)
         actor = ray.remote(
             num_cpus=1,
@@ -232,19 +243,15 @@ class RayEngine:
             max_restarts=RETRIES,
             max_task_retries=RETRIES,
         )(EncoderActor)
-        self.graph = [ray.put(encoder.path.read_bytes())]  # held for the actors' restarts
+        try:
+            graph = encoder.path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read encoder {encoder.path}: {exc.strerror or exc}") from exc
+        self.graph = [ray.put(graph)]  # held for the actors' restarts
         self.actors = [
-            actor.remote(
-                encoder.path.name,
-                encoder.fingerprint,
-                encoder.batch_size,
-                options.gpus_per_encoder,
-            )
+            actor.remote(encoder.path.name, encoder.fingerprint, encoder.batch_size, options.gpus_per_encoder)
             for _ in range(options.encoders)
         ]
-        self._lock = threading.Lock()
-        self._decoding: list[Any] = []
-        self._turn = 0
 
     def _check_room(self) -> None:
         """Refuse a local Ray short of the GPUs the encoders take (it would wait for ever); warn
@@ -254,7 +261,6 @@ class RayEngine:
         want = {"CPU": self.options.slots, "GPU": self.options.encoders * self.options.gpus_per_encoder}
         short = [f"{k} {have.get(k, 0):g} of {v:g}" for k, v in want.items() if v and have.get(k, 0) < v]
         if short and self.started and not self.options.address:
-            self.ray.shutdown()
             raise ConfigError(
                 f"this machine's Ray has {', '.join(short)} that --encoders {self.options.encoders} "
                 f"times --gpus-per-encoder {self.options.gpus_per_encoder:g} take: lower them, or "
