@@ -127,6 +127,44 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
+@dataclass
+class Trickling:
+    """A server on 127.0.0.1 that answers every request with headers a byte every 0.3 s, forever."""
+
+    url: str
+    accepted: list[float]  # time.monotonic() of each connection
+
+
+@pytest.fixture
+def trickling_server() -> Iterator[Trickling]:
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[float] = []
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                while True:
+                    conn.sendall(b"a")
+                    time.sleep(0.3)
+            except OSError:
+                pass
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(time.monotonic())
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield Trickling(f"http://127.0.0.1:{server.getsockname()[1]}", accepted)
+    server.close()
+
+
 class QuietHandler(BaseHTTPRequestHandler):
     """A test server's request handler: no access log, and one way to answer with a body."""
 

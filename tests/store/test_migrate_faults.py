@@ -297,43 +297,17 @@ def test_sigkill_after_finalize_dropped_old_then_finalize_again(tmp_path, models
     assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output)["state"] == "finalized"
 
 
-def test_sigterm_acts_within_a_fetch_deadline_on_a_trickling_server(tmp_path, models):
+def test_sigterm_acts_within_a_fetch_deadline_on_a_trickling_server(tmp_path, models, trickling_server):
     """Every image comes from a server that sends its headers a byte every 0.3 s, forever."""
     import signal
-    import socket
-    import threading
     import time
 
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def trickle(conn):
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\n")
-                while True:
-                    conn.sendall(b"a")
-                    time.sleep(0.3)
-            except OSError:
-                pass
-
-    accepted = []  # when each fetch attempt connected
-
-    def serve():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(time.monotonic())
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    accepted = trickling_server.accepted  # when each fetch attempt connected
     store_path = tmp_path / "q"
     images = make_image_folder(tmp_path / "g", per_class=10)
     rmq(store_path, "index", "--collection", "old", "--data", images, "--encoder", models.old)
     rmq(store_path, "init", "--name", "p", "--old-collection", "old", "--encoder", models.rm)
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    url = trickling_server.url
     with open_store(store_path) as store:
         ids = [r.id for r in store.scroll("old", limit=100)[0]]
         store.set_payload("old", [(i, {"uri": f"{url}/{k}.jpg"}) for k, i in enumerate(ids)])
@@ -344,17 +318,14 @@ def test_sigterm_acts_within_a_fetch_deadline_on_a_trickling_server(tmp_path, mo
     command += ["--timeout", "4", "--batch", "8", "--fetch-workers", str(workers)]
     command += ["--allow-private-network", "--json"]
     log = tmp_path / "run.log"
-    try:
-        with log.open("w") as err:
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
-            while "retrying" not in log.read_text() and proc.poll() is None:  # however long that takes
-                time.sleep(0.05)
-            assert "retrying" in log.read_text(), "the run ended before its first retry"
-            signalled = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=300)
-    finally:
-        server.close()
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        while "retrying" not in log.read_text() and proc.poll() is None:  # however long that takes
+            time.sleep(0.05)
+        assert "retrying" in log.read_text(), "the run ended before its first retry"
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, log.read_text()
     assert json.loads(out)["stopped_early"] is True
     # At most one attempt per fetch worker was past its stop check when the signal came; a run

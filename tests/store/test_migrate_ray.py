@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -235,56 +233,29 @@ def test_sigkill_of_the_driver_then_a_rerun_loses_and_reembeds_nothing(models, t
         same(snapshot(store), expected)
 
 
-def test_sigterm_stops_without_waiting_for_the_fetches_under_way(tmp_path, models):
+def test_sigterm_stops_without_waiting_for_the_fetches_under_way(tmp_path, models, trickling_server):
     """Every image comes from a server that sends its headers a byte every 0.3 s, forever: the
     run stops at SIGTERM, writes nothing and marks nothing failed, and no fetch starts after."""
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
-    server = socket.create_server(("127.0.0.1", 0))
-    accepted = []
-
-    def trickle(conn):
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\n")
-                while True:
-                    conn.sendall(b"a")
-                    time.sleep(0.3)
-            except OSError:
-                pass
-
-    def serve():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(time.monotonic())
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    accepted = trickling_server.accepted
     store_path = tmp_path / "q"
     with open_store(store_path) as store:
         gallery(store, models, make_image_folder(tmp_path / "g", per_class=N // 3), "paired")
     run_rmq(store_path, "migrate", "--name", "p", "--prepare")  # ranked: the run fetches no sample first
     with open_store(store_path) as store:
-        url = f"http://127.0.0.1:{server.getsockname()[1]}"
         ids = [r.id for r in store.scroll("old", limit=100)[0]]
-        store.set_payload("old", [(i, {"uri": f"{url}/{k}.jpg"}) for k, i in enumerate(ids)])
+        store.set_payload("old", [(i, {"uri": f"{trickling_server.url}/{k}.jpg"}) for k, i in enumerate(ids)])
     command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(store_path), "migrate", "--name", "p"]
     command += ["--timeout", "4", "--batch", "8", "--fetch-workers", "2", *RAY_ARGS]
     command += ["--allow-private-network", "--json"]
-    try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        while not accepted and proc.poll() is None:  # a decode task is fetching, however long Ray took
-            time.sleep(0.05)
-        assert accepted, proc.communicate()[1][-2000:]
-        time.sleep(0.5)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        server.close()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not accepted and proc.poll() is None:  # a decode task is fetching, however long Ray took
+        time.sleep(0.05)
+    assert accepted, proc.communicate()[1][-2000:]
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert json.loads(out)["stopped_early"] is True
     # The fetches under way were cancelled: a run that waited for them would retry each (3
