@@ -316,12 +316,18 @@ def run_migration(
     plans = [plan(index.store, index.pair, m.options) for m in migrators]
     if on_plan is not None:
         on_plan(sum(map(len, plans)))
+    halt = stop or threading.Event()
     with contextlib.ExitStack() as stack:
         if ray is not None and any(plans):  # nothing to move: no cluster to start
             from rm_qdrant.backfill.ray_engine import ray_migrators
 
-            migrators = ray_migrators(stack, migrators, ray)
-        return _run_shards(migrators, plans, skipped, upkeep, stop, on_batch)
+            on_ray = ray_migrators(stack, migrators, ray, halt)
+            if on_ray is None:  # stopped while Ray started: nothing was claimed
+                return MigrationReport(
+                    planned=sum(map(len, plans)), skipped_failed=skipped, stopped_early=True
+                )
+            migrators = on_ray
+        return _run_shards(migrators, plans, skipped, upkeep, halt, on_batch)
 
 
 def _run_shards(
@@ -329,17 +335,16 @@ def _run_shards(
     plans: list[list[PointId]],
     skipped: int,
     upkeep: IndexUpkeep,
-    stop: threading.Event | None,
+    halt: threading.Event,
     on_batch: Callable[[BatchResult], None] | None,
 ) -> MigrationReport:
+    """Run each migrator on its plan, side by side; one's failure stops the others."""
     lock = threading.Lock()
 
     def report_batch(result: BatchResult) -> None:
         if on_batch is not None:
             with lock:
                 on_batch(result)
-
-    halt = stop or threading.Event()
 
     def work(migrator: Migrator, ids: list[PointId]) -> MigrationReport:
         try:

@@ -26,12 +26,12 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
 from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.sources.settings import header_values
 
 log = logging.getLogger(__name__)
 #: Most images one decode task, and one call of an encoder actor, take.
@@ -56,6 +57,8 @@ CHUNK = 256
 RETRIES = 3
 #: Seconds between looks at the stop event while waiting on Ray.
 POLL = 0.2
+#: Seconds Ray may take to start, or to answer at ``--ray-address``.
+START_TIMEOUT = 120.0
 CUDA = "CUDAExecutionProvider"
 
 
@@ -191,47 +194,89 @@ class RayEngine:
         source: SourceConfig,
         rule: UriRule,
         fetch_workers: int | None,
+        halt: threading.Event,
     ) -> None:
         ray = self.ray = import_ray()
         self.options = options
+        self.address = options.address or os.environ.get("RAY_ADDRESS") or "local"
+        self._release = threading.Event()  # ends the thread that started Ray (see _connect)
         self.started = not ray.is_initialized()
-        if self.started:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            # its notice that token authentication is on (it is, and stays on) is no news to print
-            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-            try:
-                # A local Ray counts a CPU per encoder actor and decode task: on a machine with
-                # fewer cores it would wait for ever, so it gets as many as they take.
-                local = {} if options.address else {"num_cpus": max(os.cpu_count() or 1, options.slots)}
-                handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-                ray.init(
-                    address=options.address,
-                    **local,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                )
-            except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError...
-                raise ConfigError(
-                    f"cannot start or reach Ray ({options.address or 'local'}): "
-                    f"{type(exc).__name__}: {redact(str(exc))[:300]}"
-                ) from exc
-            # Ray's driver installs a handler that aborts the process on SIGTERM: the run's own
-            # (stop after the batch in flight) comes back
-            if threading.current_thread() is threading.main_thread():
-                for sig, handler in handlers.items():
-                    if handler is not None:
-                        signal.signal(sig, handler)
+        if self.started and not self._connect(halt):
+            raise Stopped
         self.actors: list[Any] = []
         self._decoding: list[Any] = []
         self._lock = threading.Lock()
         self._turn = 0
         try:
             self._check_room()
-            self._start(encoder, output, distance, (encoder.info, source, rule, fetch_workers))
+            self._start(encoder, output, distance, (encoder.info, sent(source), rule, fetch_workers))
         except BaseException:
             self.close()  # the local Ray it started, too
             raise
+
+    def _connect(self, halt: threading.Event) -> bool:
+        """Start a local Ray, or reach the cluster; False if ``halt`` was set first.
+
+        ``ray.init`` runs on a thread of its own: an address where no Ray answers would hold it
+        for ever, and Ray installs a SIGTERM handler that aborts the process when it is called
+        on the main thread (the run's own handler stops it after the batch in flight).
+        """
+        ray, options = self.ray, self.options
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # A local Ray counts a CPU per encoder actor and decode task: on a machine with as few
+        # cores as encoders it would wait for ever, so it gets one more; decode tasks beyond
+        # its CPUs wait their turn instead of starting a process each.
+        local = (
+            {"num_cpus": max(os.cpu_count() or 1, options.encoders + 1)} if self.address == "local" else {}
+        )
+        failure: list[BaseException] = []
+
+        ready = threading.Event()
+
+        def init() -> None:
+            try:
+                ray.init(
+                    address=self.address,
+                    **local,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+            except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError...
+                failure.append(exc)
+                return
+            ready.set()
+            # A local Ray's processes are told to die with the thread that started them (Linux's
+            # parent-death signal): this one lives until the run has shut Ray down.
+            self._release.wait()
+
+        # Ray's notices that token authentication is on (it is, and stays on) and that it set no
+        # SIGTERM handler (the run has its own) are no news to print
+        quiet = [logging.getLogger(n) for n in ("ray._private.authentication", "ray._private.worker")]
+        levels = [q.level for q in quiet]
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        starting = threading.Thread(target=init, name="rmq-ray-init", daemon=True)
+        starting.start()
+        deadline = time.monotonic() + START_TIMEOUT
+        while (
+            starting.is_alive() and not ready.is_set() and not halt.is_set() and time.monotonic() < deadline
+        ):
+            starting.join(POLL)
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+        where = "a local Ray" if self.address == "local" else f"Ray at {redact(self.address)}"
+        if not ready.is_set() and starting.is_alive():
+            self._release.set()  # should Ray come up after all, its thread ends and it with it
+            if halt.is_set():
+                return False
+            raise ConfigError(f"cannot start or reach {where} within {START_TIMEOUT:.0f} s")
+        if failure:
+            exc = failure[0]
+            raise ConfigError(
+                f"cannot start or reach {where}: {type(exc).__name__}: {redact(str(exc))[:300]}"
+            )
+        return True
 
     def _start(self, encoder: OnnxEncoder, output: str, distance: str, args: tuple) -> None:
         ray, options = self.ray, self.options
@@ -254,24 +299,33 @@ class RayEngine:
         ]
 
     def _check_room(self) -> None:
-        """Refuse a local Ray short of the GPUs the encoders take (it would wait for ever); warn
-        where a cluster is short of CPUs or GPUs: Ray queues the work until an autoscaler adds
-        nodes, and without one it waits for ever."""
+        """Refuse a Ray without a CPU for decoding beside the encoder actors, or (a local one)
+        without the GPUs they take: the run would wait for ever. Warn where a cluster has fewer
+        GPUs than asked (an autoscaler may add them) or fewer CPUs than encoders and decoders
+        (fewer decode tasks run at once)."""
         have = self.ray.cluster_resources()
-        want = {"CPU": self.options.slots, "GPU": self.options.encoders * self.options.gpus_per_encoder}
-        short = [f"{k} {have.get(k, 0):g} of {v:g}" for k, v in want.items() if v and have.get(k, 0) < v]
-        if short and self.started and not self.options.address:
+        cpus, gpus = have.get("CPU", 0), have.get("GPU", 0)
+        encoders, per = self.options.encoders, self.options.gpus_per_encoder
+        if cpus < encoders + 1:
             raise ConfigError(
-                f"this machine's Ray has {', '.join(short)} that --encoders {self.options.encoders} "
-                f"times --gpus-per-encoder {self.options.gpus_per_encoder:g} take: lower them, or "
-                "give --ray-address of a cluster with GPUs"
+                f"the Ray cluster has {cpus:g} CPUs: --encoders {encoders} take one each and leave "
+                "none to decode images; lower --encoders, or add CPUs to the cluster first"
             )
-        if short:
+        if gpus < encoders * per and self.address == "local":
+            raise ConfigError(
+                f"this machine's Ray has {gpus:g} GPUs, and --encoders {encoders} times "
+                f"--gpus-per-encoder {per:g} take {encoders * per:g}: lower them, or give "
+                "--ray-address of a cluster with GPUs"
+            )
+        if gpus < encoders * per:
             log.warning(
-                "the Ray cluster has %s the run takes at once (--encoders plus --decoders CPUs, "
-                "--encoders times --gpus-per-encoder GPUs): it waits until an autoscaler adds them",
-                ", ".join(short),
+                "the Ray cluster has %g GPUs of the %g the encoders take: the run waits until an "
+                "autoscaler adds them",
+                gpus,
+                encoders * per,
             )
+        if cpus < self.options.slots:
+            log.info("the Ray cluster has %g CPUs: fewer decode tasks than --decoders run at once", cpus)
 
     def dispatch(self, claim: ClaimedBatch, halt: threading.Event) -> InFlight | None:
         """Send a claimed batch's images out (blocks while ``decoders`` decode tasks are running);
@@ -352,6 +406,20 @@ class RayEngine:
         self.actors = []
         if self.started:
             self.ray.shutdown()
+            self._release.set()
+
+
+class Stopped(Exception):
+    """The run was stopped while Ray started."""
+
+
+def sent(config: SourceConfig) -> SourceConfig:
+    """``config`` as the Ray workers get it: ``$NAME`` in a header value read here, from the
+    environment of ``rmq`` (as the local engine does), not from each worker's."""
+    if not any("$" in value for _, value in config.headers):
+        return config
+    values = header_values(config.headers)
+    return replace(config, headers=tuple((name, value.replace("$", "$$")) for name, value in values.items()))
 
 
 class RayMigrator(Migrator):
@@ -372,19 +440,24 @@ class RayMigrator(Migrator):
 
 
 def ray_migrators(
-    stack: contextlib.ExitStack, migrators: list[Migrator], options: RayOptions
-) -> list[Migrator]:
-    """``migrators`` (one per shard) on one Ray engine, which ``stack`` closes."""
+    stack: contextlib.ExitStack, migrators: list[Migrator], options: RayOptions, halt: threading.Event
+) -> list[Migrator] | None:
+    """``migrators`` (one per shard) on one Ray engine, which ``stack`` closes; None if ``halt``
+    was set while Ray started."""
     first = migrators[0]
-    engine = RayEngine(
-        options,
-        first.encoder,
-        output=first.output,
-        distance=first.pair.distance,
-        source=first.options.source,
-        rule=first.pair.uri_rule,
-        fetch_workers=first.options.fetch_workers,
-    )
+    try:
+        engine = RayEngine(
+            options,
+            first.encoder,
+            output=first.output,
+            distance=first.pair.distance,
+            source=first.options.source,
+            rule=first.pair.uri_rule,
+            fetch_workers=first.options.fetch_workers,
+            halt=halt,
+        )
+    except Stopped:
+        return None
     stack.callback(engine.close)
     return [RayMigrator(m, engine) for m in migrators]
 

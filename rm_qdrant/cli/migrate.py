@@ -113,7 +113,7 @@ def _ray_options(
     if engine == "local":
         named = [flag for flag, value in given.items() if value is not None]
         if named:
-            raise ConfigError(f"{', '.join(named)} only apply with --engine ray")
+            raise ConfigError(f"{', '.join(named)}: only with --engine ray")
         return None
     import_ray()
     return RayOptions(address, encoders or 1, gpus or 0.0, decoders or 2)

@@ -32,6 +32,7 @@ from rm_qdrant import (
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import BATCH, ERROR
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder, one_error_line
 from tests.store.test_migrate_faults import nan_encoder
@@ -271,7 +272,7 @@ def test_sigterm_stops_without_waiting_for_the_fetches_under_way(tmp_path, model
 
 def test_ray_options_without_the_ray_engine_are_refused(rmq, demo):
     result = rmq("migrate", "--name", "demo", "--encoders", "2", ok=False)
-    assert result.exit_code == 1 and "--encoders only apply with --engine ray" in one_error_line(result)
+    assert result.exit_code == 1 and "--encoders: only with --engine ray" in one_error_line(result)
 
 
 def test_the_ray_engine_without_ray_says_how_to_install_it(rmq, demo, monkeypatch):
@@ -297,6 +298,83 @@ def test_gpus_a_local_ray_lacks_are_refused_before_anything_is_written(rmq, demo
         [*command, *RAY_ARGS, "--gpus-per-encoder", "1", "--json"], capture_output=True, text=True
     )
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and "GPU 0 of 1" in lines[0], result.stderr
+    assert (
+        result.returncode == 1
+        and len(lines) == 1
+        and "has 0 GPUs, and --encoders 1 times --gpus-per-encoder 1 take 1" in lines[0]
+    ), result.stderr
     status = json.loads(rmq("status", "--name", "demo", "--json").output)
     assert status["new_count"] == 0
+
+
+def test_encoders_that_leave_no_cpu_to_decode_are_refused(models, tmp_path, local_ray):
+    """The tests' Ray has 4 CPUs: 4 encoder actors would take them all, and no decode task
+    could ever run."""
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    with open_store(tmp_path / "q") as store:
+        gallery(store, models, folder, "paired")
+        with pytest.raises(ConfigError, match="has 4 CPUs: --encoders 4 take one each"):
+            run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=7), ray=RayOptions(encoders=4))
+        assert store.count("p-new") == 0
+
+
+#: ``rmq`` with Ray's start-up bounded at 3 s instead of 120.
+SHORT_START = textwrap.dedent(
+    """
+    import sys
+    import rm_qdrant.backfill.ray_engine as engine
+    engine.START_TIMEOUT = 3.0
+    from rm_qdrant.cli import main
+    sys.argv = ["rmq", *sys.argv[1:]]
+    main()
+    """
+)
+
+
+def test_ray_address_where_nothing_answers_is_one_error_line(rmq, demo, tmp_path):
+    """RAY_ADDRESS (set by ``ray job submit``) is the cluster when --ray-address is not given."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    args = ["--qdrant", str(tmp_path / "q"), "migrate", "--name", "demo", *RAY_ARGS, "--json"]
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    result = subprocess.run(
+        [sys.executable, "-c", SHORT_START, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: cannot start or reach Ray at 127.0.0.1:1 within 3 s"
+    ), result.stderr
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 0
+
+
+def test_sigterm_while_ray_starts_stops_the_run_at_once(rmq, demo, tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
+    command = [
+        sys.executable,
+        "-m",
+        "rm_qdrant",
+        "--qdrant",
+        str(tmp_path / "q"),
+        "migrate",
+        "--name",
+        "demo",
+    ]
+    command += [*RAY_ARGS, "--ray-address", "127.0.0.1:1"]  # nothing answers: start-up never ends
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopped early: run the same command again to continue" in out
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 0
+
+
+def test_header_variables_are_read_where_rmq_runs(monkeypatch):
+    from rm_qdrant.backfill.ray_engine import sent
+    from rm_qdrant.sources import SourceConfig
+    from rm_qdrant.sources.settings import header_values
+
+    monkeypatch.setenv("CDN_TOKEN", "s3cr$t")
+    config = SourceConfig(headers=(("Authorization", "Bearer $CDN_TOKEN"),))
+    shipped = sent(config)
+    monkeypatch.delenv("CDN_TOKEN")  # a worker's environment lacks it
+    assert header_values(shipped.headers) == {"Authorization": "Bearer s3cr$t"}
