@@ -64,9 +64,18 @@ def allowed(values: dict) -> bool:
     return not (values.get("layout") == "paired" and values.get("ending") == "rollback")
 
 
+#: The axes whose every value meets each engine in some cell: what a batch's images become
+#: (the distance's unusable vectors), how it is claimed and settled (the layout, the other
+#: vectors carried), and the ids sent through Ray. The store, scales and the steps after a
+#: migration are the driver's, whichever engine embedded the images.
+ENGINE_MEETS = ("distance", "layout", "vectors", "ids")
+
+
 def required_pairs() -> set[tuple[tuple[str, object], tuple[str, object]]]:
     pairs = set()
     for (a, xs), (b, ys) in itertools.combinations(AXES.items(), 2):
+        if "engine" in (a, b) and not {a, b} & set(ENGINE_MEETS):
+            continue
         pairs |= {((a, x), (b, y)) for x in xs for y in ys if allowed({a: x, b: y})}
     return pairs
 
@@ -91,7 +100,11 @@ def design() -> list[dict]:
             fixed["vectors"] = AXES["vectors"][square % 3]
         options = [{**fixed, **c} for c in choices if allowed({**fixed, **c})]
 
-        gains = [(len(covered(c) & todo), -sum(used.get((n, c[n]), 0) for n in free)) for c in options]
+        # ties go to the local engine (a Ray cell costs its workers' start-up), then to the least used
+        gains = [
+            (len(covered(c) & todo), c["engine"] == "local", -sum(used.get((n, c[n]), 0) for n in free))
+            for c in options
+        ]
         best = options[gains.index(max(gains))]
         cells.append({name: best[name] for name in AXES})
         todo -= covered(best)

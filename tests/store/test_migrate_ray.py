@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -281,30 +282,46 @@ def test_the_ray_engine_without_ray_says_how_to_install_it(rmq, demo, monkeypatc
     assert result.exit_code == 1 and "pip install 'rm-qdrant[ray]'" in one_error_line(result)
 
 
-def test_gpus_a_local_ray_lacks_are_refused_before_anything_is_written(rmq, demo, tmp_path):
-    """In a process of its own: this one may hold the tests' local Ray, which it would use."""
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rm-qdrant[ray]'")
-    command = [
-        sys.executable,
-        "-m",
-        "rm_qdrant",
-        "--qdrant",
-        str(tmp_path / "q"),
-        "migrate",
-        "--name",
-        "demo",
-    ]
-    result = subprocess.run(
-        [*command, *RAY_ARGS, "--gpus-per-encoder", "1", "--json"], capture_output=True, text=True
-    )
-    lines = result.stderr.strip().splitlines()
-    assert (
-        result.returncode == 1
-        and len(lines) == 1
-        and "has 0 GPUs, and --encoders 1 times --gpus-per-encoder 1 take 1" in lines[0]
-    ), result.stderr
-    status = json.loads(rmq("status", "--name", "demo", "--json").output)
-    assert status["new_count"] == 0
+class _Cluster:
+    """What ``ray.cluster_resources()`` answers, for RayEngine's resource check alone."""
+
+    def __init__(self, **resources: float) -> None:
+        self.resources = resources
+
+    def cluster_resources(self) -> dict:
+        return self.resources
+
+
+@pytest.mark.parametrize(
+    ("address", "have", "options", "refused"),
+    [
+        (
+            "local",
+            {"CPU": 2},
+            RayOptions(gpus_per_encoder=1),
+            "this machine's Ray has 0 GPUs, and --encoders 1",
+        ),
+        ("local", {"CPU": 3, "GPU": 1}, RayOptions(encoders=2, gpus_per_encoder=0.5), None),
+        (
+            "auto",
+            {"CPU": 64},
+            RayOptions(encoders=2, gpus_per_encoder=1),
+            None,
+        ),  # warned: an autoscaler may add them
+        ("auto", {"CPU": 2}, RayOptions(encoders=2), "has 2 CPUs: --encoders 2 take one each"),
+        ("auto", {"CPU": 3}, RayOptions(encoders=2, decoders=8), None),  # one decode task at a time
+    ],
+)
+def test_resources_the_run_could_never_get_are_refused(address, have, options, refused):
+    from rm_qdrant.backfill.ray_engine import RayEngine
+
+    engine = object.__new__(RayEngine)
+    engine.ray, engine.options, engine.address = _Cluster(**have), options, address
+    if refused is None:
+        engine._check_room()
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            engine._check_room()
 
 
 def test_encoders_that_leave_no_cpu_to_decode_are_refused(models, tmp_path, local_ray):
@@ -359,11 +376,15 @@ def test_sigterm_while_ray_starts_stops_the_run_at_once(rmq, demo, tmp_path):
         "demo",
     ]
     command += [*RAY_ARGS, "--ray-address", "127.0.0.1:1"]  # nothing answers: start-up never ends
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    log = tmp_path / "run.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        # the progress line comes once the plan is made, just before Ray starts
+        while "migrating demo" not in log.read_text() and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log.read_text()
     assert "stopped early: run the same command again to continue" in out
     assert json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 0
 
