@@ -67,9 +67,9 @@ class RayOptions:
     """Where and how wide ``--engine ray`` runs.
 
     Attributes:
-        address: the Ray cluster (``auto``, ``ray://host:10001``, ...); None starts a local
-            Ray for the run and stops it at its end. Inside a Ray job already connected
-            (``ray.init`` called), that connection is used and left open.
+        address: the Ray cluster (``auto``, ``ray://host:10001``, ...); None: ``$RAY_ADDRESS``
+            if set, else a local Ray started for the run and stopped at its end. Inside a Ray
+            job already connected (``ray.init`` called), that connection is used and left open.
         encoders: encoder actors, each one ONNX Runtime session on one CPU (and its GPUs).
         gpus_per_encoder: GPUs each encoder actor takes (0: it encodes on its CPU); above 0,
             ONNX Runtime's CUDA provider (``onnxruntime-gpu``) must be installed on the workers.

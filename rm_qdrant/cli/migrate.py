@@ -184,7 +184,8 @@ def _summary(report: MigrationReport, name: str) -> str:
 )
 @click.option(
     "--ray-address",
-    help="With --engine ray: the cluster (auto, ray://HOST:10001) [default: start a local Ray].",
+    help="With --engine ray: the cluster (auto, ray://HOST:10001) [default: $RAY_ADDRESS if set, "
+    "else a local Ray started for the run].",
 )
 @click.option(
     "--encoders",
