@@ -26,28 +26,24 @@ import contextlib
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.loading import LoadedBatch, load_batch
-from rm_qdrant.backfill.migrate import Migrator, encode_loaded
+from rm_qdrant.backfill.loading import LoadedBatch
+from rm_qdrant.backfill.migrate import Migrator
 from rm_qdrant.backfill.outcome import ClaimedBatch, Encoded, Prepared
+from rm_qdrant.backfill.ray_workers import EncoderActor, decode_chunk
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.modelinfo import ModelInfo
 from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
-from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
-from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.sources.settings import header_values
 
 log = logging.getLogger(__name__)
@@ -59,7 +55,6 @@ RETRIES = 3
 POLL = 0.2
 #: Seconds Ray may take to start, or to answer at ``--ray-address``.
 START_TIMEOUT = 120.0
-CUDA = "CUDAExecutionProvider"
 
 
 @dataclass(frozen=True)
@@ -104,70 +99,6 @@ def import_ray() -> Any:
     except ImportError as exc:
         raise ConfigError("--engine ray needs Ray: pip install 'rm-qdrant[ray]'") from exc
     return ray
-
-
-# -- what runs on the Ray workers ---------------------------------------------------------
-
-
-@lru_cache(maxsize=4)
-def _source(config: SourceConfig) -> ImageSource:
-    """One open image source per worker process and setting (its HTTP and S3 clients stay warm)."""
-    return ImageSource(config).__enter__()
-
-
-def decode_chunk(
-    info: ModelInfo,
-    config: SourceConfig,
-    rule: UriRule,
-    points: Sequence[tuple[PointId, dict[str, Any]]],
-    fetch_workers: int | None,
-) -> LoadedBatch:
-    """A Ray task: fetch and decode the images of ``points`` as the encoder takes them."""
-    images = _source(config)
-    with ThreadPoolExecutor(fetch_workers or 8, "rmq-fetch") as pool:
-        return load_batch(PixelDecoder(info), images, rule, points, pool, workers=fetch_workers)
-
-
-class EncoderActor:
-    """A Ray actor: one ONNX Runtime session of the pair's encoder, loaded from the graph's bytes
-    on its first call (and again after Ray restarts it)."""
-
-    def __init__(self, name: str, fingerprint: str, batch_size: int, gpus: float) -> None:
-        self.settings = name, fingerprint, batch_size, gpus
-        self.encoder: OnnxEncoder | None = None
-
-    def _load(self, graph: list[Any]) -> OnnxEncoder:
-        import ray
-
-        name, fingerprint, batch_size, gpus = self.settings
-        providers = [CUDA, "CPUExecutionProvider"] if gpus > 0 else ["CPUExecutionProvider"]
-        with tempfile.TemporaryDirectory(prefix="rmq-encoder-") as folder:
-            path = Path(folder, name)
-            path.write_bytes(ray.get(graph[0]))
-            encoder = OnnxEncoder(path, batch_size=batch_size, threads=1, providers=providers)
-        if encoder.fingerprint != fingerprint:
-            raise ConfigError(f"the encoder {name} changed on disk while the run started: rerun")
-        if gpus > 0 and encoder.provider != CUDA:
-            raise ConfigError(
-                "an encoder asked for GPUs, but ONNX Runtime has no usable CUDA provider on the "
-                "Ray worker: install onnxruntime-gpu there (rm-qdrant[gpu]), or --gpus-per-encoder 0"
-            )
-        return encoder
-
-    def encode(
-        self, graph: list[Any], output: str, distance: str, ids: list[PointId], loaded: LoadedBatch
-    ) -> tuple[list[tuple[int, str]], Encoded]:
-        """Embed a decoded chunk: its decode failures (positions in the chunk), and what the
-        encoder made. ``graph``: [the ObjectRef of the graph's bytes], nested so that only a
-        first call (of this actor, or of its restart) reads it."""
-        if self.encoder is None:
-            self.encoder = self._load(graph)
-        return loaded.failed, encode_loaded(
-            self.encoder, output, distance, [ids[row] for row in loaded.rows], loaded.pixels
-        )
-
-
-# -- the driver's side ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
