@@ -172,6 +172,18 @@ def stage_costs(store, model: Path, name: str, args: argparse.Namespace, layout:
     return {stage: seconds / len(ids) * 1e6 for stage, seconds in spent.items()}
 
 
+#: The new models' outputs: ``new``, and ``rev`` = ψ(new) of the old model's size.
+NEW_HEADS = {"new": ("features", 128), "rev": ("new", 64)}
+
+
+def indexed_gallery(folder: Path, items: list, batch: int):  # noqa: ANN201
+    """An embedded store in ``folder`` whose collection 'gallery' holds ``items`` by the old model."""
+    old = OnnxEncoder(convnet_encoder(folder / "old.onnx", heads={"embedding": ("features", 64)}, seed=1))
+    store = open_store(folder / "qdrant")
+    index_images(store, "gallery", old, items, batch_size=batch)
+    return store
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000, help="images to migrate (CIFAR-10 train)")
@@ -204,10 +216,8 @@ def main() -> None:
     stage_loads: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rmq-migbench-") as tmp:
         folder = Path(tmp)
-        old = OnnxEncoder(convnet_encoder(folder / "old.onnx", heads={"embedding": ("features", 64)}, seed=1))
-        store = open_store(folder / "qdrant")
-        index_images(store, "gallery", old, items, batch_size=args.batch)
-        heads = {"new": ("features", 128), "rev": ("new", 64)}
+        store = indexed_gallery(folder, items, args.batch)
+        heads = NEW_HEADS
         for key in args.models:
             model = convnet_encoder(folder / f"{key}.onnx", heads=heads, stages=MODELS[key][1], seed=2)
             decoder = OnnxEncoder(model)
@@ -474,6 +484,7 @@ def ray_startup(store, index: DualIndex, args: argparse.Namespace) -> dict[str, 
         source=SourceConfig(),
         rule=migrator.pair.uri_rule,
         fetch_workers=None,
+        halt=threading.Event(),
     )
     clock.append(time.perf_counter())
     round_trip(engine)
@@ -559,10 +570,8 @@ def ray_main(args: argparse.Namespace, items: list, layouts: list[str]) -> None:
     up: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="rmq-migbench-") as tmp:
         folder = Path(tmp)
-        old = OnnxEncoder(convnet_encoder(folder / "old.onnx", heads={"embedding": ("features", 64)}, seed=1))
-        store = open_store(folder / "qdrant")
-        index_images(store, "gallery", old, items, batch_size=args.batch)
-        heads = {"new": ("features", 128), "rev": ("new", 64)}
+        store = indexed_gallery(folder, items, args.batch)
+        heads = NEW_HEADS
         try:
             for key in args.models:
                 model = convnet_encoder(folder / f"{key}.onnx", heads=heads, stages=MODELS[key][1], seed=2)
