@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,7 +256,10 @@ def migrate(
         return
     if prepare:
         options = dataclasses.replace(options, limit=0)
-    with stop_on_signals(echo=not as_json) as stop:
+    # Ray prints what its raylet reports (a task retried, an actor lost) on the driver's stdout:
+    # it goes to stderr with rmq's own messages, and stdout holds the report alone (--json).
+    ray_prints = contextlib.redirect_stdout(sys.stderr) if ray is not None else contextlib.nullcontext()
+    with stop_on_signals(echo=not as_json) as stop, ray_prints:
         ranks = index.pair.state == "backfilling" and not order_ready(store, index.pair, options.order)
         if ranks:  # before the ranking pass, not each run (other states: the run says why it cannot)
             preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)

@@ -6,6 +6,7 @@ Tests that need Ray are skipped, with the reason, where it is not installed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import BATCH, ERROR
 from rm_qdrant.errors import ConfigError
@@ -399,3 +400,20 @@ def test_header_variables_are_read_where_rmq_runs(monkeypatch):
     shipped = sent(config)
     monkeypatch.delenv("CDN_TOKEN")  # a worker's environment lacks it
     assert header_values(shipped.headers) == {"Authorization": "Bearer s3cr$t"}
+
+
+def test_what_ray_prints_on_the_drivers_stdout_stays_out_of_the_json_report(rmq, demo, monkeypatch):
+    """Ray's raylet reports (a task retried after an actor died, say) reach the driver's stdout:
+    with --json that would break the report (seen when a stop killed actors with calls in flight)."""
+    worker = pytest.importorskip("ray._private.worker", reason="Ray is not installed")
+    command = importlib.import_module("rm_qdrant.cli.migrate")  # the module, not the click command
+
+    def run(*args, **kwargs):
+        line = "Task EncoderActor.encode failed. There are 3 retries remaining"
+        worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+        return MigrationReport(stopped_early=True)
+
+    monkeypatch.setattr(command, "run_migration", run)
+    result = rmq("migrate", "--name", "demo", "--engine", "ray", "--json")
+    assert json.loads(result.stdout)["stopped_early"] is True
+    assert "EncoderActor.encode failed" in result.stderr
