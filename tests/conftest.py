@@ -127,42 +127,60 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Callable[[socket.socket], None]], str]]:
+    """A TCP server on 127.0.0.1 whose every connection runs ``answer(conn)``; yields a starter."""
+    servers = []
+
+    def start(answer: Callable[[socket.socket], None]) -> str:
+        sock = socket.create_server(("127.0.0.1", 0))
+        servers.append(sock)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=_answer, args=(answer, conn), daemon=True).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield start
+    for sock in servers:
+        sock.close()
+
+
+def _answer(answer: Callable[[socket.socket], None], conn: socket.socket) -> None:
+    with conn:
+        try:
+            conn.recv(65536)
+            answer(conn)
+        except OSError:
+            pass
+
+
 @dataclass
 class Trickling:
     """A server on 127.0.0.1 that answers every request with headers a byte every 0.3 s, forever."""
 
     url: str
-    accepted: list[float]  # time.monotonic() of each connection
+    connections: list[None]  # one entry per request it got
 
 
 @pytest.fixture
-def trickling_server() -> Iterator[Trickling]:
-    server = socket.create_server(("127.0.0.1", 0))
-    accepted: list[float] = []
+def trickling_server(raw_server: Callable[[Callable[[socket.socket], None]], str]) -> Trickling:
+    connections: list[None] = []
 
     def trickle(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\n")
-                while True:
-                    conn.sendall(b"a")
-                    time.sleep(0.3)
-            except OSError:
-                pass
-
-    def serve() -> None:
+        connections.append(None)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
         while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(time.monotonic())
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+            conn.sendall(b"a")
+            time.sleep(0.3)
 
-    threading.Thread(target=serve, daemon=True).start()
-    yield Trickling(f"http://127.0.0.1:{server.getsockname()[1]}", accepted)
-    server.close()
+    return Trickling(raw_server(trickle), connections)
 
 
 class QuietHandler(BaseHTTPRequestHandler):

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -28,40 +28,6 @@ def fails(uri: str, match: str, config: SourceConfig = LOCAL) -> str:
     with ImageSource(config) as source, pytest.raises(SourceError, match=match) as caught:
         source.fetch(uri)
     return str(caught.value)
-
-
-@pytest.fixture
-def raw_server() -> Iterator[Callable[[Callable[[socket.socket], None]], str]]:
-    """A TCP server on 127.0.0.1 whose every connection runs ``answer(conn)``; yields a starter."""
-    servers = []
-
-    def start(answer: Callable[[socket.socket], None]) -> str:
-        sock = socket.create_server(("127.0.0.1", 0))
-        servers.append(sock)
-
-        def serve() -> None:
-            while True:
-                try:
-                    conn, _ = sock.accept()
-                except OSError:
-                    return
-                threading.Thread(target=_answer, args=(answer, conn), daemon=True).start()
-
-        threading.Thread(target=serve, daemon=True).start()
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    yield start
-    for sock in servers:
-        sock.close()
-
-
-def _answer(answer: Callable[[socket.socket], None], conn: socket.socket) -> None:
-    with conn:
-        try:
-            conn.recv(65536)
-            answer(conn)
-        except OSError:
-            pass
 
 
 def trickle(head: bytes, body: bytes = b"") -> Callable[[socket.socket], None]:
