@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,11 +34,48 @@ log = logging.getLogger(__name__)
 #: Most points one task decodes: small enough for slow network fetches to spread over the pool.
 _SLICE = 32
 #: Threads a batch of local files gets when the caller leaves it to the source (``workers``
-#: None): a read from a disk waits little, and more threads only contend for the GIL with the
-#: encoder and the store's writes (measured: benchmarks/results/migration_throughput.md).
+#: None) and its images are not known to be light (:class:`FetchPace`): a read from a disk
+#: waits little, and more threads only contend for the GIL with the encoder and the store's
+#: writes (measured: benchmarks/results/migration_throughput.md).
 LOCAL_WORKERS = 2
 #: Threads a batch gets where some image comes over the network (``workers`` None).
 NETWORK_WORKERS = 8
+#: Fetch-thread CPU seconds an image (read, decode, resize), as a migration's batch measures
+#: it, below which local files are fetched by one thread. Each read and decode lets go of the
+#: GIL and takes it back; for a light image those hand-offs with the writer and encoder
+#: threads cost more than a second thread gains (and inflate the figure: in a migration it is
+#: about twice the image's cost alone). Measured on the 2-core machine, the ceiling encoder,
+#: both layouts (benchmarks/fetch_threads.py; in-run figures with two threads): 32x32 JPEGs
+#: (~170 us) +26 % with one thread, 96x96 (~450 us) +8 %, 160x120 (~500 us) even, 320x240
+#: (~950 us) -30 %.
+LIGHT_IMAGE = 500e-6
+
+
+class FetchPace:
+    """What the fetch threads of a migration's last batch spent, in CPU time an image: where
+    the images are light, the next batch of local files gets one thread (:data:`LIGHT_IMAGE`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+        self._images = 0
+        self.per_image: float | None = None  # None: not measured yet
+
+    def add(self, seconds: float, images: int) -> None:
+        with self._lock:
+            self._seconds += seconds
+            self._images += images
+
+    def batch_done(self) -> None:
+        """Take the batch's figure as the pace (a batch of no image leaves it as it was)."""
+        with self._lock:
+            if self._images:
+                self.per_image = self._seconds / self._images
+            self._seconds, self._images = 0.0, 0
+
+    def local_threads(self) -> int:
+        light = self.per_image is not None and self.per_image < LIGHT_IMAGE
+        return 1 if light else LOCAL_WORKERS
 
 
 def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[Any, str]:
@@ -66,11 +104,16 @@ def _decoded(
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
 
 
-def fetch_threads(source: ImageSource, uris: Sequence[Any], workers: int | None) -> int:
-    """Threads to fetch ``uris`` with: ``workers`` if given, else by where the images are."""
+def fetch_threads(
+    source: ImageSource, uris: Sequence[Any], workers: int | None, pace: FetchPace | None = None
+) -> int:
+    """Threads to fetch ``uris`` with: ``workers`` if given, else by where the images are (and,
+    for local files, by ``pace``: how light the run's images have been)."""
     if workers is not None:
         return workers
-    return LOCAL_WORKERS if all(source.is_local(u) for u in uris if u is not None) else NETWORK_WORKERS
+    if not all(source.is_local(u) for u in uris if u is not None):
+        return NETWORK_WORKERS
+    return LOCAL_WORKERS if pace is None else pace.local_threads()
 
 
 @dataclass(frozen=True)
@@ -97,9 +140,11 @@ def load_batch(
     *,
     workers: int | None,
     on_image: Callable[[], None] | None = None,
+    pace: FetchPace | None = None,
 ) -> LoadedBatch:
     """Fetch and decode the images of ``points`` (id, payload) with ``pool``, on ``workers`` of its
-    threads (None: :func:`fetch_threads` picks by where the batch's images are)."""
+    threads (None: :func:`fetch_threads` picks by where the batch's images are, and by ``pace``,
+    which gets this batch's fetch-thread CPU time)."""
     spec = encoder.info.input
     images = np.empty((len(points), spec.height, spec.width, spec.channels), np.uint8)
     errors: list[str | None] = [None] * len(points)
@@ -107,12 +152,14 @@ def load_batch(
     for row, (point_id, payload) in enumerate(points):  # pure and quick: the batch's at once
         uris[row], error = _uri(rule, point_id, payload)
         errors[row] = error or None
-    threads = fetch_threads(source, uris, workers)
+    threads = fetch_threads(source, uris, workers, pace)
     size = max(1, min(_SLICE, len(points) // (4 * max(1, threads))))
     starts = iter(range(0, len(points), size))  # shared: each task takes the next slice not taken
 
     def load(start: int) -> None:
-        for row in range(start, min(start + size, len(points))):
+        began = time.thread_time()
+        end = min(start + size, len(points))
+        for row in range(start, end):
             if errors[row] is None:
                 image, error = _decoded(encoder, source, points[row][0], uris[row])
                 if image is None:
@@ -121,14 +168,23 @@ def load_batch(
                     images[row] = image
             if on_image is not None:
                 on_image()
+        if pace is not None:
+            pace.add(time.thread_time() - began, end - start)
 
     def work(_: int) -> None:
         for start in starts:
             load(start)
 
+    if pace is not None and pace.per_image is None and workers is None and threads == LOCAL_WORKERS:
+        # the run's first batch of local files: one slice on this thread says how light they are
+        load(next(starts, len(points)))
+        pace.batch_done()
+        threads = fetch_threads(source, uris, workers, pace)
     # ``threads`` tasks: a pool with more threads leaves the others idle (no GIL contention)
     for _ in pool.map(work, range(max(1, min(threads, len(points))))):
         pass
+    if pace is not None:
+        pace.batch_done()
     rows = [row for row, error in enumerate(errors) if error is None]
     failed = [(row, error) for row, error in enumerate(errors) if error is not None]
     return LoadedBatch(rows, images if not failed else images[rows], failed)

@@ -42,7 +42,7 @@ import numpy as np
 
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
-from rm_qdrant.backfill.loading import NETWORK_WORKERS, load_batch
+from rm_qdrant.backfill.loading import NETWORK_WORKERS, FetchPace, load_batch
 from rm_qdrant.backfill.outcome import (
     BatchResult,
     ClaimedBatch,
@@ -127,6 +127,7 @@ class Migrator:
         self.dim = index.store.collection(index.pair.new_collection, index.pair.new_using).dim
         # Two collections: the other vectors a point takes to new (one collection: they stay put).
         self.carried = self.layout.migration_carries(index.store)
+        self.pace = FetchPace()  # how light the images are: how many threads local files get
 
     @property
     def pair(self) -> PairRecord:
@@ -246,7 +247,13 @@ class Migrator:
     def _prepare(self, batch: Sequence[PointId], source: ImageSource, fetch: ThreadPoolExecutor) -> Prepared:
         claim = self._claim(batch)
         loaded = load_batch(
-            self.encoder, source, self.pair.uri_rule, claim.todo, fetch, workers=self.options.fetch_workers
+            self.encoder,
+            source,
+            self.pair.uri_rule,
+            claim.todo,
+            fetch,
+            workers=self.options.fetch_workers,
+            pace=self.pace,
         )
         return claim.prepared(loaded)
 

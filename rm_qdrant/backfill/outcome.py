@@ -33,7 +33,8 @@ class MigrateOptions:
         max_failure_share: stop when more than this share of a batch fails.
         fetch_workers: threads fetching and decoding images; None: by where a batch's images
             are, 2 for local files (more only contend with the encoder and the store's writes for
-            the GIL), 8 where some come over the network (see backfill/loading.py).
+            the GIL), 1 once a batch showed them light (``LIGHT_IMAGE``), 8 where some come over
+            the network (see backfill/loading.py).
         source: how images are fetched.
         optimize_every: seconds between index builds of the collections written, while the
             run goes on, on a store that builds them only when asked (the embedded one; see

@@ -164,8 +164,8 @@ def _summary(report: MigrationReport, name: str) -> str:
 @click.option(
     "--fetch-workers",
     type=click.IntRange(min=1),
-    help="Threads fetching and decoding images [default: by source: 2 for local files, 8 when "
-    "images come over the network].",
+    help="Threads fetching and decoding images [default: by source: for local files 2, or 1 once "
+    "a batch shows them light to decode; 8 when images come over the network].",
 )
 @click.option(
     "--optimize-every",

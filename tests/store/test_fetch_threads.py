@@ -1,9 +1,10 @@
 """How many threads fetch a migration's images: by where they are, unless the caller says.
 
 Local files get few threads (a disk read waits little; more threads only contend for the
-GIL with the encoder and the store's writes), network sources many. The pure choice is
-tested against every kind of URI; the migration is tested with a fetch slowed down so that
-every thread the pool is given would be busy at once.
+GIL with the encoder and the store's writes), one where the run's images have been light
+(FetchPace), network sources many. The pure choice is tested against every kind of URI and
+pace; the migration is tested with a fetch slowed down (by sleeping, which costs no CPU, or
+by spinning, which does) so that every thread the pool is given would be busy at once.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.loading import LOCAL_WORKERS, NETWORK_WORKERS, fetch_threads
+from rm_qdrant.backfill import loading
+from rm_qdrant.backfill.loading import LIGHT_IMAGE, LOCAL_WORKERS, NETWORK_WORKERS, FetchPace, fetch_threads
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.sources import ImageSource
@@ -42,6 +45,42 @@ def test_fetch_threads_follow_where_the_images_are(uris, workers, expected):
         assert fetch_threads(source, uris, workers) == expected
 
 
+def _paced(seconds: float | None, images: int = 100) -> FetchPace:
+    pace = FetchPace()
+    if seconds is not None:
+        pace.add(seconds * images, images)
+        pace.batch_done()
+    return pace
+
+
+@pytest.mark.parametrize(
+    ("uris", "workers", "per_image", "expected"),
+    [
+        (["/data/a.jpg"], None, None, LOCAL_WORKERS),  # nothing measured yet
+        (["/data/a.jpg"], None, LIGHT_IMAGE / 10, 1),  # light images: one thread
+        (["/data/a.jpg", None], None, LIGHT_IMAGE * 0.99, 1),
+        (["/data/a.jpg"], None, LIGHT_IMAGE, LOCAL_WORKERS),  # heavy: decoding gains from two
+        (["/data/a.jpg"], None, LIGHT_IMAGE * 10, LOCAL_WORKERS),
+        (["https://cdn.example.com/b.jpg"], None, LIGHT_IMAGE / 10, NETWORK_WORKERS),  # the network waits
+        (["/data/a.jpg"], 3, LIGHT_IMAGE / 10, 3),  # the caller's number wins
+    ],
+)
+def test_local_files_get_one_thread_where_the_images_are_light(uris, workers, per_image, expected):
+    with ImageSource() as source:
+        assert fetch_threads(source, uris, workers, _paced(per_image)) == expected
+
+
+def test_the_pace_is_the_last_batch_with_images():
+    pace = _paced(LIGHT_IMAGE * 4)
+    pace.add(LIGHT_IMAGE / 2 * 10, 10)
+    pace.add(LIGHT_IMAGE / 2 * 30, 30)
+    assert pace.per_image is not None and pace.per_image > LIGHT_IMAGE  # a batch under way counts not
+    pace.batch_done()
+    assert pace.per_image == pytest.approx(LIGHT_IMAGE / 2)
+    pace.batch_done()  # a batch whose points all failed before a fetch: the pace stays
+    assert pace.per_image == pytest.approx(LIGHT_IMAGE / 2)
+
+
 @pytest.fixture
 def gallery(store, models, tmp_path):
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=N // 3 + 1))[:N]
@@ -50,17 +89,25 @@ def gallery(store, models, tmp_path):
     return DualIndex.open(store, "p")
 
 
-def _busiest(monkeypatch) -> list[int]:
-    """Patch the source's fetch to take a while; the list gets the most fetches seen at once."""
+def _busiest(monkeypatch, cost: float | None = None) -> list[int]:
+    """Patch the source's fetch to take a while; the list gets the most fetches seen at once
+    (per batch, with _per_batch). ``cost``: the loader's thread clock (which the pace reads)
+    advances by exactly that a fetch and by nothing else, so the pace sees images of that
+    cost whatever the machine's speed."""
     lock, now, most = threading.Lock(), [0], [0]
     fetch = ImageSource.fetch
+    if cost is not None:
+        clock = threading.local()
+        monkeypatch.setattr(loading, "time", SimpleNamespace(thread_time=lambda: getattr(clock, "t", 0.0)))
 
     def slow(self, uri):
         with lock:
             now[0] += 1
-            most[0] = max(most[0], now[0])
+            most[-1] = max(most[-1], now[0])
         try:
             time.sleep(0.01)  # long enough for every thread given work to be in here together
+            if cost is not None:
+                clock.t = getattr(clock, "t", 0.0) + cost
             return fetch(self, uri)
         finally:
             with lock:
@@ -70,11 +117,43 @@ def _busiest(monkeypatch) -> list[int]:
     return most
 
 
+def _per_batch(most: list[int], monkeypatch) -> list[int]:
+    """Start a new count in ``most`` (from _busiest) at each batch the migration prepares."""
+    from rm_qdrant.backfill.migrate import Migrator
+
+    prepare = Migrator._prepare
+
+    def counted(self, *args, **kwargs):
+        most.append(0)
+        return prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(Migrator, "_prepare", counted)
+    return most
+
+
 def test_local_files_are_fetched_by_few_threads_by_default(gallery, monkeypatch):
     most = _busiest(monkeypatch)
     report = run_migration(gallery, MigrateOptions(batch=N))
     assert report.moved == N and report.failed == 0
     assert 1 <= most[0] <= LOCAL_WORKERS
+
+
+def test_light_local_images_are_fetched_by_one_thread(gallery, monkeypatch):
+    """Images of a tenth of LIGHT_IMAGE: after the first slice of the first batch, fetched on
+    its own to measure them, one thread."""
+    most = _per_batch(_busiest(monkeypatch, cost=LIGHT_IMAGE / 10), monkeypatch)
+    report = run_migration(gallery, MigrateOptions(batch=N // 4))
+    assert report.moved == N and report.failed == 0
+    assert most[1:] == [1, 1, 1, 1]  # most[0]: before the first batch
+
+
+def test_heavy_local_images_keep_the_default_threads(gallery, monkeypatch):
+    """Images of twice LIGHT_IMAGE: every batch gets the default (the first once its first
+    slice was measured)."""
+    most = _per_batch(_busiest(monkeypatch, cost=2 * LIGHT_IMAGE), monkeypatch)
+    report = run_migration(gallery, MigrateOptions(batch=N // 4))
+    assert report.moved == N and report.failed == 0
+    assert most[1:] == [LOCAL_WORKERS] * 4
 
 
 def test_fetch_workers_given_are_used_for_local_files_too(gallery, monkeypatch):
