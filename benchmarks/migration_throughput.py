@@ -245,7 +245,8 @@ def report(
         f"command: python {' '.join(sys.argv)}",
         f"machine: {machine()}; date: {date.today()}",
         f"images: {args.n:,} CIFAR-10 train JPEGs (32x32), batch {args.batch}, "
-        f"fetch workers {args.fetch_workers or 'by source (2 for local files)'}, embedded store; "
+        f"fetch workers {args.fetch_workers or 'chosen by the migration (local files: 1 or 2, by pace)'}, "
+        "embedded store; "
         f"median of {args.repeats} runs; "
         "with both layouts, each repeat runs both (who goes first alternates); `vs paired`: the "
         "median of single-collection / paired migration throughput over the repeats; ratio: migration / "
