@@ -43,11 +43,11 @@ NETWORK_WORKERS = 8
 #: Fetch-thread CPU seconds an image (read, decode, resize), as a migration's batch measures
 #: it, below which local files are fetched by one thread. Each read and decode lets go of the
 #: GIL and takes it back; for a light image those hand-offs with the writer and encoder
-#: threads cost more than a second thread gains (and inflate the figure: in a migration it is
-#: about twice the image's cost alone). Measured on the 2-core machine, the ceiling encoder,
-#: both layouts (benchmarks/fetch_threads.py; in-run figures with two threads): 32x32 JPEGs
-#: (~170 us) +26 % with one thread, 96x96 (~450 us) +8 %, 160x120 (~500 us) even, 320x240
-#: (~950 us) -30 %.
+#: threads cost more than a second thread gains (and inflate the figure: in a run it is 1.1
+#: to 2 times the image's cost alone). Measured on the 2-core machine with the ceiling
+#: encoder, both layouts, three runs of benchmarks/fetch_threads.py (the last in
+#: results/fetch_threads.md): one thread gains 26-57 % on 32x32 JPEGs, two gain 30-66 % on
+#: 320x240; on 96x96 and 160x120 the two were within 17 % of each other, either way.
 LIGHT_IMAGE = 500e-6
 
 
@@ -111,9 +111,13 @@ def fetch_threads(
     for local files, by ``pace``: how light the run's images have been)."""
     if workers is not None:
         return workers
-    if not all(source.is_local(u) for u in uris if u is not None):
+    if not _all_local(source, uris):
         return NETWORK_WORKERS
     return LOCAL_WORKERS if pace is None else pace.local_threads()
+
+
+def _all_local(source: ImageSource, uris: Sequence[Any]) -> bool:
+    return all(source.is_local(u) for u in uris if u is not None)
 
 
 @dataclass(frozen=True)
@@ -153,38 +157,40 @@ def load_batch(
         uris[row], error = _uri(rule, point_id, payload)
         errors[row] = error or None
     threads = fetch_threads(source, uris, workers, pace)
+    # only what decides a thread count is measured: local files, no number given
+    paced = pace if pace is not None and workers is None and _all_local(source, uris) else None
     size = max(1, min(_SLICE, len(points) // (4 * max(1, threads))))
     starts = iter(range(0, len(points), size))  # shared: each task takes the next slice not taken
 
     def load(start: int) -> None:
-        began = time.thread_time()
-        end = min(start + size, len(points))
-        for row in range(start, end):
+        began, decoded = time.thread_time(), 0
+        for row in range(start, min(start + size, len(points))):
             if errors[row] is None:
                 image, error = _decoded(encoder, source, points[row][0], uris[row])
                 if image is None:
                     errors[row] = error or "the image could not be read"
                 else:
                     images[row] = image
+                    decoded += 1
             if on_image is not None:
                 on_image()
-        if pace is not None:
-            pace.add(time.thread_time() - began, end - start)
+        if paced is not None and decoded:  # a slice of failures alone says nothing of the images
+            paced.add(time.thread_time() - began, decoded)
 
     def work(_: int) -> None:
         for start in starts:
             load(start)
 
-    if pace is not None and pace.per_image is None and workers is None and threads == LOCAL_WORKERS:
+    if paced is not None and paced.per_image is None:
         # the run's first batch of local files: one slice on this thread says how light they are
         load(next(starts, len(points)))
-        pace.batch_done()
-        threads = fetch_threads(source, uris, workers, pace)
+        paced.batch_done()
+        threads = fetch_threads(source, uris, workers, paced)
     # ``threads`` tasks: a pool with more threads leaves the others idle (no GIL contention)
     for _ in pool.map(work, range(max(1, min(threads, len(points))))):
         pass
-    if pace is not None:
-        pace.batch_done()
+    if paced is not None:
+        paced.batch_done()
     rows = [row for row, error in enumerate(errors) if error is None]
     failed = [(row, error) for row, error in enumerate(errors) if error is not None]
     return LoadedBatch(rows, images if not failed else images[rows], failed)

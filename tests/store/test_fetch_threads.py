@@ -12,14 +12,23 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
 from rm_qdrant.backfill import loading
-from rm_qdrant.backfill.loading import LIGHT_IMAGE, LOCAL_WORKERS, NETWORK_WORKERS, FetchPace, fetch_threads
+from rm_qdrant.backfill.loading import (
+    LIGHT_IMAGE,
+    LOCAL_WORKERS,
+    NETWORK_WORKERS,
+    FetchPace,
+    fetch_threads,
+    load_batch,
+)
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.sources import ImageSource
 from rm_qdrant.store.ids import normalize_ids
@@ -77,8 +86,31 @@ def test_the_pace_is_the_last_batch_with_images():
     assert pace.per_image is not None and pace.per_image > LIGHT_IMAGE  # a batch under way counts not
     pace.batch_done()
     assert pace.per_image == pytest.approx(LIGHT_IMAGE / 2)
-    pace.batch_done()  # a batch whose points all failed before a fetch: the pace stays
+    pace.batch_done()  # a batch with nothing added: the pace stays
     assert pace.per_image == pytest.approx(LIGHT_IMAGE / 2)
+
+
+@pytest.mark.parametrize("fails", ["no uri", "missing file", "network"])
+def test_points_that_fail_or_come_over_the_network_leave_the_pace_alone(models, tmp_path, fails):
+    """A batch of failures costs microseconds an image: counted, it would make heavy images
+    look light and halve the next batch's threads (and a network batch's fetch CPU says
+    nothing of the local files')."""
+    encoder = OnnxEncoder(models.rm)
+    heavy = _paced(2 * LIGHT_IMAGE)
+    uris = {
+        "no uri": [{} for _ in range(40)],
+        "missing file": [{"uri": str(tmp_path / f"gone-{i}.jpg")} for i in range(40)],
+        "network": [{"uri": f"http://127.0.0.1:9/{i}.jpg"} for i in range(40)],
+    }[fails]
+    points = [(i, payload) for i, payload in enumerate(uris)]
+    with ImageSource() as source, ThreadPoolExecutor(8) as pool:
+        loaded = load_batch(encoder, source, UriRule(), points, pool, workers=None, pace=heavy)
+        assert loaded.rows == [] and len(loaded.failed) == 40
+        assert heavy.per_image == pytest.approx(2 * LIGHT_IMAGE)
+        assert fetch_threads(source, ["/data/a.jpg"], None, heavy) == LOCAL_WORKERS
+        fresh = FetchPace()  # a first batch that fails whole leaves the pace unmeasured
+        load_batch(encoder, source, UriRule(), points, pool, workers=None, pace=fresh)
+        assert fresh.per_image is None
 
 
 @pytest.fixture
