@@ -8,8 +8,11 @@ single-collection one as it is, and the single-collection one with ACORN on its 
 per call: Qdrant's filtered-HNSW search that also walks neighbours' neighbours, for the old
 prefetch's "lacks the new vector" filter). Recall@10 against the paired DualIndex's exact
 top 10; p50 and p99 are medians over ``--repeats`` passes, the three in turn per pass.
+``--full-scan-kb KB`` tunes every searched vector as ``rmq init --full-scan-kb KB`` does
+(default: as ``rmq init`` without it).
 
-Run: ``python benchmarks/single_collection_share.py [--shares 0.25 0.5 0.75] [--out FILE]``
+Run: ``python benchmarks/single_collection_share.py [--shares 0.25 0.5 0.75] [--full-scan-kb KB]
+[--out FILE]``
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def timed(index: DualIndex, queries: tuple, truth: list, ef: int, extra: dict) -
     return float(np.mean(found)), float(np.median(times)) * 1e3, float(np.percentile(times, 99)) * 1e3
 
 
-def one_share(share: float, repeats: int) -> list[str]:
+def one_share(share: float, repeats: int, kb: int | None = None) -> list[str]:
     rng = np.random.default_rng(0)
     data = argparse.Namespace(data="cifar-old", n=50_000, warmup=WARMUP, queries=QUERIES)
     g_old, g_new, q_new, q_old = sr.dataset(data, rng)
@@ -61,7 +64,7 @@ def one_share(share: float, repeats: int) -> list[str]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmq-share-") as tmp:
         store = open_store(tmp)
-        sr.build(store, g_old, g_new, in_new, None)
+        sr.build(store, g_old, g_new, in_new, kb)
         model = ModelRef("bench", "0", 128, "-")
         paired = DualIndex(store, PairRecord("bench", sr.OLD, sr.NEW, "rm", "cosine", model))
         one = DualIndex(
@@ -99,6 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shares", nargs="+", type=float, default=[0.25, 0.5, 0.75])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--full-scan-kb", type=int, default=None, help="as rmq init --full-scan-kb")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "single_collection_share.md"
     )
@@ -108,14 +112,16 @@ def main() -> None:
         "",
         f"- Command: `python {' '.join(sys.argv)}`",
         f"- Machine: {machine()}; date: {date.today()}",
-        "- cifar-old gallery (50,000 points, 128-d, cosine), as `rmq init` tunes it; 300 queries; "
+        "- cifar-old gallery (50,000 points, 128-d, cosine), "
+        + ("as `rmq init` tunes it" if args.full_scan_kb is None else f"`--full-scan-kb {args.full_scan_kb}`")
+        + "; 300 queries; "
         f"recall@10 against the exact paired top 10; p50/p99 medians of {args.repeats} passes",
         "",
         "| migrated | searcher | hnsw_ef | recall@10 | p50 ms | p99 ms |",
         "|--:|---|--:|--:|--:|--:|",
     ]
     for share in args.shares:
-        lines += one_share(share, args.repeats)
+        lines += one_share(share, args.repeats, args.full_scan_kb)
         print("\n".join(lines[-(3 * len(EFS) + 1) :]), flush=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
