@@ -62,6 +62,38 @@ def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, model
     assert edge.count("photos") == len(items)  # the shard reopened with every point
 
 
+@pytest.mark.parametrize(
+    ("layout", "kb", "warned"),
+    [
+        ("single-collection", 1000, True),
+        ("single-collection", None, False),
+        ("single-collection", 10_000, False),
+        ("paired", 1000, False),
+    ],
+)
+def test_a_low_full_scan_kb_on_a_single_collection_pair_warns_of_its_recall(
+    edge, models, items, layout, kb, warned, caplog
+):
+    """The old vector's filtered search walks its graph under a low threshold and loses recall
+    late in a backfill (benchmarks/results/single_collection_share-kb1000.md): init says so."""
+    index_images(edge, "photos", OnnxEncoder(models.old), items)
+    single = layout == "single-collection"
+    with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
+        create_pair(
+            edge,
+            "p",
+            old_collection="photos",
+            encoder=OnnxEncoder(models.rm),
+            layout=layout,
+            new_vector="new" if single else None,
+            full_scan_kb=kb,
+        )
+    said = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
+    assert len(said) == warned
+    if warned:
+        assert "--full-scan-kb 1000" in said[0] and "acorn" in said[0]
+
+
 def test_an_adopted_shard_keeps_its_own_settings(tmp_path, models, items):
     """A team's shard placed in the store: the threshold changes, its other HNSW and vector
     settings stay, and so do its points."""
