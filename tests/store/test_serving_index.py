@@ -40,20 +40,26 @@ def items(tmp_path):
     return scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
 
 
-@pytest.mark.parametrize("layout", ["paired", "single-collection"])
-def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, models, items, layout):
-    index_images(edge, "photos", OnnxEncoder(models.old), items)
-    assert thresholds(edge, "photos") == {"": 10_000}  # Qdrant's default until init
+def init_over_photos(edge, models, layout, kb):
+    """``create_pair`` 'p' over the collection 'photos', in ``layout``, with ``full_scan_kb=kb``."""
     single = layout == "single-collection"
-    pair = create_pair(
+    return create_pair(
         edge,
         "p",
         old_collection="photos",
         encoder=OnnxEncoder(models.rm),
         layout=layout,
         new_vector="new" if single else None,
-        full_scan_kb=SERVING_FULL_SCAN_KB,
+        full_scan_kb=kb,
     )
+
+
+@pytest.mark.parametrize("layout", ["paired", "single-collection"])
+def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, models, items, layout):
+    index_images(edge, "photos", OnnxEncoder(models.old), items)
+    assert thresholds(edge, "photos") == {"": 10_000}  # Qdrant's default until init
+    single = layout == "single-collection"
+    pair = init_over_photos(edge, models, layout, SERVING_FULL_SCAN_KB)
     assert thresholds(edge, "photos") == (
         {"": SERVING_FULL_SCAN_KB, "new": SERVING_FULL_SCAN_KB} if single else {"": SERVING_FULL_SCAN_KB}
     )
@@ -77,17 +83,8 @@ def test_a_low_full_scan_kb_on_a_single_collection_pair_warns_of_its_recall(
     """The old vector's filtered search walks its graph under a low threshold and loses recall
     late in a backfill (benchmarks/results/single_collection_share-kb1000.md): init says so."""
     index_images(edge, "photos", OnnxEncoder(models.old), items)
-    single = layout == "single-collection"
     with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
-        create_pair(
-            edge,
-            "p",
-            old_collection="photos",
-            encoder=OnnxEncoder(models.rm),
-            layout=layout,
-            new_vector="new" if single else None,
-            full_scan_kb=kb,
-        )
+        init_over_photos(edge, models, layout, kb)
     said = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
     assert len(said) == warned
     if warned:
