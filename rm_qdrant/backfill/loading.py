@@ -109,9 +109,13 @@ def fetch_threads(
 ) -> int:
     """Threads to fetch ``uris`` with: ``workers`` if given, else by where the images are (and,
     for local files, by ``pace``: how light the run's images have been)."""
+    return _threads(workers, workers is None and _all_local(source, uris), pace)
+
+
+def _threads(workers: int | None, local: bool, pace: FetchPace | None) -> int:
     if workers is not None:
         return workers
-    if not _all_local(source, uris):
+    if not local:
         return NETWORK_WORKERS
     return LOCAL_WORKERS if pace is None else pace.local_threads()
 
@@ -156,9 +160,9 @@ def load_batch(
     for row, (point_id, payload) in enumerate(points):  # pure and quick: the batch's at once
         uris[row], error = _uri(rule, point_id, payload)
         errors[row] = error or None
-    threads = fetch_threads(source, uris, workers, pace)
-    # only what decides a thread count is measured: local files, no number given
-    paced = pace if pace is not None and workers is None and _all_local(source, uris) else None
+    local = workers is None and _all_local(source, uris)
+    threads = _threads(workers, local, pace)
+    paced = pace if local else None  # only what decides a thread count is measured
     size = max(1, min(_SLICE, len(points) // (4 * max(1, threads))))
     starts = iter(range(0, len(points), size))  # shared: each task takes the next slice not taken
 
@@ -185,7 +189,7 @@ def load_batch(
         # the run's first batch of local files: one slice on this thread says how light they are
         load(next(starts, len(points)))
         paced.batch_done()
-        threads = fetch_threads(source, uris, workers, paced)
+        threads = paced.local_threads()
     # ``threads`` tasks: a pool with more threads leaves the others idle (no GIL contention)
     for _ in pool.map(work, range(max(1, min(threads, len(points))))):
         pass

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rm_qdrant.backfill.loading import LoadedBatch, load_batch
+from rm_qdrant.backfill.loading import NETWORK_WORKERS, LoadedBatch, load_batch
 from rm_qdrant.backfill.migrate import encode_loaded
 from rm_qdrant.backfill.outcome import Encoded
 from rm_qdrant.core.merge import PointId
@@ -38,7 +38,7 @@ def decode_chunk(
 ) -> LoadedBatch:
     """A Ray task: fetch and decode the images of ``points`` as the encoder takes them."""
     images = _source(config)
-    with ThreadPoolExecutor(fetch_workers or 8, "rmq-fetch") as pool:
+    with ThreadPoolExecutor(fetch_workers or NETWORK_WORKERS, "rmq-fetch") as pool:
         return load_batch(PixelDecoder(info), images, rule, points, pool, workers=fetch_workers)
 
 
