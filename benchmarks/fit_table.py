@@ -72,10 +72,12 @@ def backbones(args: argparse.Namespace, data: Path, runs: Path) -> dict[str, flo
     runs.mkdir(parents=True, exist_ok=True)
     times = {}
     jobs = {
-        "old": ["--role", "old", "--arch", "small-cnn", "--epochs", args.epochs],
+        "old": ["--role", "old", "--setting", args.setting, "--arch", "small-cnn", "--epochs", args.epochs],
         "new": [
             "--role",
             "new",
+            "--setting",
+            args.setting,
             "--arch",
             args.new_arch,
             "--set",
@@ -158,13 +160,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", choices=["cifar", "digits"], default="cifar")
     parser.add_argument("--epochs", type=int, default=8, help="the old backbone's epochs")
     parser.add_argument("--new-epochs", type=int, help="the new backbone's [default: --epochs]")
+    parser.add_argument(
+        "--setting",
+        choices=["extended", "open"],
+        default="extended",
+        help="class split of the two backbones (rmq train backbone --setting); open: old on a seeded "
+        "30 %% of the classes, new on the rest; the gallery is every training image either way",
+    )
     parser.add_argument("--new-arch", default="small-cnn")
     parser.add_argument("--new-dim", type=int, default=128)
     parser.add_argument("--sample", type=int, default=20000)
     parser.add_argument("--served", action="store_true", help="also rmq eval the label-free graph")
     args = parser.parse_args(argv)
     args.new_epochs = args.new_epochs or args.epochs
-    tag = f"{args.data}-{args.new_arch}-{args.new_dim}-e{args.epochs}-{args.new_epochs}"
+    split = "-open" if args.setting == "open" else ""
+    tag = f"{args.data}{split}-{args.new_arch}-{args.new_dim}-e{args.epochs}-{args.new_epochs}"
     work = ROOT / ".cache" / "fit-bench" / tag
     work.mkdir(parents=True, exist_ok=True)
     data = dataset(args.data, work.parent)
