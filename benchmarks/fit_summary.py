@@ -33,16 +33,15 @@ LABEL_FREE = "rmq fit, no labels"
 
 
 def decision(report: dict[str, Any]) -> tuple[bool | None, str]:
-    """(did rmq fit keep the graph, the deciding evidence in a few words)."""
+    """(did the command keep its result, the deciding evidence in a few words)."""
     if not report:
         return None, ""
+    kept = report.get("better_than_naive", report.get("better_than_plain"))
     guard = report.get("guard")
-    if guard is not None:
-        t = guard.get("worst_t")
-        verdict = "accept" if guard["passed"] else "refuse"
-        return guard["passed"], f"guard: {verdict} (t = {t:g}: {min_margin(guard)})"
-    check = report.get("better_than_naive", report.get("better_than_plain"))
-    return check, f"holdout: {'better' if check else 'not better'}"
+    if guard is None:
+        return kept, f"holdout: {'better' if kept else 'not better'}"
+    verdict = "accept" if guard["passed"] else "refuse"
+    return kept, f"guard: {verdict} (t = {guard['worst_t']:g}: {min_margin(guard)})"
 
 
 def min_margin(guard: dict[str, Any]) -> str:
@@ -88,8 +87,9 @@ def main() -> None:
         "(each pair's command, machine and date are in its own fit-<tag>.md)",
         "- Columns in mAP points on the test images: t = 0 − Old, final (t = 1) − New, lowest mAP_t − its "
         "t = 0 (0: never falls), AUC_mAP − RM_naive's. Gain = (AUC − AUC_Old) / (AUC_New − AUC_Old).",
-        "- served: what `rmq fit` without `--force` leaves: the graph where its guard (label-free) or "
-        "holdout check (labels) passed, else the naive merge; in brackets that choice's AUC − RM_naive's",
+        "- served: what `rmq fit` or `rmq calibrate` without `--force` leaves: the graph or map where its "
+        "checks passed (the label-free guard and the forecast; with labels, the holdout's mAP), else the "
+        "naive merge; in brackets that choice's AUC − RM_naive's",
         "",
         "| pair | row | Gain | t=0 − Old | final − New | dip | AUC − naive | label-free winner "
         "| decided by | served |",

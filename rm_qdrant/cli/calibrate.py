@@ -30,6 +30,7 @@ from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.calibration import MAPS, default_map, fit_calibration
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split
+from rm_qdrant.core.guard import calibration_refusal, guard
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.sources import SourceConfig
 
@@ -47,7 +48,11 @@ from rm_qdrant.sources import SourceConfig
     "one's quantile (each side about its share of the top k); auto: isotonic for cosine, quantile "
     "for dot, Euclid and Manhattan (see the README).",
 )
-@click.option("--force", is_flag=True, help="Keep the map even when it forecasts worse than the plain merge.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Keep the map even when it forecasts worse than the plain merge or the guard refuses it.",
+)
 @click.option("--clear", is_flag=True, help="Remove the pair's calibration and merge plain distances again.")
 @source_options
 @json_option
@@ -68,8 +73,9 @@ def calibrate_command(
     """Map the old model's distances onto the new model's scale for a naive pair's merge.
 
     A sample of the old collection is re-embedded with the pair's new model; the map is
-    fitted on part of it and kept only if it forecasts better than the plain merge on the rest
-    (or with --force); otherwise the pair is left as it was and rmq exits 3.
+    fitted on part of it and kept only if, on the rest, it forecasts better than the plain merge
+    and the label-free guard passes it (its hits as near in both models' eyes as the plain
+    merge's, at every t); or with --force. Otherwise the pair is left as it was and rmq exits 3.
     """
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
@@ -94,11 +100,24 @@ def calibrate_command(
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     order = np.random.default_rng(seed).permutation(len(held_idx))
-    forecasts = compare_calibrated(
-        sample.old[held_idx], sample.new[held_idx], calibration, order=order, k=k, metric=pair.distance
+    old, new = sample.old[held_idx], sample.new[held_idx]
+    plain, calibrated = forecasts = compare_calibrated(
+        old, new, calibration, order=order, k=k, metric=pair.distance
     )
-    plain, calibrated = forecasts
-    better = calibrated.area > plain.area  # a tie is not worth a map
+    # The calibrated merge against the plain one, each hit judged by both models (see calibration_refusal).
+    verdict = guard(
+        old,
+        new,
+        new,
+        old,
+        order=order,
+        k=k,
+        metric=pair.distance,
+        fitted_distance=calibration,
+        subject="the calibrated merge",
+    )
+    why = calibration_refusal(calibrated.area, plain.area, verdict)
+    better = not why
     data: dict[str, Any] = {
         "pair": name,
         "sample": len(sample.ids),
@@ -111,16 +130,17 @@ def calibrate_command(
         "mapping": method,
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_plain": better,
+        "guard": verdict.as_dict(),
         "kept": better or force,
     }
     if data["kept"]:
         save_pair(store, dataclasses.replace(pair, calibration=calibration.as_dict()))
     recall, _ = curve_table(forecasts)
-    verdict = (
-        ("kept" if better else "WORSE than the plain merge, kept with --force")
+    outcome = (
+        ("kept" if better else f"kept with --force, although {why}")
         + f": searches of pair {name!r} now merge calibrated distances (--clear undoes it)"
         if data["kept"]
-        else "not kept: it forecasts no better than the plain merge (--force keeps it anyway)"
+        else f"not kept: {why} (--force keeps it anyway)"
     )
     text = "\n".join(
         [
@@ -134,13 +154,15 @@ def calibrate_command(
             "",
             *share_table(forecasts, k),
             "",
-            f"area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain; {verdict}",
+            f"area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain; guard: "
+            + ("passed" if verdict.passed else "refused"),
+            outcome,
         ]
     )
     emit(data, as_json, text)
     if not data["kept"]:
         raise Refused(
-            f"the map forecasts no better than the plain merge on the {len(held_idx)} held-out points "
-            f"(area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain); pair {name!r} still merges "
-            "plain distances (--force keeps the map anyway)"
+            f"on the {len(held_idx)} held-out points {why} (area {calibrated.area:.3f} calibrated, "
+            f"{plain.area:.3f} plain); pair {name!r} still merges plain distances "
+            "(--force keeps the map anyway)"
         )

@@ -57,6 +57,7 @@ class GuardVerdict:
     fitted: tuple[float, ...]  # the fitted graph's
     tolerances: tuple[float, ...]  # how far fitted may fall below naive, per t
     queries: int
+    subject: str = "the fitted graph"  # what was judged against the naive merge, for reason()
 
     @property
     def margins(self) -> tuple[float, ...]:
@@ -82,7 +83,7 @@ class GuardVerdict:
         below = "below" if not self.passed else "within tolerance of" if self.margins[i] < 0 else "not below"
         start = f"; at t = 0 {self.fitted[0]:.3f} against the old model's {self.naive[0]:.3f}" if i else ""
         return (
-            f"at t = {self.fractions[i]:g} the fitted graph's hits have support {self.fitted[i]:.3f} "
+            f"at t = {self.fractions[i]:g} {self.subject}'s hits have support {self.fitted[i]:.3f} "
             f"(the share of the gallery both models rank behind them), {below} the naive merge's "
             f"{self.naive[i]:.3f} (tolerance {self.tolerances[i]:.3f}{start})"
         )
@@ -134,6 +135,8 @@ def guard(
     fractions: Sequence[float] = FRACTIONS,
     metric: str = "cosine",
     naive_distance: OldDistance | None = None,
+    fitted_distance: OldDistance | None = None,
+    subject: str = "the fitted graph",
 ) -> GuardVerdict:
     """The naive merge of the plain new model (``base``) against a fitted encoder (``new``,
     ``rev``), backfilled in ``order``, by the support of their top k (module docstring).
@@ -145,6 +148,9 @@ def guard(
         order: the holdout indices in migration order.
         k: the neighbours served.
         naive_distance: a calibrated pair's map of old distances (the naive merge only).
+        fitted_distance: the judged merge's map of old-side distances: a calibration judged
+            against the plain merge is ``guard(old, base, base, old, fitted_distance=map)``.
+        subject: what is judged, as :meth:`GuardVerdict.reason` names it.
 
     Raises:
         ValueError: fewer than three items, or arrays of different lengths.
@@ -157,9 +163,20 @@ def guard(
     for t in fractions:
         migrated = migrated_at(order, t)
         a = top_k_support(merged_distances(base, old, base, old, migrated, naive_distance, metric), both, k)
-        b = top_k_support(merged_distances(new, rev, new, old, migrated, None, metric), both, k)
+        b = top_k_support(merged_distances(new, rev, new, old, migrated, fitted_distance, metric), both, k)
         naive.append(float(a.mean()))
         fitted.append(float(b.mean()))
         error = float(np.std(b - a, ddof=1) / np.sqrt(n))
         tolerances.append(max(GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS * error))
-    return GuardVerdict(tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n)
+    return GuardVerdict(tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n, subject)
+
+
+def calibration_refusal(calibrated_area: float, plain_area: float, verdict: GuardVerdict) -> str:
+    """Why ``rmq calibrate`` keeps no map ("" when it keeps it): the map must forecast a larger
+    area (recall against the new model's own neighbours) than the plain merge, and pass the guard
+    (its hits as near in both models' eyes as the plain merge's, at every t). The forecast alone
+    kept maps that served below the plain merge where the two models disagree (open-class pairs,
+    benchmarks/results/fit-summary.md)."""
+    if not calibrated_area > plain_area:  # a tie is not worth a map
+        return "it forecasts no better than the plain merge"
+    return "" if verdict.passed else f"the guard refuses it: {verdict.reason()}"

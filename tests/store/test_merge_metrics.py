@@ -127,6 +127,7 @@ def test_probe_flags_the_crowded_side_and_calibrate_gives_each_side_its_share(de
     calibrate = ["calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3"]
     kept = json.loads(rmq(*calibrate, "--json").output)
     assert kept["kept"] and kept["distance"] == distance and kept["mapping"] == "quantile"
+    assert kept["guard"]["passed"]  # the guard does not stand in the way of a map that un-crowds a side
     assert 0.3 < old_share(rmq, uris) < 0.7  # half the gallery in old, about half the top 10
     after = json.loads(rmq(*probe, "--json").output)
     assert "crowded out of" not in after["recommendation"] and not after["forecasts"][0]["crowded_out"]

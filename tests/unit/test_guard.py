@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rm_qdrant.core.forecast import compare_fitted
-from rm_qdrant.core.guard import guard
+from rm_qdrant.core.guard import calibration_refusal, guard
 
 N, CLASSES, K = 200, 10, 10
 
@@ -73,3 +73,38 @@ def test_guard_accepts_psi_identity_on_a_compatible_pair() -> None:
     verdict = guard(emb, emb, emb, emb, order=rng.permutation(N), k=K)
     assert verdict.passed and verdict.queries == N
     assert min(verdict.margins) == 0.0 and min(verdict.tolerances) > 0
+
+
+def _compatible_pair() -> tuple[np.ndarray, np.ndarray]:
+    """Two models that see the same classes, each with its own noise."""
+    rng = np.random.default_rng(3)
+    centres = _unit(rng.normal(size=(CLASSES, 32)))
+    classes = np.arange(N) % CLASSES
+    old = _unit(centres[classes] + 0.3 * rng.normal(size=(N, 32)))
+    return old, _unit(centres[classes] + 0.3 * rng.normal(size=(N, 32)))
+
+
+def test_guard_judges_a_calibration_of_old_distances_against_the_plain_merge() -> None:
+    old, base = _compatible_pair()
+    order = np.random.default_rng(4).permutation(N)
+    same = guard(old, base, base, old, order=order, k=K, fitted_distance=lambda d: d, subject="the map")
+    assert same.passed and max(map(abs, same.margins)) == 0.0
+    # A map that pushes every old hit behind the new ones: early in the backfill the merged top k
+    # is the few migrated points, far from most queries in both models' eyes.
+    crowding = guard(
+        old, base, base, old, order=order, k=K, fitted_distance=lambda d: d + 2.0, subject="the map"
+    )
+    assert not crowding.passed and crowding.margins[0] == 0.0  # at t = 0 every hit is old: same order
+    assert 0 < crowding.fractions[crowding.worst] < 1
+    assert crowding.reason().startswith(f"at t = {crowding.fractions[crowding.worst]:g} the map's hits")
+
+
+def test_rmq_calibrate_keeps_a_map_only_when_it_forecasts_better_and_the_guard_passes() -> None:
+    old, base = _compatible_pair()
+    order = np.random.default_rng(4).permutation(N)
+    passed = guard(old, base, base, old, order=order, k=K, fitted_distance=lambda d: d)
+    refused = guard(old, base, base, old, order=order, k=K, fitted_distance=lambda d: d + 2.0)
+    assert calibration_refusal(0.6, 0.5, passed) == ""
+    assert calibration_refusal(0.5, 0.5, passed) == "it forecasts no better than the plain merge"
+    assert calibration_refusal(0.4, 0.5, refused) == "it forecasts no better than the plain merge"
+    assert calibration_refusal(0.6, 0.5, refused) == f"the guard refuses it: {refused.reason()}"
