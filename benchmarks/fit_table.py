@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     a_old, a_new = rows["Old"]["auc"], rows["New"]["auc"]
     for row in rows.values():
         row["gain"] = gain(row["auc"], a_old, a_new)
-        row["never_falls"] = all(m >= row["map"][0] - 1e-9 for m in row["map"])
+        row["never_falls"] = all(m >= row["map"][0] - 1e-6 for m in row["map"])  # float noise of a flat curve
     served = None
     if args.served:
         gallery_pair(
