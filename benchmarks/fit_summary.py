@@ -36,7 +36,12 @@ def decision(report: dict[str, Any]) -> tuple[bool | None, str]:
     """(did the command keep its result, the deciding evidence in a few words)."""
     if not report:
         return None, ""
-    kept = report.get("better_than_naive", report.get("better_than_plain"))
+    # rmq calibrate says why it keeps no map ("refused"); rmq fit whether the graph beat the naive merge
+    kept = (
+        report["refused"] is None
+        if "refused" in report
+        else report.get("better_than_naive", report.get("better_than_plain"))
+    )
     guard = report.get("guard")
     if guard is None:
         return kept, f"holdout: {'better' if kept else 'not better'}"

@@ -296,7 +296,12 @@ def write(args, tag, rows, seconds, reports, trained, t_index, served) -> None:
         m = row["map"]
         spent = seconds.get(name, seconds.get("trainer") if name.startswith("trainer") else None)
         report = reports.get(name, {})
-        check = report.get("better_than_naive", report.get("better_than_plain"))
+        # rmq calibrate says why it keeps no map ("refused"); rmq fit whether the graph beat the naive merge
+        check = (
+            report["refused"] is None
+            if "refused" in report
+            else report.get("better_than_naive", report.get("better_than_plain"))
+        )
         lines.append(
             f"| {name} | {100 * row['auc']:.1f} | {100 * row['gain']:.0f} % | {100 * m[0]:.1f} | "
             f"{100 * m[5]:.1f} | {100 * m[-1]:.1f} | {'yes' if row['never_falls'] else 'no'} | "

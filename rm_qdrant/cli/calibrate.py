@@ -115,6 +115,7 @@ def calibrate_command(
         metric=pair.distance,
         fitted_distance=calibration,
         subject="the calibrated merge",
+        baseline="the plain merge",
     )
     why = calibration_refusal(calibrated.area, plain.area, verdict)
     better = not why
@@ -129,8 +130,9 @@ def calibrate_command(
         "distance": pair.distance,
         "mapping": method,
         "forecasts": [f.as_dict() for f in forecasts],
-        "better_than_plain": better,
+        "better_than_plain": calibrated.area > plain.area,  # the forecast's word alone
         "guard": verdict.as_dict(),
+        "refused": why or None,  # why the map is not kept (without --force), else null
         "kept": better or force,
     }
     if data["kept"]:
@@ -163,6 +165,7 @@ def calibrate_command(
     if not data["kept"]:
         raise Refused(
             f"on the {len(held_idx)} held-out points {why} (area {calibrated.area:.3f} calibrated, "
-            f"{plain.area:.3f} plain); pair {name!r} still merges plain distances "
-            "(--force keeps the map anyway)"
+            f"{plain.area:.3f} plain); pair {name!r} "
+            + ("keeps the map it had" if pair.calibration else "still merges plain distances")
+            + " (--force keeps the new map anyway)"
         )

@@ -23,6 +23,9 @@ the per-query difference (a real tie is refused about one time in 40 at one t), 
 least :data:`GUARD_MIN_TOLERANCE`. At t = 0 the naive merge is exactly the old model (a
 calibration maps old distances monotonically), so that check is "not below the old model".
 
+``rmq calibrate`` asks the same of a calibration (``fitted_distance``): the calibrated merge
+against the plain one, which the forecast alone let through on open-class pairs.
+
 Pure numpy; no label is read, and no setting was chosen by looking at labels.
 """
 
@@ -57,7 +60,8 @@ class GuardVerdict:
     fitted: tuple[float, ...]  # the fitted graph's
     tolerances: tuple[float, ...]  # how far fitted may fall below naive, per t
     queries: int
-    subject: str = "the fitted graph"  # what was judged against the naive merge, for reason()
+    subject: str = "the fitted graph"  # what was judged, for reason()
+    baseline: str = "the naive merge"  # what it was judged against
 
     @property
     def margins(self) -> tuple[float, ...]:
@@ -81,16 +85,20 @@ class GuardVerdict:
         """One clause naming the deciding t and the two numbers."""
         i = self.worst
         below = "below" if not self.passed else "within tolerance of" if self.margins[i] < 0 else "not below"
-        start = f"; at t = 0 {self.fitted[0]:.3f} against the old model's {self.naive[0]:.3f}" if i else ""
+        same_start = self.fitted[0] == self.naive[0]  # a calibration cannot change t = 0
+        start = f"; at t = 0 {self.fitted[0]:.3f} against the old model's {self.naive[0]:.3f}"
         return (
             f"at t = {self.fractions[i]:g} {self.subject}'s hits have support {self.fitted[i]:.3f} "
-            f"(the share of the gallery both models rank behind them), {below} the naive merge's "
-            f"{self.naive[i]:.3f} (tolerance {self.tolerances[i]:.3f}{start})"
+            f"(the share of the held-out points both models rank behind them), {below} "
+            f"{self.baseline}'s {self.naive[i]:.3f} (tolerance {self.tolerances[i]:.3f}"
+            f"{start if i and not same_start else ''})"
         )
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "measure": "support: the top k's mean share of the gallery both models rank behind a hit",
+            "measure": "support: the top k's mean share of the held-out points both models rank behind a hit",
+            "judged": self.subject,
+            "against": self.baseline,
             "fractions": list(self.fractions),
             "naive": list(self.naive),
             "fitted": list(self.fitted),
@@ -137,6 +145,7 @@ def guard(
     naive_distance: OldDistance | None = None,
     fitted_distance: OldDistance | None = None,
     subject: str = "the fitted graph",
+    baseline: str = "the naive merge",
 ) -> GuardVerdict:
     """The naive merge of the plain new model (``base``) against a fitted encoder (``new``,
     ``rev``), backfilled in ``order``, by the support of their top k (module docstring).
@@ -150,7 +159,7 @@ def guard(
         naive_distance: a calibrated pair's map of old distances (the naive merge only).
         fitted_distance: the judged merge's map of old-side distances: a calibration judged
             against the plain merge is ``guard(old, base, base, old, fitted_distance=map)``.
-        subject: what is judged, as :meth:`GuardVerdict.reason` names it.
+        subject, baseline: what is judged and against what, as :meth:`GuardVerdict.reason` names them.
 
     Raises:
         ValueError: fewer than three items, or arrays of different lengths.
@@ -168,7 +177,9 @@ def guard(
         fitted.append(float(b.mean()))
         error = float(np.std(b - a, ddof=1) / np.sqrt(n))
         tolerances.append(max(GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS * error))
-    return GuardVerdict(tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n, subject)
+    return GuardVerdict(
+        tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n, subject, baseline
+    )
 
 
 def calibration_refusal(calibrated_area: float, plain_area: float, verdict: GuardVerdict) -> str:

@@ -15,8 +15,8 @@ from tests.e2e.test_team_upgrade import deployment, web  # noqa: F401
 pytest.importorskip("torch")
 
 REFUSAL = re.compile(
-    r"at t = ([\d.]+) the fitted graph's hits have support ([\d.]+) \(the share of the gallery both "
-    r"models rank behind them\), below the naive merge's ([\d.]+) \(tolerance ([\d.]+)"
+    r"at t = ([\d.]+) the fitted graph's hits have support ([\d.]+) \(the share of the held-out "
+    r"points both models rank behind them\), below the naive merge's ([\d.]+) \(tolerance ([\d.]+)"
 )
 
 
