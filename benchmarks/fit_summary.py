@@ -30,6 +30,7 @@ TAGS = [
     "cifar-resnet18-256-e8-6",
 ]
 LABEL_FREE = "rmq fit, no labels"
+CALIBRATED = "calibrated naive (rmq calibrate)"
 
 
 def decision(report: dict[str, Any]) -> tuple[bool | None, str]:
@@ -54,9 +55,11 @@ def min_margin(guard: dict[str, Any]) -> str:
     return f"{guard['fitted'][i]:.3f} vs naive {guard['naive'][i]:.3f}"
 
 
-def rows_of(tag: str) -> list[str]:
+def rows_of(tag: str, calibrations: dict[str, Any]) -> list[str]:
     data = json.loads((RESULTS / f"fit-{tag}.json").read_text())
     rows, reports = data["rows"], data["fit_reports"]
+    if tag in calibrations:  # rmq calibrate's decision as it is now (calibrate_check.py), same sample
+        reports = {**reports, CALIBRATED: calibrations[tag]}
     old, new, naive = rows["Old"], rows["New"], rows["RM_naive"]
     out = []
     for name, row in rows.items():
@@ -94,14 +97,18 @@ def main() -> None:
         "t = 0 (0: never falls), AUC_mAP − RM_naive's. Gain = (AUC − AUC_Old) / (AUC_New − AUC_Old).",
         "- served: what `rmq fit` or `rmq calibrate` without `--force` leaves: the graph or map where its "
         "checks passed (the label-free guard and the forecast; with labels, the holdout's mAP), else the "
-        "naive merge; in brackets that choice's AUC − RM_naive's",
+        "naive merge; in brackets that choice's AUC − RM_naive's. The calibrate rows' decision is "
+        "`benchmarks/calibrate_check.py`'s (rmq calibrate as it is now, on the same store and sample) "
+        "where it has run",
         "",
         "| pair | row | Gain | t=0 − Old | final − New | dip | AUC − naive | label-free winner "
         "| decided by | served |",
         "|---|---|--:|--:|--:|--:|--:|---|---|---|",
     ]
+    checked = RESULTS / "calibrate-check.json"
+    calibrations = json.loads(checked.read_text()) if checked.is_file() else {}
     for tag in found:
-        lines += rows_of(tag)
+        lines += rows_of(tag, calibrations)
     missing = sorted(set(args.tags) - set(found))
     if missing:
         lines += ["", f"Not scored yet: {', '.join(missing)}"]
