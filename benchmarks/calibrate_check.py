@@ -13,7 +13,6 @@ Run: ``python benchmarks/calibrate_check.py [--tags TAG ...] [--out FILE]``
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cifar_table import machine  # noqa: E402
-from benchmarks.fit_summary import RESULTS, TAGS  # noqa: E402
+from benchmarks.fit_summary import RESULTS, tag_arguments  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATED = "calibrated naive (rmq calibrate)"
@@ -63,12 +62,7 @@ def check(tag: str, reports: dict[str, dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tags", nargs="+", default=TAGS)
-    parser.add_argument("--out", type=Path, default=RESULTS / "calibrate-check.md")
-    args = parser.parse_args()
+    args = tag_arguments(__doc__, "calibrate-check.md")
     lines = [
         "# rmq calibrate's decision against what its map serves",
         "",

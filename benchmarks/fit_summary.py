@@ -80,13 +80,16 @@ def rows_of(tag: str, calibrations: dict[str, Any]) -> list[str]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def tag_arguments(doc: str, out: str) -> argparse.Namespace:
+    """``--tags`` (the pairs, default every one) and ``--out`` (default ``results/OUT``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tags", nargs="+", default=TAGS)
-    parser.add_argument("--out", type=Path, default=RESULTS / "fit-summary.md")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / out)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = tag_arguments(__doc__, "fit-summary.md")
     found = [t for t in args.tags if (RESULTS / f"fit-{t}.json").is_file()]
     lines = [
         "# rmq fit on every pair: what each row serves (issue 28)",
