@@ -137,10 +137,14 @@ def gallery_pair(store: Path, name: str, images: Path, old: Path, *init: object)
 
 
 def embed(model: Path, images: list[str], output: str) -> np.ndarray:
+    return embed_outputs(model, images, [output])[output]
+
+
+def embed_outputs(model: Path, images: list[str], outputs: list[str]) -> dict[str, np.ndarray]:
+    """Each of ``outputs`` for every image, from one pass of the graph."""
     encoder = OnnxEncoder(model, batch_size=512)
-    return np.concatenate(
-        [encoder.encode(images[i : i + 2048], [output])[output] for i in range(0, len(images), 2048)]
-    )
+    parts = [encoder.encode(images[i : i + 2048], outputs) for i in range(0, len(images), 2048)]
+    return {name: np.concatenate([part[name] for part in parts]) for name in outputs}
 
 
 def curve(q_new, q_old, g_new, g_old, labels, order, old_distance=None) -> dict[str, Any]:
@@ -259,8 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     graphs = {name: onnx / f"fit-{i}.onnx" for i, name in enumerate(fits)}
     graphs["trainer's MCL + ρ (rmq train heads)"] = onnx / "trainer.onnx"
     for name, graph in graphs.items():
-        outs = [embed(graph, images, role) for role in ("new", "rev")]
-        rows[name] = curve(outs[0], outs[1], outs[0], old, labels, order)
+        outs = embed_outputs(graph, images, ["new", "rev"])
+        rows[name] = curve(outs["new"], outs["rev"], outs["new"], old, labels, order)
     a_old, a_new = rows["Old"]["auc"], rows["New"]["auc"]
     for row in rows.values():
         row["gain"] = gain(row["auc"], a_old, a_new)
