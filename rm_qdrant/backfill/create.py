@@ -28,11 +28,9 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import CollectionSpec, Store, Where
 from rm_qdrant.store.base import resolve
-from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB, check_kb
+from rm_qdrant.store.tuning import QDRANT_FULL_SCAN_KB, SERVING_FULL_SCAN_KB, check_kb
 
 log = logging.getLogger(__name__)
-#: Qdrant's own full_scan_threshold (KB): under it, a filtered search of fewer points is a scan.
-QDRANT_FULL_SCAN_KB = 10_000
 
 
 def _check_free(store: Store, collection: str) -> None:

@@ -39,8 +39,16 @@ from rm_qdrant.errors import ConfigError
 #: ``full_scan_threshold`` (KB) rm-qdrant gives the vectors a pair searches (see the module doc).
 SERVING_FULL_SCAN_KB = 1_000
 
+#: Qdrant's own full_scan_threshold (KB): under it, a filtered search of fewer points is a scan.
+QDRANT_FULL_SCAN_KB = 10_000
+
 #: Qdrant's HNSW defaults, for a vector whose config names none (edge_config.json wants all four).
-_HNSW_DEFAULTS = {"m": 16, "ef_construct": 100, "full_scan_threshold": 10_000, "max_indexing_threads": 0}
+_HNSW_DEFAULTS = {
+    "m": 16,
+    "ef_construct": 100,
+    "full_scan_threshold": QDRANT_FULL_SCAN_KB,
+    "max_indexing_threads": 0,
+}
 
 
 #: The largest threshold taken (1 TB of vectors: every segment scanned). Qdrant reads it as a
