@@ -22,11 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cifar import ROOT  # noqa: E402
 from benchmarks.cifar_table import machine  # noqa: E402
-from benchmarks.fit_summary import RESULTS, tag_arguments  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-CALIBRATED = "calibrated naive (rmq calibrate)"
+from benchmarks.fit_summary import CALIBRATED, RESULTS, kept_without_force, tag_arguments  # noqa: E402
 
 
 def check(tag: str, reports: dict[str, dict]) -> str:
@@ -57,7 +55,7 @@ def check(tag: str, reports: dict[str, dict]) -> str:
         f"{100 * (min(m) - m[0]):+.1f} | {calibrated:.3f} vs {plain:.3f} | "
         f"{'pass' if guard['passed'] else 'refuse'} (t = {guard['worst_t']:g}: {guard['fitted'][i]:.3f} vs "
         f"{guard['naive'][i]:.3f}, tolerance {guard['tolerances'][i]:.3f}) | "
-        f"{'not kept' if report.get('refused') or not report['kept'] else 'kept'} | {seconds:.0f} |"
+        f"{'kept' if kept_without_force(report) else 'not kept'} | {seconds:.0f} |"
     )
 
 

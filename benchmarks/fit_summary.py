@@ -33,16 +33,18 @@ LABEL_FREE = "rmq fit, no labels"
 CALIBRATED = "calibrated naive (rmq calibrate)"
 
 
+def kept_without_force(report: dict[str, Any]) -> bool | None:
+    """Whether ``rmq fit`` / ``rmq calibrate`` would have kept its result without ``--force``."""
+    if "refused" in report:  # rmq calibrate says why it keeps no map
+        return report["refused"] is None
+    return report.get("better_than_naive", report.get("better_than_plain"))  # older calibrate reports
+
+
 def decision(report: dict[str, Any]) -> tuple[bool | None, str]:
     """(did the command keep its result, the deciding evidence in a few words)."""
     if not report:
         return None, ""
-    # rmq calibrate says why it keeps no map ("refused"); rmq fit whether the graph beat the naive merge
-    kept = (
-        report["refused"] is None
-        if "refused" in report
-        else report.get("better_than_naive", report.get("better_than_plain"))
-    )
+    kept = kept_without_force(report)
     guard = report.get("guard")
     if guard is None:
         return kept, f"holdout: {'better' if kept else 'not better'}"

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cifar import ROOT, cifar_root  # noqa: E402
 from benchmarks.cifar_table import machine  # noqa: E402
+from benchmarks.fit_summary import kept_without_force  # noqa: E402
 from rm_qdrant import OnnxEncoder, load_pair, open_store, scan_image_folder  # noqa: E402
 from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, gain, migrated_at  # noqa: E402
 
@@ -301,11 +302,7 @@ def write(args, tag, rows, seconds, reports, trained, t_index, served) -> None:
         spent = seconds.get(name, seconds.get("trainer") if name.startswith("trainer") else None)
         report = reports.get(name, {})
         # rmq calibrate says why it keeps no map ("refused"); rmq fit whether the graph beat the naive merge
-        check = (
-            report["refused"] is None
-            if "refused" in report
-            else report.get("better_than_naive", report.get("better_than_plain"))
-        )
+        check = kept_without_force(report)
         lines.append(
             f"| {name} | {100 * row['auc']:.1f} | {100 * row['gain']:.0f} % | {100 * m[0]:.1f} | "
             f"{100 * m[5]:.1f} | {100 * m[-1]:.1f} | {'yes' if row['never_falls'] else 'no'} | "
