@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,10 @@ OldDistance = Callable[[np.ndarray], np.ndarray]
 
 #: How far (recall@k) a curve may fall below its start before it counts as a dip.
 DIP_TOLERANCE = 0.005
+#: Query × sample cells a forecast (or the guard) holds at once: its work arrays cost tens of
+#: bytes a cell, so a 20,000-point holdout takes about a hundred MB, not the 15-20 GB of whole
+#: (n, n) matrices, whatever the sample size.
+ROW_CELLS = 2_000_000
 #: A side is crowded out of the merged top k when its share there is below this part of its
 #: share of the gallery...
 CROWDED_RATIO = 0.25
@@ -105,10 +109,19 @@ class ModeForecast:
         }
 
 
-def top_k(distances: np.ndarray, k: int) -> np.ndarray:
-    """Indices of each row's ``k`` smallest distances, nearest first (the diagonal excluded)."""
+def row_chunks(n: int) -> Iterator[np.ndarray]:
+    """The query rows 0..n-1 in chunks of at most ``ROW_CELLS // n`` (each row meets n items)."""
+    step = max(1, ROW_CELLS // max(1, n))
+    for start in range(0, n, step):
+        yield np.arange(start, min(start + step, n))
+
+
+def top_k(distances: np.ndarray, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Indices of each row's ``k`` smallest distances, nearest first, the query itself excluded:
+    row i is sample item ``rows[i]`` (``i`` when ``rows`` is None, a square matrix)."""
     d = distances.copy()
-    np.fill_diagonal(d, np.inf)
+    at = np.arange(len(d))
+    d[at, at if rows is None else rows] = np.inf
     k = min(k, d.shape[1] - 1)
     part = np.argpartition(d, k - 1, axis=1)[:, :k]
     order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
@@ -124,9 +137,9 @@ def merged_distances(
     old_distance: OldDistance | None = None,
     metric: str = "cosine",
 ) -> np.ndarray:
-    """Distances (the collection's ``metric``) from every sample query to every sample item, as the
+    """Distances (the collection's ``metric``) from each query to every sample item, as the
     merge sees them: migrated items from new, the rest from old (mapped by ``old_distance``)."""
-    d = np.empty((len(new), len(new)), dtype=np.float32)
+    d = np.empty((len(query_new), len(new)), dtype=np.float32)
     d[:, migrated] = distance_matrix(query_new, new[migrated], metric)
     old_side = distance_matrix(query_old, old[~migrated], metric)
     d[:, ~migrated] = old_side if old_distance is None else old_distance(old_side)
@@ -143,7 +156,9 @@ def agreement(found: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
 
 def reference_top_k(new: np.ndarray, k: int, metric: str = "cosine") -> np.ndarray:
     """The new model's own top-k over the sample: what the pair serves once the backfill is done."""
-    return top_k(distance_matrix(new, new, metric), k)
+    return np.concatenate(
+        [top_k(distance_matrix(new[rows], new, metric), k, rows) for rows in row_chunks(len(new))]
+    )
 
 
 def merged_agreement(
@@ -156,8 +171,12 @@ def merged_agreement(
     metric: str = "cosine",
 ) -> tuple[float, float]:
     """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
-    merged = merged_distances(new, query_old, new, old, migrated, old_distance, metric)
-    return agreement(top_k(merged, reference.shape[1]), reference)
+    k = reference.shape[1]
+    found = [
+        top_k(merged_distances(new[rows], query_old[rows], new, old, migrated, old_distance, metric), k, rows)
+        for rows in row_chunks(len(new))
+    ]
+    return agreement(np.concatenate(found), reference)
 
 
 def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
@@ -209,20 +228,28 @@ class _Backfill:
     ) -> ModeForecast:
         """One query mode: ``new`` fills (and queries) the new side, ``query_old`` queries the old."""
         recall, ndcg, maps, tops, share, gallery = [], [], [], [], [], []
-        rows = np.arange(len(old))
+        k = self.reference.shape[1]
         for t in self.fractions:
             migrated = migrated_at(self.order, t)
-            merged = merged_distances(new, query_old, new, old, migrated, old_distance, self.metric)
-            found = top_k(merged, self.reference.shape[1])
+            parts, aps, hits = [], [], []
+            for rows in row_chunks(len(old)):
+                merged = merged_distances(
+                    new[rows], query_old[rows], new, old, migrated, old_distance, self.metric
+                )
+                parts.append(top_k(merged, k, rows))
+                if self.y is not None:
+                    ap, top = _scores(merged, self.y, rows, None)  # the whole ranking, the query left out
+                    aps.append(ap)
+                    hits.append(top)
+            found = np.concatenate(parts)
             r, g = agreement(found, self.reference)
             recall.append(r)
             ndcg.append(g)
             share.append(float((~migrated)[found].mean()))
             gallery.append(float((~migrated).mean()))
             if self.y is not None:
-                ap, top = _scores(merged, self.y, rows, None)  # the whole ranking, the query left out
-                maps.append(float(ap.mean()))
-                tops.append(float(top.mean()))
+                maps.append(float(np.concatenate(aps).mean()))
+                tops.append(float(np.concatenate(hits).mean()))
         labelled = self.y is not None
         return ModeForecast(
             mode,

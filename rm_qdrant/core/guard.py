@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.core.forecast import OldDistance, merged_distances, top_k
+from rm_qdrant.core.forecast import OldDistance, merged_distances, row_chunks, top_k
 from rm_qdrant.core.metrics import FRACTIONS, migrated_at
 from rm_qdrant.core.spaces import distance_matrix
 
@@ -111,25 +111,32 @@ class GuardVerdict:
         }
 
 
-def support(old: np.ndarray, base: np.ndarray, k: int, *, metric: str = "cosine") -> np.ndarray:
-    """(n, n): for query i and item j, the share of the other items that both the old model and
-    the new model rank behind j (the smaller of the two shares; the diagonal is 0). An item in a
-    model's top SUPPORT_DEPTH × k counts as fully supported by it."""
+def support(
+    old: np.ndarray, base: np.ndarray, k: int, *, metric: str = "cosine", rows: np.ndarray | None = None
+) -> np.ndarray:
+    """(len(rows), n): for query i (sample item ``rows[i]``, every item when None) and item j, the
+    share of the other items that both the old model and the new model rank behind j (the smaller
+    of the two shares; the query itself is 0). An item in a model's top SUPPORT_DEPTH × k counts
+    as fully supported by it."""
     n, depth = len(old), SUPPORT_DEPTH * k
+    rows = np.arange(n) if rows is None else rows
+    at = np.arange(len(rows))
     shares = []
     for x in (old, base):
-        d = distance_matrix(x, x, metric)
-        np.fill_diagonal(d, np.inf)
+        d = distance_matrix(x[rows], x, metric)
+        d[at, rows] = np.inf
         rank = np.argsort(np.argsort(d, axis=1, kind="stable"), axis=1, kind="stable")
         shares.append(np.clip(1.0 - (rank - depth) / max(1, n - 2 - depth), 0.0, 1.0))
     both = np.minimum(*shares)
-    np.fill_diagonal(both, 0.0)
+    both[at, rows] = 0.0
     return both
 
 
-def top_k_support(distances: np.ndarray, both: np.ndarray, k: int) -> np.ndarray:
-    """Each query's mean support over its top k under ``distances``."""
-    return np.take_along_axis(both, top_k(distances, k), axis=1).mean(axis=1)
+def top_k_support(
+    distances: np.ndarray, both: np.ndarray, k: int, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """Each query's mean support over its top k under ``distances`` (row i is item ``rows[i]``)."""
+    return np.take_along_axis(both, top_k(distances, k, rows), axis=1).mean(axis=1)
 
 
 def guard(
@@ -167,15 +174,20 @@ def guard(
     n = len(old)
     if n < 3 or any(len(a) != n for a in (base, new, rev, order)):
         raise ValueError(f"the guard needs three or more items and one row each; got {n} old")
-    both = support(old, base, k, metric=metric)
+    masks = [migrated_at(order, t) for t in fractions]
+    a, b = np.empty((len(masks), n)), np.empty((len(masks), n))  # per t, each query's mean support
+    for rows in row_chunks(n):  # bounded memory whatever the holdout's size
+        both = support(old, base, k, metric=metric, rows=rows)
+        for i, migrated in enumerate(masks):
+            naive_d = merged_distances(base[rows], old[rows], base, old, migrated, naive_distance, metric)
+            fitted_d = merged_distances(new[rows], rev[rows], new, old, migrated, fitted_distance, metric)
+            a[i, rows] = top_k_support(naive_d, both, k, rows)
+            b[i, rows] = top_k_support(fitted_d, both, k, rows)
     naive, fitted, tolerances = [], [], []
-    for t in fractions:
-        migrated = migrated_at(order, t)
-        a = top_k_support(merged_distances(base, old, base, old, migrated, naive_distance, metric), both, k)
-        b = top_k_support(merged_distances(new, rev, new, old, migrated, fitted_distance, metric), both, k)
-        naive.append(float(a.mean()))
-        fitted.append(float(b.mean()))
-        error = float(np.std(b - a, ddof=1) / np.sqrt(n))
+    for a_t, b_t in zip(a, b, strict=True):
+        naive.append(float(a_t.mean()))
+        fitted.append(float(b_t.mean()))
+        error = float(np.std(b_t - a_t, ddof=1) / np.sqrt(n))
         tolerances.append(max(GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS * error))
     return GuardVerdict(
         tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n, subject, baseline
