@@ -159,18 +159,17 @@ def create_pair(
         _add_new_vector(store, old_spec, new_vector, dim)
         if full_scan_kb is None:  # the new vector only: rm-qdrant's, which drop-pair deletes
             tune_search(store, {old_collection: [new_vector or ""]}, SERVING_FULL_SCAN_KB)
+            own = _threshold(store, old_collection, old_spec.vector)
+            if own is not None and own < QDRANT_FULL_SCAN_KB:  # the team's own setting
+                _warn_filtered_recall(
+                    f"the old vector {old_spec.vector or '(unnamed)'!r} of {old_collection!r} has "
+                    f"full_scan_threshold {own} KB",
+                    f"or give it Qdrant's default with --full-scan-kb {QDRANT_FULL_SCAN_KB}",
+                )
         else:
             tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
             if full_scan_kb < QDRANT_FULL_SCAN_KB:
-                log.warning(
-                    "--full-scan-kb %d on a single-collection pair: the old vector's search, filtered "
-                    "to the points not yet migrated, walks its graph where Qdrant would scan, and "
-                    "loses recall late in the backfill (recall@10 0.82-0.89 at 75 %% migrated on "
-                    "CIFAR-10 embeddings, ef 10-64; benchmarks/single_collection_share.py): search "
-                    "with ACORN (search_params={'acorn': {'enable': True, 'max_selectivity': 1.0}}) "
-                    "or leave --full-scan-kb out",
-                    full_scan_kb,
-                )
+                _warn_filtered_recall(f"--full-scan-kb {full_scan_kb}", "or leave --full-scan-kb out")
     else:
         target = new_collection or f"{name}-new"
         _check_free(store, target)
@@ -208,6 +207,25 @@ def tune_search(store: Store, vectors: dict[str, list[str]], kb: int | None = SE
     if tune is not None and kb is not None:
         for collection, names in vectors.items():
             tune(collection, names, full_scan_kb=kb)
+
+
+def _threshold(store: Store, collection: str, vector: str) -> int | None:
+    """A vector's HNSW ``full_scan_threshold`` (KB), where the store has one to read."""
+    read = getattr(store, "index_thresholds", None)
+    return None if read is None else read(collection).get(vector)
+
+
+def _warn_filtered_recall(setting: str, remedy: str) -> None:
+    """A single-collection pair's old vector under a low threshold: say what it costs."""
+    log.warning(
+        "%s on a single-collection pair: the old vector's search, filtered to the points not yet "
+        "migrated, walks its graph where Qdrant would scan, and loses recall late in the backfill "
+        "(recall@10 0.82-0.89 at 75 %% migrated on CIFAR-10 embeddings, ef 10-64; "
+        "benchmarks/single_collection_share.py): search with ACORN "
+        "(search_params={'acorn': {'enable': True, 'max_selectivity': 1.0}}) %s",
+        setting,
+        remedy,
+    )
 
 
 def check_output_sizes(model: OnnxEncoder) -> None:

@@ -55,7 +55,7 @@ from rm_qdrant.store.points import (
     wanted,
     write_skipping_missing,
 )
-from rm_qdrant.store.tuning import check_kb, client_vectors_diff
+from rm_qdrant.store.tuning import check_kb, client_thresholds, client_vectors_diff
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
@@ -388,6 +388,14 @@ class ClientStore:
         diff = client_vectors_diff(vectors, check_kb(full_scan_kb))
         with self._errors(f"setting the index of {name!r}", name):
             self._client.update_collection(name, vectors_config=diff)
+
+    def index_thresholds(self, name: str) -> dict[str, int]:
+        """Each dense vector's effective HNSW ``full_scan_threshold`` (KB) on a server; none in
+        local mode, which always scans."""
+        if not self._remote:
+            return {}
+        with self._errors(f"reading the index settings of {name!r}", name):
+            return client_thresholds(self._client.get_collection(name))
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery

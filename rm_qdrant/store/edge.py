@@ -70,7 +70,7 @@ from rm_qdrant.store.points import (
     wanted,
     write_skipping_missing,
 )
-from rm_qdrant.store.tuning import check_kb, write_edge_config
+from rm_qdrant.store.tuning import check_kb, edge_thresholds, write_edge_config
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
@@ -383,6 +383,11 @@ class EdgeStore:
             self._shards.pop(name)[1].close()
             write_edge_config(self._dir(name) / "shard", vectors, check_kb(full_scan_kb))
         self._open(name)
+
+    def index_thresholds(self, name: str) -> dict[str, int]:
+        """Each dense vector's effective HNSW ``full_scan_threshold`` (KB), from the shard's config."""
+        self._open(name)  # CollectionNotFound first
+        return edge_thresholds(json.loads((self._dir(name) / "shard" / "edge_config.json").read_text()))
 
     def optimize(self, name: str) -> None:
         """Build the HNSW index of a collection now (qdrant-edge has no background optimizer)."""

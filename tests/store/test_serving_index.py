@@ -91,6 +91,25 @@ def test_a_low_full_scan_kb_on_a_single_collection_pair_warns_of_its_recall(
         assert "--full-scan-kb 1000" in said[0] and "acorn" in said[0]
 
 
+@pytest.mark.parametrize(
+    ("layout", "own", "warned"),
+    [("single-collection", 1000, True), ("single-collection", 20_000, False), ("paired", 1000, False)],
+)
+def test_a_team_vector_with_a_low_threshold_of_its_own_warns_on_a_single_collection_pair(
+    edge, models, items, layout, own, warned, caplog
+):
+    """The same loss when the team's collection came with a low threshold and init leaves it be."""
+    index_images(edge, "photos", OnnxEncoder(models.old), items)
+    edge.tune_index("photos", [""], full_scan_kb=own)  # the team's own setting, before rm-qdrant
+    with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
+        init_over_photos(edge, models, layout, None)
+    said = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
+    assert len(said) == warned
+    if warned:
+        assert "full_scan_threshold 1000 KB" in said[0] and "--full-scan-kb 10000" in said[0]
+    assert thresholds(edge, "photos")[""] == own  # init left the team's vector as it was
+
+
 def test_an_adopted_shard_keeps_its_own_settings(tmp_path, models, items):
     """A team's shard placed in the store: the threshold changes, its other HNSW and vector
     settings stay, and so do its points."""
