@@ -69,45 +69,35 @@ def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, model
 
 
 @pytest.mark.parametrize(
-    ("layout", "kb", "warned"),
+    ("layout", "own", "kb", "said"),
     [
-        ("single-collection", 1000, True),
-        ("single-collection", None, False),
-        ("single-collection", 10_000, False),
-        ("paired", 1000, False),
+        ("single-collection", None, 1000, "--full-scan-kb 1000"),
+        ("single-collection", None, None, None),
+        ("single-collection", None, 10_000, None),
+        ("paired", None, 1000, None),
+        # the team's collection came with a low threshold of its own, which init leaves be
+        ("single-collection", 1000, None, "full_scan_threshold 1000 KB"),
+        ("single-collection", 20_000, None, None),
+        ("paired", 1000, None, None),
     ],
 )
-def test_a_low_full_scan_kb_on_a_single_collection_pair_warns_of_its_recall(
-    edge, models, items, layout, kb, warned, caplog
+def test_a_low_threshold_on_a_single_collection_pairs_old_vector_warns_of_its_recall(
+    edge, models, items, layout, own, kb, said, caplog
 ):
     """The old vector's filtered search walks its graph under a low threshold and loses recall
-    late in a backfill (benchmarks/results/single_collection_share-kb1000.md): init says so."""
+    late in a backfill (benchmarks/results/single_collection_share-kb1000.md): init says so,
+    whether the threshold is init's ``--full-scan-kb`` or the team's own."""
     index_images(edge, "photos", OnnxEncoder(models.old), items)
+    if own is not None:
+        edge.tune_index("photos", [""], full_scan_kb=own)
     with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
         init_over_photos(edge, models, layout, kb)
-    said = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
-    assert len(said) == warned
-    if warned:
-        assert "--full-scan-kb 1000" in said[0] and "acorn" in said[0]
-
-
-@pytest.mark.parametrize(
-    ("layout", "own", "warned"),
-    [("single-collection", 1000, True), ("single-collection", 20_000, False), ("paired", 1000, False)],
-)
-def test_a_team_vector_with_a_low_threshold_of_its_own_warns_on_a_single_collection_pair(
-    edge, models, items, layout, own, warned, caplog
-):
-    """The same loss when the team's collection came with a low threshold and init leaves it be."""
-    index_images(edge, "photos", OnnxEncoder(models.old), items)
-    edge.tune_index("photos", [""], full_scan_kb=own)  # the team's own setting, before rm-qdrant
-    with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
-        init_over_photos(edge, models, layout, None)
-    said = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
-    assert len(said) == warned
-    if warned:
-        assert "full_scan_threshold 1000 KB" in said[0] and "--full-scan-kb 10000" in said[0]
-    assert thresholds(edge, "photos")[""] == own  # init left the team's vector as it was
+    warnings = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
+    assert len(warnings) == (said is not None)
+    if said:
+        assert said in warnings[0] and "acorn" in warnings[0]
+    if own is not None:
+        assert thresholds(edge, "photos")[""] == own
 
 
 def test_an_adopted_shard_keeps_its_own_settings(tmp_path, models, items):
