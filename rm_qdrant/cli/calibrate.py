@@ -101,9 +101,10 @@ def calibrate_command(
         raise ConfigError(str(exc)) from exc
     order = np.random.default_rng(seed).permutation(len(held_idx))
     old, new = sample.old[held_idx], sample.new[held_idx]
-    plain, calibrated = forecasts = compare_calibrated(
-        old, new, calibration, order=order, k=k, metric=pair.distance
+    forecasts = compare_calibrated(
+        old, new, calibration, order=order, k=k, metric=pair.distance, in_use=pair.old_distance
     )
+    plain, calibrated, *in_use = forecasts
     # The calibrated merge against the plain one, each hit judged by both models (see calibration_refusal).
     verdict = guard(
         old,
@@ -117,7 +118,10 @@ def calibrate_command(
         subject="the calibrated merge",
         baseline="the plain merge",
     )
-    why = calibration_refusal(calibrated.area, plain.area, verdict)
+    areas = f"{calibrated.area:.3f} calibrated, {plain.area:.3f} plain" + (
+        f", {in_use[0].area:.3f} the map in use" if in_use else ""
+    )
+    why = calibration_refusal(calibrated.area, plain.area, verdict, in_use[0].area if in_use else None)
     better = not why
     data: dict[str, Any] = {
         "pair": name,
@@ -131,6 +135,7 @@ def calibrate_command(
         "mapping": method,
         "forecasts": [f.as_dict() for f in forecasts],
         "better_than_plain": calibrated.area > plain.area,  # the forecast's word alone
+        "better_than_in_use": calibrated.area > in_use[0].area if in_use else None,  # no map: null
         "guard": verdict.as_dict(),
         "refused": why or None,  # why the map is not kept (without --force), else null
         "kept": better or force,
@@ -156,16 +161,14 @@ def calibrate_command(
             "",
             *share_table(forecasts, k),
             "",
-            f"area {calibrated.area:.3f} calibrated, {plain.area:.3f} plain; guard: "
-            + ("passed" if verdict.passed else "refused"),
+            f"area {areas}; guard: " + ("passed" if verdict.passed else "refused"),
             outcome,
         ]
     )
     emit(data, as_json, text)
     if not data["kept"]:
         raise Refused(
-            f"on the {len(held_idx)} held-out points {why} (area {calibrated.area:.3f} calibrated, "
-            f"{plain.area:.3f} plain); pair {name!r} "
+            f"on the {len(held_idx)} held-out points {why} (area {areas}); pair {name!r} "
             + ("keeps the map it had" if pair.calibration else "still merges plain distances")
             + " (--force keeps the new map anyway)"
         )

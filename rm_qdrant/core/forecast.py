@@ -353,10 +353,16 @@ def compare_calibrated(
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
     metric: str = "cosine",
+    in_use: OldDistance | None = None,
 ) -> list[ModeForecast]:
-    """The naive merge beside the calibrated one (old-side distances mapped by ``calibration``)."""
+    """The naive merge beside the calibrated one (old-side distances mapped by ``calibration``),
+    and beside the pair's current map (``in_use``, mode "in use") where it has one."""
     backfill = _Backfill.of(old, new, order=order, labels=labels, k=k, fractions=fractions, metric=metric)
-    return [backfill.curve("naive", new, old, old), backfill.curve("calibrated", new, old, old, calibration)]
+    curves = [
+        backfill.curve("naive", new, old, old),
+        backfill.curve("calibrated", new, old, old, calibration),
+    ]
+    return curves + ([backfill.curve("in use", new, old, old, in_use)] if in_use is not None else [])
 
 
 def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:

@@ -194,12 +194,17 @@ def guard(
     )
 
 
-def calibration_refusal(calibrated_area: float, plain_area: float, verdict: GuardVerdict) -> str:
+def calibration_refusal(
+    calibrated_area: float, plain_area: float, verdict: GuardVerdict, in_use_area: float | None = None
+) -> str:
     """Why ``rmq calibrate`` keeps no map ("" when it keeps it): the map must forecast a larger
-    area (recall against the new model's own neighbours) than the plain merge, and pass the guard
-    (its hits as near in both models' eyes as the plain merge's, at every t). The forecast alone
-    kept maps that served below the plain merge where the two models disagree (open-class pairs,
-    benchmarks/results/fit-summary.md)."""
+    area (recall against the new model's own neighbours) than the plain merge, and than the map
+    the pair merges with now (``in_use_area``, where it has one: a refit must not swap a better
+    map for a worse one), and pass the guard (its hits as near in both models' eyes as the plain
+    merge's, at every t). The forecast alone kept maps that served below the plain merge where
+    the two models disagree (open-class pairs, benchmarks/results/fit-summary.md)."""
     if not calibrated_area > plain_area:  # a tie is not worth a map
         return "it forecasts no better than the plain merge"
+    if in_use_area is not None and not calibrated_area > in_use_area:
+        return f"it forecasts no better than the map in use (area {in_use_area:.3f})"
     return "" if verdict.passed else f"the guard refuses it: {verdict.reason()}"

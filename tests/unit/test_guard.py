@@ -108,3 +108,8 @@ def test_rmq_calibrate_keeps_a_map_only_when_it_forecasts_better_and_the_guard_p
     assert calibration_refusal(0.5, 0.5, passed) == "it forecasts no better than the plain merge"
     assert calibration_refusal(0.4, 0.5, refused) == "it forecasts no better than the plain merge"
     assert calibration_refusal(0.6, 0.5, refused) == f"the guard refuses it: {refused.reason()}"
+    assert calibration_refusal(0.6, 0.5, passed, 0.55) == ""  # better than the map in use too
+    assert (
+        calibration_refusal(0.6, 0.5, passed, 0.6)
+        == "it forecasts no better than the map in use (area 0.600)"
+    )
