@@ -160,7 +160,7 @@ def create_pair(
         if full_scan_kb is None:  # the new vector only: rm-qdrant's, which drop-pair deletes
             tune_search(store, {old_collection: [new_vector or ""]}, SERVING_FULL_SCAN_KB)
             own = _threshold(store, old_collection, old_spec.vector)
-            if own is not None and own < QDRANT_FULL_SCAN_KB:  # the team's own setting
+            if own is not None and own < QDRANT_FULL_SCAN_KB and not store.filtered_recall:
                 _warn_filtered_recall(
                     f"the old vector {old_spec.vector or '(unnamed)'!r} of {old_collection!r} has "
                     f"full_scan_threshold {own} KB",
@@ -168,7 +168,7 @@ def create_pair(
                 )
         else:
             tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
-            if full_scan_kb < QDRANT_FULL_SCAN_KB:
+            if full_scan_kb < QDRANT_FULL_SCAN_KB and not store.filtered_recall:
                 _warn_filtered_recall(f"--full-scan-kb {full_scan_kb}", "or leave --full-scan-kb out")
     else:
         target = new_collection or f"{name}-new"
@@ -216,13 +216,15 @@ def _threshold(store: Store, collection: str, vector: str) -> int | None:
 
 
 def _warn_filtered_recall(setting: str, remedy: str) -> None:
-    """A single-collection pair's old vector under a low threshold: say what it costs."""
+    """A single-collection pair's old vector under a low threshold, on a server without ACORN
+    (before Qdrant 1.16; the embedded store and newer servers search it with ACORN): say what
+    it costs."""
     log.warning(
-        "%s on a single-collection pair: the old vector's search, filtered to the points not yet "
-        "migrated, walks its graph where Qdrant would scan, and loses recall late in the backfill "
-        "(recall@10 0.82-0.89 at 75 %% migrated on CIFAR-10 embeddings, ef 10-64; "
-        "benchmarks/single_collection_share.py): search with ACORN "
-        "(search_params={'acorn': {'enable': True, 'max_selectivity': 1.0}}) %s",
+        "%s on a single-collection pair, and this Qdrant server is older than 1.16 (no ACORN): "
+        "the old vector's search, filtered to the points not yet migrated, walks its graph where "
+        "Qdrant would scan, and loses recall late in the backfill (recall@10 0.82-0.89 at 75 %% "
+        "migrated on CIFAR-10 embeddings, ef 10-64; benchmarks/single_collection_share.py): "
+        "upgrade the server %s",
         setting,
         remedy,
     )

@@ -153,6 +153,9 @@ class Store(Protocol):
 
     #: True where two searches gain from being sent at once (a remote server).
     concurrent_search: bool
+    #: True where a merged search's old prefetch keeps its recall under a filter that matches
+    #: few points: ACORN (store/params.py), or an exact search (qdrant-client's local mode).
+    filtered_recall: bool
 
     def create_collection(
         self, name: str, *, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()

@@ -9,6 +9,7 @@ the boundary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,6 +40,7 @@ from rm_qdrant.store.client_query import (
     merged_options,
     merged_requests,
     sparse,
+    takes_acorn,
     translated,
     unsupported_merge,
     update_operations,
@@ -46,6 +48,7 @@ from rm_qdrant.store.client_query import (
     vectors_config,
 )
 from rm_qdrant.store.ids import normalize_id
+from rm_qdrant.store.params import old_side_params
 from rm_qdrant.store.points import (
     is_missing_point,
     merged_from,
@@ -397,13 +400,28 @@ class ClientStore:
         with self._errors(f"reading the index settings of {name!r}", name):
             return client_thresholds(self._client.get_collection(name))
 
+    @property
+    def filtered_recall(self) -> bool:
+        """Local mode searches exactly; a server from Qdrant 1.16 on takes ACORN."""
+        return not self._remote or self._takes_acorn
+
+    @functools.cached_property
+    def _takes_acorn(self) -> bool:
+        """Whether the server takes ACORN (an older one may refuse the field): asked once."""
+        try:
+            with self._errors("reading the server's version"):
+                return takes_acorn(self._client.info().version)
+        except StoreError:
+            return False
+
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery
     ) -> list[list[ScoredRecord]]:
         old = check_vectors(self.collection(name, query.old_vector), old_queries)
         new = check_vectors(self.collection(name, query.new_vector), new_queries, rows=len(old))
         params, options = merged_options(query, self._remote)
-        requests = merged_requests(query, old.tolist(), new.tolist(), params)
+        old_params = old_side_params(params) if params is not None and self._takes_acorn else None
+        requests = merged_requests(query, old.tolist(), new.tolist(), params, old_params)
         with unsupported_merge(self._shown), self._errors(f"merged search in {name!r}", name):
             responses = self._client.query_batch_points(name, requests, **options)
         return [[merged_from(p, query) for p in r.points] for r in responses]

@@ -4,6 +4,7 @@ configs, filters and queries (built from rm-qdrant's :class:`Where` and :class:`
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -210,10 +211,21 @@ def client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -
     return models.Filter(must=must or None, must_not=must_not or None)
 
 
+def takes_acorn(version: str) -> bool:
+    """Whether a Qdrant server of ``version`` takes ACORN's search parameters (1.16 and later)."""
+    parts = re.match(r"v?(\d+)\.(\d+)", version or "")
+    return parts is not None and (int(parts[1]), int(parts[2])) >= (1, 16)
+
+
 def merged_requests(
-    query: MergedQuery, old: list[list[float]], new: list[list[float]], params: models.SearchParams | None
+    query: MergedQuery,
+    old: list[list[float]],
+    new: list[list[float]],
+    params: models.SearchParams | None,
+    old_params: models.SearchParams | None = None,
 ) -> list[models.QueryRequest]:
-    """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores."""
+    """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores.
+    The old prefetch takes ``old_params`` where given (ACORN, see store/params.py), else ``params``."""
     where = as_where(query.filter) or Where()
     old_filter = client_filter(where & Where(lacks_vector=(query.new_vector,)))
     new_filter = client_filter(where)
@@ -233,7 +245,7 @@ def merged_requests(
                     using=query.old_vector or None,
                     filter=old_filter,
                     limit=query.limit,
-                    params=params,
+                    params=old_params or params,
                 ),
                 models.Prefetch(
                     query=n, using=query.new_vector, filter=new_filter, limit=query.limit, params=params

@@ -93,6 +93,7 @@ class EdgeStore:
     """
 
     concurrent_search = False
+    filtered_recall = True  # ACORN on the merged search's old prefetch
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)

@@ -25,7 +25,7 @@ from rm_qdrant.store.base import (
 )
 from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
-from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
+from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, old_side_params
 from rm_qdrant.store.points import merged_from
 from rm_qdrant.store.qfilter import has_id, to_edge
 from rm_qdrant.store.vectors import SparseVector
@@ -88,9 +88,9 @@ def edge_config(spec: CollectionSpec) -> qe.EdgeConfig:
 #: The fields of qdrant-client's ``SearchParams`` that qdrant-edge's own ``SearchParams`` takes.
 _EDGE_FIELDS = ("hnsw_ef", "exact", "quantization", "indexed_only", "acorn")
 _EDGE_SET = frozenset(_EDGE_FIELDS)
-#: qdrant-edge's SearchParams without quantization or ACORN, by (hnsw_ef, exact, indexed_only):
+#: qdrant-edge's SearchParams without quantization, by (hnsw_ef, exact, indexed_only, acorn):
 #: made once (a search's parameters took as long to convert as its merge).
-_PLAIN: dict[tuple[int | None, bool, bool], qe.SearchParams] = {}
+_PLAIN: dict[tuple[Any, ...], qe.SearchParams] = {}
 
 
 def edge_params(
@@ -115,8 +115,13 @@ def edge_params(
         if getattr(params, name) is not None:
             raise ConfigError(f"search_params.{name} is not supported by the embedded store (qdrant-edge)")
     q, acorn = params.quantization, params.acorn
-    key = (params.hnsw_ef, bool(params.exact), bool(params.indexed_only))
-    if q is None and acorn is None and key in _PLAIN:
+    key = (
+        params.hnsw_ef,
+        bool(params.exact),
+        bool(params.indexed_only),
+        None if acorn is None else (bool(acorn.enable), acorn.max_selectivity),
+    )
+    if q is None and key in _PLAIN:
         return _PLAIN[key]
     quantization = (
         None if q is None else qe.QuantizationSearchParams(bool(q.ignore), q.rescore, q.oversampling)
@@ -128,7 +133,7 @@ def edge_params(
         quantization=quantization,
         acorn=None if acorn is None else qe.AcornSearchParams(bool(acorn.enable), acorn.max_selectivity),
     )
-    if q is None and acorn is None and len(_PLAIN) < 256:
+    if q is None and len(_PLAIN) < 256:
         _PLAIN[key] = made
     return made
 
@@ -214,12 +219,10 @@ def merged_requests(
     query: MergedQuery, old: list[list[float]], new: list[list[float]]
 ) -> list[qe.QueryRequest]:
     """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores."""
-    params = edge_params(
-        search_params=query.search_params,
-        exact=query.exact,
-        hnsw_ef=query.hnsw_ef,
-        timeout=query.timeout,
-        consistency=query.consistency,
+    given = merge_params(query.search_params, query.exact or None, query.hnsw_ef)
+    params, old_params = (
+        edge_params(search_params=p, timeout=query.timeout, consistency=query.consistency)
+        for p in (given, old_side_params(given))
     )
     where = as_where(query.filter) or Where()
     old_filter = edge_filter(where & Where(lacks_vector=(query.new_vector,)))
@@ -237,7 +240,7 @@ def merged_requests(
                     limit=query.limit,
                     query=qe.Query.Nearest(o, using=query.old_vector or None),
                     filter=old_filter,
-                    params=params,
+                    params=old_params,
                 ),
                 qe.Prefetch(
                     limit=query.limit,
