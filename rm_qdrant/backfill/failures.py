@@ -183,14 +183,17 @@ def finalize_dropping_failed(
     Raises:
         MigrationError: points that did not fail still serve from old (nothing is written or
             deleted), or see :func:`finalize`.
+        ConfigError: an alias the cutover cannot take (nothing is written or deleted).
         ConfigError: ``path`` exists already.
     """
     if pair.state != "backfilling":  # a cutover under way, or none possible: finalize says which
         return finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source), (
             DroppedFailures(0, 0, None)
         )
+    layout = layout_of(pair)
+    layout.check_finalize(store, alias, drop_old)  # a cutover refused after the drop would lose the points
     failed = count_failures(store, pair)
-    waiting = store.count(pair.old_collection, layout_of(pair).old_where()) - failed
+    waiting = store.count(pair.old_collection, layout.old_where()) - failed
     if waiting > 0:
         raise MigrationError(
             f"{plural(waiting, 'point')} that did not fail still {'serves' if waiting == 1 else 'serve'} "

@@ -100,6 +100,26 @@ def test_finalize_drop_failed_removes_them_writes_the_list_and_serves_every_othe
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_an_alias_the_cutover_cannot_take_is_refused_before_a_failed_point_is_dropped(
+    store, models, tmp_path, layout
+):
+    """Paired: the old collection's own name without --drop-old; one collection: any alias.
+    The refusal came after the drop: the failed points were gone and the pair still backfilling."""
+    items, broken = build(store, models, tmp_path, layout)
+    migrate(store)
+    before = store.count("photos")
+    out = tmp_path / "failed.jsonl"
+    error = "a collection has that name" if layout != "single" else "no alias to move"
+    with pytest.raises(ConfigError, match=error):
+        finalize_dropping_failed(store, load_pair(store, "p"), out, alias="photos")
+    assert store.count("photos") == before and not out.exists()
+    assert {f.id for f in iter_failures(store, load_pair(store, "p"))} == set(broken)
+    assert load_pair(store, "p").state == "backfilling"
+    record, dropped = finalize_dropping_failed(store, load_pair(store, "p"), out)  # as it should have been
+    assert record.state == "finalized" and dropped.removed == len(broken)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_point_rewritten_after_the_list_was_written_is_not_dropped(store, models, tmp_path, layout):
     items, broken = build(store, models, tmp_path, layout)
     migrate(store)

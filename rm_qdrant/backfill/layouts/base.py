@@ -239,6 +239,11 @@ class Layout:
         """Serve the new half alone (see :func:`rm_qdrant.backfill.cutover.finalize`)."""
         raise NotImplementedError
 
+    def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:
+        """Refuse a cutover whose ``alias`` / ``drop_old`` can never serve, before anything is
+        changed (``finalize --drop-failed`` deletes the failed points first)."""
+        raise NotImplementedError
+
     def check_rollback(self, alias: str | None) -> None:
         """Refuse a rollback this layout cannot serve."""
         if not self.rolls_back:

@@ -295,12 +295,17 @@ class Paired(Layout):
         if pair.state != "backfilling":
             raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
         check_all_moved(store, pair, self.old_where())
-        name = alias or pair.alias or pair.name
-        if name != pair.old_collection or not drop_old:
-            check_alias(store, name)
-        starting = replace(pair, state="finalizing", alias=name, drop_old=drop_old)
+        self.check_finalize(store, alias, drop_old)
+        starting = replace(
+            pair, state="finalizing", alias=alias or pair.alias or pair.name, drop_old=drop_old
+        )
         save_pair(store, starting)
         return self._complete_finalize(store, starting)
+
+    def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:
+        name = alias or self.pair.alias or self.pair.name
+        if name != self.pair.old_collection or not drop_old:
+            check_alias(store, name)
 
     @staticmethod
     def _complete_finalize(store: Store, pair: PairRecord) -> PairRecord:

@@ -227,12 +227,8 @@ class OneCollection(Layout):
         the old one is dropped. ``embed_late`` embeds them with the new model before the drop (a
         point that cannot be stops the cutover with its old vector kept) and again after it
         (from then on such a write is refused: the old vector no longer exists)."""
+        self.check_finalize(store, alias, drop_old)
         pair = self.pair
-        if alias is not None:
-            raise ConfigError(
-                f"pair {pair.name!r} is one collection: there is no alias to move; the application searches "
-                f"{pair.old_collection!r} using the vector {pair.new_using!r} from now on"
-            )
         if pair.state == "finalized" and drop_old and not pair.drop_old:
             pair = replace(pair, state="finalizing", drop_old=True)
         elif pair.state not in ("backfilling", "finalizing"):
@@ -250,6 +246,14 @@ class OneCollection(Layout):
         save_pair(store, updated)
         log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
         return updated
+
+    def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:
+        if alias is not None:
+            pair = self.pair
+            raise ConfigError(
+                f"pair {pair.name!r} is one collection: there is no alias to move; the application searches "
+                f"{pair.old_collection!r} using the vector {pair.new_using!r} from now on"
+            )
 
     def check_rollback(self, alias: str | None) -> None:
         super().check_rollback(alias)
