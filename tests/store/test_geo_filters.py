@@ -1,5 +1,5 @@
-"""Geo and text-any conditions of a ``models.Filter`` through DualIndex, on both stores and
-both layouts, against the same predicate in Python (points well inside or outside, so the
+"""Geo, text-any and true/false conditions of a ``models.Filter`` through DualIndex, on both
+stores and both layouts, against the same predicate in Python (points well inside or outside, so the
 reference needs no exact geodesy)."""
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ GRID = np.random.default_rng(4).uniform(-10, 10, size=(N, 2))  # lon, lat in deg
 
 
 def payload(i: int) -> dict:
-    body = {"caption": ["red shoe", "blue bag", "green hat", "red hat"][i % 4]}
+    body = {
+        "caption": ["red shoe", "blue bag", "green hat", "red hat"][i % 4],
+        "in_stock": i % 3 == 0,
+        "n": i % 2,
+    }
     if i % 9:  # some points have no location
         body["where"] = {"lon": float(GRID[i, 0]), "lat": float(GRID[i, 1])}
     return body
@@ -137,3 +141,21 @@ def test_a_geo_point_out_of_range_is_one_line_on_both_stores(index, condition):
         index.search_vectors(q, q, limit=3, filter=nested)
     with pytest.raises(ConfigError, match="a geo point needs"):
         index.count(nested)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_true_false_match_is_right_or_one_line(index, value):
+    """qdrant-edge 0.9's binding reads True / False as 1 / 0: such a match found no boolean
+    payload (and the points whose integer field is 1 instead). Its store refuses it in one line;
+    qdrant-client's finds the points."""
+    index, _ = index
+    nested = models.Filter(must=[models.FieldCondition(key="in_stock", match=models.MatchValue(value=value))])
+    q = unit(1, OLD_DIM, 3)[0]
+    if type(index.store).__name__ == "EdgeStore":
+        for run in (lambda: index.search_vectors(q, q, limit=N, filter=nested), lambda: index.count(nested)):
+            with pytest.raises(ConfigError, match="filter on 'in_stock': the embedded store .* true/false"):
+                run()
+        return
+    want = {i for i in range(N) if payload(i)["in_stock"] == value}
+    assert {h.id for h in index.search_vectors(q, q, limit=N, filter=nested)} == want
+    assert index.count(nested) == len(want)
