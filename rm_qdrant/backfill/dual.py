@@ -24,6 +24,7 @@ from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import MergedQuery
 from rm_qdrant.store.filters import as_where
+from rm_qdrant.store.params import old_side_params
 from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
 log = logging.getLogger(__name__)
@@ -241,6 +242,8 @@ class DualIndex(PairPoints):
                 self._two_queries = True
         args: dict[str, Any] = {"limit": limit, "filter": filter, **request}
         old_args = {**args, "filter": self.layout.old_filter(filter), "vector": pair.vector}
+        if pair.old_collection == pair.new_collection and self.store.filtered_recall:
+            old_args["search_params"] = old_side_params(params)  # as the merged query's old prefetch
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
         # A migrating point is written to new before it leaves old, so searching old
