@@ -352,6 +352,8 @@ def _prepare_new_collection(store: Store, name: str, *, dim: int, old: Collectio
                 f"collection {name!r} already exists and is not an empty {dim}-d {old.distance} "
                 f"collection{also}"
             )
-    for field_name, kind in store.payload_indexes(old.name).items():
-        if field_name not in INTERNAL_FIELDS:
-            store.create_index(name, field_name, kind)
+    # The team's indexes with their settings: a text index's case or tokenizer decides what a
+    # filter matches, and would differ between the two collections with defaults.
+    store.copy_indexes(
+        old.name, name, [f for f in store.payload_indexes(old.name) if f not in INTERNAL_FIELDS]
+    )

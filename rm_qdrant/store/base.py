@@ -266,6 +266,12 @@ class Store(Protocol):
         """The collection's payload indexes, field -> kind (kinds rm-qdrant can create)."""
         ...
 
+    def copy_indexes(self, source: str, target: str, fields: Sequence[str]) -> None:
+        """Index ``fields`` of ``target`` as ``source`` indexes them, settings included (a text
+        index's tokenizer and case, a keyword index's tenancy...); fields ``source`` does not
+        index, or ``target`` already does, are left alone."""
+        ...
+
     def retrieve(
         self,
         name: str,

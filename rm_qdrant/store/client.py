@@ -314,6 +314,18 @@ class ClientStore:
         found = {field: _KIND_NAMES.get(info.data_type) for field, info in schema.items()}
         return {field: kind for field, kind in found.items() if kind is not None}
 
+    def copy_indexes(self, source: str, target: str, fields: Sequence[str]) -> None:
+        if not self._remote:
+            return  # the local mode has no indexes
+        with self._errors(f"copying the payload indexes of {source!r} to {target!r}", target):
+            schema = self._client.get_collection(source).payload_schema or {}
+            have = self._client.get_collection(target).payload_schema or {}
+            for field in fields:
+                info = schema.get(field)
+                if info is not None and field not in have:
+                    kind = info.params if info.params is not None else info.data_type
+                    self._client.create_payload_index(target, field, kind, wait=True)
+
     def retrieve(
         self,
         name: str,

@@ -307,6 +307,15 @@ class EdgeStore:
         found = {field: _KIND_NAMES.get(str(info.data_type)) for field, info in schema.items()}
         return {field: kind for field, kind in found.items() if kind is not None}
 
+    def copy_indexes(self, source: str, target: str, fields: Sequence[str]) -> None:
+        schema = self._open(source)[1].info().payload_schema
+        have = self._open(target)[1].info().payload_schema
+        for field in fields:
+            info = schema.get(field)
+            if info is not None and field not in have:
+                kind = info.params if info.params is not None else info.data_type
+                self._update(target, qe.UpdateOperation.create_field_index(field, kind))
+
     def retrieve(
         self,
         name: str,
