@@ -57,10 +57,37 @@ def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
         if len(value) >= 2 and value[0] == value[-1] == '"':
             equal[key] = value[1:-1]
         else:
+            _check_plain_value(item, key, value)
             equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
     if not where.clauses:
         return equal or None  # plain FIELD=VALUE terms: an equality filter, as before JSON filters
     return where & Where(must=equal)
+
+
+#: An unquoted FIELD=VALUE that reads as a decimal number (1.5, .5, 2e3).
+_DECIMAL = re.compile(r"[-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+)")
+
+
+def _check_plain_value(item: str, key: str, value: str) -> None:
+    """Refuse a FIELD=VALUE whose value reads as a decimal number, true/false or null: it would
+    match only the string of that spelling, and silently find nothing where the payload holds
+    the number, the boolean or the null."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        what, condition = "a true/false field", {"key": key, "match": {"value": lowered == "true"}}
+    elif lowered == "null":
+        what, condition = "a null field", {"is_null": {"key": key}}
+    elif _DECIMAL.fullmatch(value):
+        what, condition = (
+            "a decimal number",
+            {"key": key, "range": {"gte": float(value), "lte": float(value)}},
+        )
+    else:
+        return
+    raise ConfigError(
+        f"bad --filter {item!r}: FIELD=VALUE matches integers and strings; for {what} give "
+        f"'{json.dumps({'must': [condition]})}', for the string {key}=\"{value}\""
+    )
 
 
 def _json_filter(item: str) -> Any:
@@ -256,7 +283,7 @@ def index(
     "filters",
     multiple=True,
     help="Payload filter (repeatable, all must hold): FIELD=VALUE (3 matches integers, "
-    '"3" (quoted) or 003 strings), or Qdrant\'s JSON filter, e.g. '
+    '"3" (quoted) or 003 strings; 1.5, true and null are refused: use JSON), or Qdrant\'s JSON filter, e.g. '
     '\'{"must": [{"key": "price", "range": {"gte": 10}}]}\'.',
 )
 @click.option(
