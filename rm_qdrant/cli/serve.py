@@ -290,7 +290,8 @@ def index(
     "--score-threshold",
     type=FiniteFloat(),
     help="Keep hits at least this close, in the pair's score (cosine, dot: score >= T; "
-    "euclid, manhattan: score <= T).",
+    "euclid, manhattan: score <= T); on a calibrated pair an old hit's mapped distance decides, "
+    "not the old model's score the table shows.",
 )
 @click.option("--offset", default=0, type=click.IntRange(min=0), help="Skip this many merged hits first.")
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
@@ -316,7 +317,8 @@ def search(
     """Search the pair with one image; hits from both collections, merged by distance.
 
     --offset N skips the N closest merged hits (paging: --offset 10 --limit 10 is page two);
-    --score-threshold keeps only hits at least that close, in the pair's score (as Qdrant's).
+    --score-threshold keeps only hits at least that close, in the pair's score (as Qdrant's;
+    on a calibrated pair, an old hit's mapped distance, the one the merge ranks by).
 
     A dot collection's hits show their score (the dot product, higher is closer); cosine,
     Euclid and Manhattan hits their distance (1 - cosine, or the distance; lower is closer).
