@@ -160,7 +160,7 @@ def create_pair(
         if full_scan_kb is None:  # the new vector only: rm-qdrant's, which drop-pair deletes
             tune_search(store, {old_collection: [new_vector or ""]}, SERVING_FULL_SCAN_KB)
             own = _threshold(store, old_collection, old_spec.vector)
-            if own is not None and own < QDRANT_FULL_SCAN_KB and not store.filtered_recall:
+            if own is not None and own < QDRANT_FULL_SCAN_KB and not getattr(store, "filtered_recall", False):
                 _warn_filtered_recall(
                     f"the old vector {old_spec.vector or '(unnamed)'!r} of {old_collection!r} has "
                     f"full_scan_threshold {own} KB",
@@ -168,7 +168,7 @@ def create_pair(
                 )
         else:
             tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
-            if full_scan_kb < QDRANT_FULL_SCAN_KB and not store.filtered_recall:
+            if full_scan_kb < QDRANT_FULL_SCAN_KB and not getattr(store, "filtered_recall", False):
                 _warn_filtered_recall(f"--full-scan-kb {full_scan_kb}", "or leave --full-scan-kb out")
     else:
         target = new_collection or f"{name}-new"
@@ -220,7 +220,8 @@ def _warn_filtered_recall(setting: str, remedy: str) -> None:
     (before Qdrant 1.16; the embedded store and newer servers search it with ACORN): say what
     it costs."""
     log.warning(
-        "%s on a single-collection pair, and this Qdrant server is older than 1.16 (no ACORN): "
+        "%s on a single-collection pair, and this Qdrant server takes no ACORN (older than 1.16, "
+        "or its version could not be read): "
         "the old vector's search, filtered to the points not yet migrated, walks its graph where "
         "Qdrant would scan, and loses recall late in the backfill (recall@10 0.82-0.89 at 75 %% "
         "migrated on CIFAR-10 embeddings, ef 10-64; benchmarks/single_collection_share.py): "
@@ -354,6 +355,10 @@ def _prepare_new_collection(store: Store, name: str, *, dim: int, old: Collectio
             )
     # The team's indexes with their settings: a text index's case or tokenizer decides what a
     # filter matches, and would differ between the two collections with defaults.
-    store.copy_indexes(
-        old.name, name, [f for f in store.payload_indexes(old.name) if f not in INTERNAL_FIELDS]
-    )
+    kinds = {f: kind for f, kind in store.payload_indexes(old.name).items() if f not in INTERNAL_FIELDS}
+    copy = getattr(store, "copy_indexes", None)
+    if copy is not None:
+        copy(old.name, name, list(kinds))
+    else:  # a Store written before copy_indexes: the type alone
+        for field, kind in kinds.items():
+            store.create_index(name, field, kind)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any
 
@@ -58,7 +59,8 @@ def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
             equal[key] = value[1:-1]
         else:
             _check_plain_value(item, key, value)
-            equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]*)", value) else value
+            # Qdrant's integers are 64-bit: a longer run of digits can only be a string
+            equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]{0,18})", value) else value
     if not where.clauses:
         return equal or None  # plain FIELD=VALUE terms: an equality filter, as before JSON filters
     return where & Where(must=equal)
@@ -74,10 +76,11 @@ def _check_plain_value(item: str, key: str, value: str) -> None:
     the number, the boolean or the null."""
     lowered = value.lower()
     if lowered in ("true", "false"):
-        what, condition = "a true/false field", {"key": key, "match": {"value": lowered == "true"}}
+        what = "a true/false field (on a Qdrant server or qdrant-client's local mode)"
+        condition = {"key": key, "match": {"value": lowered == "true"}}
     elif lowered == "null":
         what, condition = "a null field", {"is_null": {"key": key}}
-    elif _DECIMAL.fullmatch(value):
+    elif _DECIMAL.fullmatch(value) and math.isfinite(float(value)):
         what, condition = (
             "a decimal number",
             {"key": key, "range": {"gte": float(value), "lte": float(value)}},

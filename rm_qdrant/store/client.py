@@ -9,7 +9,6 @@ the boundary.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -98,6 +97,7 @@ class ClientStore:
         self._remote = location is not None and location != ":memory:"
         self.concurrent_search = self._remote
         self._specs: dict[str, tuple[dict[str, VectorFacts], dict[str, bool]]] = {}  # a round trip saved
+        self._acorn: bool | None = None  # the server takes ACORN (None: not known yet)
         # qdrant-client's local mode is not thread-safe; a server is.
         self._lock: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if self._remote else threading.RLock()
@@ -417,14 +417,19 @@ class ClientStore:
         """Local mode searches exactly; a server from Qdrant 1.16 on takes ACORN."""
         return not self._remote or self._takes_acorn
 
-    @functools.cached_property
+    @property
     def _takes_acorn(self) -> bool:
-        """Whether the server takes ACORN (an older one may refuse the field): asked once."""
-        try:
-            with self._errors("reading the server's version"):
-                return takes_acorn(self._client.info().version)
-        except StoreError:
-            return False
+        """Whether the server takes ACORN (an older one may refuse the field). A version read is
+        kept; a failed read is asked again next time (a server restarting must not turn ACORN
+        off for the store's life)."""
+        if self._acorn is None:
+            try:
+                with self._errors("reading the server's version"):
+                    self._acorn = takes_acorn(self._client.info().version)
+            except StoreError as exc:
+                log.debug("no ACORN on this search: %s", exc)
+                return False
+        return self._acorn
 
     def merged_search(
         self, name: str, old_queries: np.ndarray, new_queries: np.ndarray, query: MergedQuery

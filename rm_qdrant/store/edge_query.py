@@ -27,7 +27,7 @@ from rm_qdrant.store.filters import as_where, match_values
 from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, old_side_params
 from rm_qdrant.store.points import merged_from
-from rm_qdrant.store.qfilter import has_id, to_edge
+from rm_qdrant.store.qfilter import bool_refusal, has_id, to_edge
 from rm_qdrant.store.vectors import SparseVector
 
 DISTANCES = {
@@ -40,6 +40,8 @@ DISTANCES = {
 
 def condition(key: str, value: Any) -> qe.FieldCondition:
     many, one = match_values(value)
+    if any(isinstance(v, bool) for v in (many if many is not None else [one])):
+        raise bool_refusal(key)
     return qe.FieldCondition(key=key, match=qe.MatchAny(many) if many is not None else qe.MatchValue(one))
 
 

@@ -211,14 +211,18 @@ def _geo(c: models.FieldCondition) -> dict[str, Any]:
     return geo
 
 
+def bool_refusal(key: str) -> ConfigError:
+    """qdrant-edge 0.9's binding reads True / False as the integers 1 / 0: a match on them finds
+    no boolean payload, and finds integer ones instead. The embedded store refuses it."""
+    return ConfigError(
+        f"filter on {key!r}: the embedded store (qdrant-edge) cannot match true/false values; "
+        "use a Qdrant server or qdrant-client's local mode, or store the field as 0/1 or text"
+    )
+
+
 def _match(key: str, match: Any) -> Any:
     if isinstance(getattr(match, "value", None), bool):  # MatchAny / MatchExcept take no bools
-        # qdrant-edge 0.9's binding reads True / False as the integers 1 / 0: such a match finds
-        # no boolean payload, and finds integer ones instead.
-        raise ConfigError(
-            f"filter on {key!r}: the embedded store (qdrant-edge) cannot match true/false values; "
-            "use a Qdrant server or qdrant-client's local mode, or store the field as 0/1 or text"
-        )
+        raise bool_refusal(key)
     if isinstance(match, models.MatchValue):
         return qe.MatchValue(match.value)
     if isinstance(match, models.MatchAny):

@@ -54,7 +54,9 @@ def test_a_plain_value_that_reads_as_a_number_bool_or_null_is_one_line_with_its_
     assert result.exit_code == 1 and f"for {what} give" in result.output
     assert len(result.output.strip().splitlines()) == 1
     suggested = result.output.split(" give '", 1)[1].split("', for the string", 1)[0]
-    if what != "a true/false field":  # the embedded store refuses true/false matches (its own line)
+    if not what.startswith(
+        "a true/false field"
+    ):  # the embedded store refuses true/false matches (its own line)
         assert labels(rmq, demo, suggested) == []  # the JSON it names is a filter rmq takes
     key, value = given.split("=")
     assert labels(rmq, demo, f'{key}="{value}"') == []  # quoted: the string, as before

@@ -143,13 +143,18 @@ def test_a_geo_point_out_of_range_is_one_line_on_both_stores(index, condition):
         index.count(nested)
 
 
+@pytest.mark.parametrize("form", ["models.Filter", "dict"])
 @pytest.mark.parametrize("value", [True, False])
-def test_a_true_false_match_is_right_or_one_line(index, value):
+def test_a_true_false_match_is_right_or_one_line(index, value, form):
     """qdrant-edge 0.9's binding reads True / False as 1 / 0: such a match found no boolean
-    payload (and the points whose integer field is 1 instead). Its store refuses it in one line;
-    qdrant-client's finds the points."""
+    payload (and the points whose integer field is 1 instead). Its store refuses it in one line,
+    in each filter form; qdrant-client's finds the points."""
     index, _ = index
-    nested = models.Filter(must=[models.FieldCondition(key="in_stock", match=models.MatchValue(value=value))])
+    nested = (
+        models.Filter(must=[models.FieldCondition(key="in_stock", match=models.MatchValue(value=value))])
+        if form == "models.Filter"
+        else {"in_stock": value}
+    )
     q = unit(1, OLD_DIM, 3)[0]
     if type(index.store).__name__ == "EdgeStore":
         for run in (lambda: index.search_vectors(q, q, limit=N, filter=nested), lambda: index.count(nested)):

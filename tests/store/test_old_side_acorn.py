@@ -94,3 +94,25 @@ def test_a_callers_own_acorn_or_exact_search_is_left_as_given() -> None:
 )
 def test_a_server_gets_acorn_from_1_16_on(version: str, takes: bool) -> None:
     assert takes_acorn(version) is takes
+
+
+def test_a_failed_version_read_is_asked_again_not_kept(tmp_path) -> None:
+    """A server restarting at the first search must not turn ACORN off for the store's life."""
+    from types import SimpleNamespace
+
+    from rm_qdrant.store.client import ClientStore
+
+    store = ClientStore(path=str(tmp_path / "local"))
+    answers = iter([ConnectionError("restarting"), SimpleNamespace(version="1.17.0")])
+
+    def info():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    store._remote, store._client.info = True, info  # what a server answers, in turn
+    assert store.filtered_recall is False  # not known: no ACORN on this search
+    assert store.filtered_recall is True  # read the next time, and kept
+    assert store.filtered_recall is True
+    store.close()

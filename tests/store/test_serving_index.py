@@ -99,7 +99,7 @@ def test_a_low_threshold_on_a_single_collection_pairs_old_vector_warns_without_a
     warnings = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
     assert len(warnings) == (said is not None and not acorn)
     if warnings:
-        assert said in warnings[0] and "older than 1.16" in warnings[0]
+        assert said in warnings[0] and "takes no ACORN (older than 1.16" in warnings[0]
     if own is not None:
         assert thresholds(edge, "photos")[""] == own
 
