@@ -51,7 +51,7 @@ def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):
 def test_a_plain_value_that_reads_as_a_number_bool_or_null_is_one_line_with_its_json(rmq, demo, given, what):
     """It matched only the string of that spelling: nothing, where the payload holds the value."""
     result = rmq("search", "--name", "demo", demo, "--filter", given, ok=False)
-    assert result.exit_code == 1 and f"for {what} give" in result.output
+    assert result.exit_code == 1 and f"for {what}" in result.output and " give " in result.output
     assert len(result.output.strip().splitlines()) == 1
     suggested = result.output.split(" give '", 1)[1].split("', for the string", 1)[0]
     if not what.startswith(
