@@ -241,12 +241,14 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         assert {h.source for h in index.search(query, limit=N)} == {"old", "new"}
         serve_like_a_service(index, query, by_id)
         assert index.count() == N  # each point once, wherever it is
-        waiting = [p.id for p in index.retrieve(list(by_id)) if p.source == "old"][:3]
+        moving = [p.id for p in index.retrieve(list(by_id)) if p.source == "old"]
+        waiting = [i for i in moving if i not in broken(rows)][:3]  # points that will migrate
         index.set_payload(
-            {"on_sale": True}, waiting
-        )  # the service edits points the migration has yet to move
+            {"on_sale": 1}, waiting
+        )  # the service edits points the migration has yet to move (1, not True: the embedded
+        # store refuses true/false matches, tests/store/test_geo_filters.py)
         for point_id in waiting:
-            by_id[point_id]["payload"]["on_sale"] = True
+            by_id[point_id]["payload"]["on_sale"] = 1
         index.close()
 
     rest = rmq("migrate", *pair).output
@@ -282,7 +284,7 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         assert sorted(p.id for p in page) == sorted(set(by_id) - broken(rows))
         assert all(user_payload(p.payload) == by_id[p.id]["payload"] and "caption" in p.others for p in page)
         index = DualIndex.open(store, "upgrade")
-        assert index.count() == N - 4 and index.count({"on_sale": True}) == len(set(waiting) - broken(rows))
+        assert index.count() == N - 4 and index.count({"on_sale": 1}) == len(waiting) == 3
         assert {h.source for h in index.search(query, limit=N)} == {"new"}
         serve_like_a_service(index, query, by_id)
         index.close()
