@@ -4,7 +4,8 @@ The gallery of ``search_recall.py --data cifar-old`` (the old small CNN's CIFAR-
 embeddings on both sides, 50,000 points, 300 test-image queries after 20 warm-up), built by
 its ``build`` at each migrated share of ``--shares``: the paired DualIndex, the
 single-collection one as it is (its old prefetch with ACORN under Qdrant's own 0.4
-selectivity cut-off, the default since issue 26's ACORN change), and the single-collection one with ACORN on its prefetches
+selectivity cut-off, the default since issue 26's ACORN change), and the single-collection
+one with ACORN on its prefetches
 (``search_params=SearchParams(acorn=AcornSearchParams(enable=True, max_selectivity=1.0))``
 per call: Qdrant's filtered-HNSW search that also walks neighbours' neighbours, for the old
 prefetch's "lacks the new vector" filter). Recall@10 against the paired DualIndex's exact
