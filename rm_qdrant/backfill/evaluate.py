@@ -9,8 +9,12 @@ Between fractions the pair is migrated with ``--until``, in the pair's backfill 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,8 @@ from rm_qdrant.core.paths import payload_value
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Where
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ServedPoint:
@@ -37,13 +43,37 @@ class ServedPoint:
 
 
 def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
+    """Gallery points per query label. A label is compared as text (a folder name), so a payload
+    label 3 counts for the folder "3", as ``rmq probe`` reads it; true/false labels never match."""
     store, pair = index.store, index.pair
     counts = {}
     for label in labels:
-        where = Where(must={pair.label_field: label})
-        old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0
-        counts[label] = old + (count_new(store, pair, where) if pair.serves_new else 0)
+        counts[label] = 0
+        forms: list[str | int] = [label] + (
+            [int(label)] if re.fullmatch(r"-?(0|[1-9][0-9]{0,17})", label) else []
+        )
+        for form in forms:
+            where = Where(must={pair.label_field: form})
+            old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0
+            counts[label] += old + (count_new(store, pair, where) if pair.serves_new else 0)
     return counts
+
+
+def label_text(value: Any) -> str | None:
+    """A payload label as the query folders name it: its text (an integer 3 is "3"); None for
+    no label or a true/false one."""
+    return None if value is None or isinstance(value, bool) else str(value)
+
+
+def image_key(uri: Any, root: Path | None = None) -> Any:
+    """What identifies an image across the gallery and the queries: a local path resolved
+    (relative ones under the pair's ``root``, as the migration reads them), else the URI."""
+    if not isinstance(uri, str) or "://" in uri or not uri:
+        return uri
+    path = Path(uri)
+    if not path.is_absolute() and root is not None:
+        path = Path(root) / path
+    return os.path.realpath(path)
 
 
 def average_precision(
@@ -62,7 +92,7 @@ def average_precision(
     (the hit whose image, ``uri_of(hit)``, is ``skip_uri``).
     """
     ranked = [h for h in hits if uri_of(h) != skip_uri][:k]
-    flags = np.array([payload_value(h.payload, label_field) == label for h in ranked], dtype=bool)
+    flags = np.array([label_text(payload_value(h.payload, label_field)) == label for h in ranked], dtype=bool)
     denominator = min(relevant, k) if k is not None else relevant
     if denominator == 0 or len(flags) == 0:
         return 0.0, bool(len(flags) and flags[0])
@@ -71,32 +101,60 @@ def average_precision(
 
 
 def served_retrieval(
-    index: DualIndex, queries: Sequence[ImageItem], *, k: int | None = None, batch: int = 64
+    index: DualIndex,
+    queries: Sequence[ImageItem],
+    *,
+    k: int | None = None,
+    batch: int = 64,
+    root: Path | None = None,
 ) -> Retrieval:
     """mAP (or mAP@k) and top-1 of the pair as it serves now, over ``queries``.
 
+    A query whose label no gallery point carries is left out (with a warning): its AP would be
+    0 whatever the pair serves. ``root`` resolves the gallery's relative image paths, so that a
+    query that is itself in the gallery is recognised and left out of its own ranking.
+
     Raises:
-        ConfigError: a query has no label.
+        ConfigError: a query has no label, or no query's label is in the gallery.
     """
     if any(q.label is None for q in queries):
         raise ConfigError("served evaluation needs labelled queries: QUERIES/<label>/<image>")
-    counts = _label_counts(index, {q.label for q in queries if q.label is not None})
     pair = index.pair
+    counts = _label_counts(index, {q.label for q in queries if q.label is not None})
+    absent = sorted(label for label, n in counts.items() if n == 0)
+    if len(absent) == len(counts):
+        raise ConfigError(
+            f"no gallery point has a query's label in its payload field {pair.label_field!r} "
+            f"(query labels: {', '.join(sorted(counts)[:5])}...; compared as text)"
+        )
+    if absent:
+        log.warning(
+            "no gallery point is labelled %s: those queries are left out of mAP and top-1",
+            ", ".join(repr(a) for a in absent[:5])
+            + (f" and {len(absent) - 5} more" if len(absent) > 5 else ""),
+        )
+    scored = [q for q in queries if counts[q.label or ""]]
 
     def uri_of(hit: Hit) -> Any:
-        return pair.uri_rule.find(hit.id, hit.payload)
+        return image_key(pair.uri_rule.find(hit.id, hit.payload), root)
 
     served = index.status()
     gallery = served.old_count + served.new_count
     limit = (k or gallery) + 1  # one more: the query itself may come back
     aps, tops = [], []
-    for start in range(0, len(queries), batch):
-        chunk = queries[start : start + batch]
+    for start in range(0, len(scored), batch):
+        chunk = scored[start : start + batch]
         for query, hits in zip(chunk, index.search_batch([q.uri for q in chunk], limit=limit), strict=True):
-            label = query.label or ""
-            relevant = counts[label] - (1 if _in_gallery(index, query) else 0)
+            label, itself = query.label or "", image_key(query.uri)
+            in_gallery = any(uri_of(h) == itself for h in hits) or _in_gallery(index, query)
             ap, top = average_precision(
-                hits, label, relevant, skip_uri=query.uri, k=k, label_field=pair.label_field, uri_of=uri_of
+                hits,
+                label,
+                counts[label] - in_gallery,
+                skip_uri=itself,
+                k=k,
+                label_field=pair.label_field,
+                uri_of=uri_of,
             )
             aps.append(ap)
             tops.append(top)
@@ -126,7 +184,7 @@ def evaluate_served(
     points = []
     for t in sorted(fractions):
         run_migration(index, dataclasses.replace(base, until=t))
-        r = served_retrieval(index, queries, k=k)
+        r = served_retrieval(index, queries, k=k, root=base.source.root)
         point = ServedPoint(t, index.progress(), r.map, r.top1)
         points.append(point)
         if on_point is not None:
