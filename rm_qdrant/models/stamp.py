@@ -307,7 +307,14 @@ def _measure(
             f"{source} does not run on a {spec.height}x{spec.width} {spec.layout} {spec.dtype} input "
             f"(--input-size, --input-layout): {str(exc).splitlines()[0][:200]}"
         ) from exc
-    return [list(np.asarray(v).shape[1:]) for v in values]
+    shapes = [np.asarray(v).shape for v in values]
+    for name, shape in zip(names, shapes, strict=True):
+        if len(shape) < 2 or shape[0] != batch:  # squeezed, transposed, or a fixed count of rows
+            raise ConfigError(
+                f"{source}: output {name!r} has shape {tuple(shape)} for a batch of {batch}: rm-qdrant "
+                "needs one row per image, (batch, dim)"
+            )
+    return [list(shape[1:]) for shape in shapes]
 
 
 def _check_unit(

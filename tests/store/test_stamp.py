@@ -332,6 +332,12 @@ def test_stamp_runs_the_graph_at_the_declared_size_and_wants_one_vector_per_imag
     matrix = graph(tmp_path / "matrix.onnx", [-1, 3, 4])
     with pytest.raises(ConfigError, match=r"gives \(3, 4\) values per image, not one vector"):
         stamp_model(matrix, tmp_path / "c.onnx", outputs={"embedding": "out"}, size=8)
+    # No row per image: squeezed to one vector for the whole batch, or transposed (dim, batch).
+    # Both were stamped "1-d" (found by an adversarial run); rmq index then failed on them.
+    for name, reshape in (("squeezed", [-1]), ("transposed", [12, -1])):
+        rowless = graph(tmp_path / f"{name}.onnx", reshape)
+        with pytest.raises(ConfigError, match=r"needs one row per image, \(batch, dim\)"):
+            stamp_model(rowless, tmp_path / f"{name}-out.onnx", outputs={"embedding": "out"}, size=8)
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
     with pytest.raises(EncoderError, match="not an ONNX graph"):
