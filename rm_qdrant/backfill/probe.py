@@ -59,9 +59,11 @@ class ProbeSample:
 
     def labels(self, field: str = "label") -> list[Any] | None:
         """Each point's payload label (``field``, a payload path such as ``meta.dept``), or None
-        unless every sampled point has one."""
+        unless every sampled point has one that names a class: a string or a number (a list,
+        an object or true/false would each become a class of its own, read as text)."""
         labels = [payload_value(p, field) for p in self.payloads]
-        return labels if labels and all(label is not None for label in labels) else None
+        named = all(isinstance(label, (str, int, float)) and not isinstance(label, bool) for label in labels)
+        return labels if labels and named else None
 
 
 def check_probe(store: Store, pair: PairRecord) -> None:

@@ -157,7 +157,8 @@ def fit_command(
     labels = sample.labels(label_field) if label_field else None
     if label_field and labels is None:
         raise ConfigError(
-            f"payload field {label_field!r} is missing on some sampled points: no labels to train on"
+            f"payload field {label_field!r} is missing on some sampled points, or holds a list, an object or "
+            "true/false instead of a class name (a string or a number): no labels to train on"
         )
     try:
         train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)

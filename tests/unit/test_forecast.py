@@ -64,3 +64,31 @@ def test_merged_top_k_and_agreement_against_a_loop():
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="two or more items"):
         forecast(np.zeros((1, 3)), np.zeros((1, 3)), order=np.arange(1))
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [
+        (["cat", 3, 2.5, "dog"], True),  # strings and numbers name classes
+        (["cat", None], False),  # missing on a point
+        (["cat", ["cat"]], False),  # a list would be a class of its own, "['cat']"
+        (["cat", {"n": "cat"}], False),
+        (["cat", True], False),
+    ],
+)
+def test_a_sample_has_labels_only_when_every_point_names_a_class(labels, named) -> None:
+    """rmq fit --label-field and rmq probe read these; a list or an object became a class of its
+    own through str() without a word (found by an adversarial run)."""
+    from rm_qdrant.backfill.probe import ProbeSample
+
+    n = len(labels)
+    sample = ProbeSample(
+        list(range(n)),
+        [{"meta": {"label": v}} for v in labels],
+        np.zeros((n, 2)),
+        np.zeros((n, 2)),
+        None,
+        "",
+        0,
+    )
+    assert (sample.labels("meta.label") == labels) if named else sample.labels("meta.label") is None
