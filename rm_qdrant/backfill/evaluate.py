@@ -135,8 +135,15 @@ def served_retrieval(
         )
     scored = [q for q in queries if counts[q.label or ""]]
 
+    keys: dict[str, Any] = {}  # a path is resolved once a call, not once a hit (37 us each)
+
     def uri_of(hit: Hit) -> Any:
-        return image_key(pair.uri_rule.find(hit.id, hit.payload), root)
+        uri = pair.uri_rule.find(hit.id, hit.payload)
+        if not isinstance(uri, str):
+            return uri
+        if uri not in keys:
+            keys[uri] = image_key(uri, root)
+        return keys[uri]
 
     served = index.status()
     gallery = served.old_count + served.new_count
