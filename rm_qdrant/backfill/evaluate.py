@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from rm_qdrant.backfill.layouts import active_where, count_new, ids_in_new
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.metrics import Retrieval
-from rm_qdrant.core.paths import payload_value
+from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Where
 
@@ -49,9 +48,8 @@ def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
     counts = {}
     for label in labels:
         counts[label] = 0
-        forms: list[str | int] = [label] + (
-            [int(label)] if re.fullmatch(r"-?(0|[1-9][0-9]{0,17})", label) else []
-        )
+        number = integer_text(label)
+        forms: list[str | int] = [label] + ([number] if number is not None else [])
         for form in forms:
             where = Where(must={pair.label_field: form})
             old = store.count(pair.old_collection, active_where(pair) & where) if pair.serves_old else 0

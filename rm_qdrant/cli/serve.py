@@ -31,7 +31,7 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.probe import status_estimate
 from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
-from rm_qdrant.core.paths import payload_value
+from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -59,8 +59,8 @@ def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
             equal[key] = value[1:-1]
         else:
             _check_plain_value(item, key, value)
-            # Qdrant's integers are 64-bit: a longer run of digits can only be a string
-            equal[key] = int(value) if re.fullmatch(r"-?(0|[1-9][0-9]{0,18})", value) else value
+            number = integer_text(value)
+            equal[key] = value if number is None else number
     if not where.clauses:
         return equal or None  # plain FIELD=VALUE terms: an equality filter, as before JSON filters
     return where & Where(must=equal)

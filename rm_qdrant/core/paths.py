@@ -16,6 +16,7 @@ Qdrant filter on that field uses too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,3 +72,12 @@ def payload_value(payload: Mapping[str, Any], path: str) -> Any:
             return None
         value = value[key]
     return value
+
+
+def integer_text(text: str) -> int | None:
+    """The integer ``text`` spells as Qdrant stores one (64-bit, no leading zeros: "007" is a
+    string), or None."""
+    if not re.fullmatch(r"-?(0|[1-9][0-9]{0,18})", text):  # bounded: int() of 5,000 digits raises
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
