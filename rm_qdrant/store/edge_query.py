@@ -102,10 +102,12 @@ def edge_params(
     hnsw_ef: int | None = None,
     timeout: int | None = None,
     consistency: models.ReadConsistency | None = None,
+    old_side: bool = False,
 ) -> qe.SearchParams:
     """qdrant-client's search parameters (``exact``, ``hnsw_ef`` filling in what ``search_params`` leaves
-    unset) as qdrant-edge's. ``timeout`` and ``consistency`` are checked and have no effect: the
-    shard is in this process (no network) and is its own only replica.
+    unset) as qdrant-edge's; ``old_side``: a merged query's old prefetch's (ACORN, see
+    :func:`~rm_qdrant.store.params.old_side_params`). ``timeout`` and ``consistency`` are checked
+    and have no effect: the shard is in this process (no network) and is its own only replica.
 
     Raises:
         ConfigError: a bad value, or a parameter qdrant-edge cannot express (named).
@@ -113,6 +115,8 @@ def edge_params(
     check_timeout(timeout)
     check_consistency(consistency)
     params = merge_params(search_params, exact or None, hnsw_ef)
+    if old_side:
+        params = old_side_params(params)
     for name in params.model_fields_set - _EDGE_SET:  # a field never set is None
         if getattr(params, name) is not None:
             raise ConfigError(f"search_params.{name} is not supported by the embedded store (qdrant-edge)")
@@ -221,10 +225,16 @@ def merged_requests(
     query: MergedQuery, old: list[list[float]], new: list[list[float]]
 ) -> list[qe.QueryRequest]:
     """One request per row: a prefetch per vector, the union ranked by ``max`` of the signed scores."""
-    given = merge_params(query.search_params, query.exact or None, query.hnsw_ef)
     params, old_params = (
-        edge_params(search_params=p, timeout=query.timeout, consistency=query.consistency)
-        for p in (given, old_side_params(given))
+        edge_params(
+            search_params=query.search_params,
+            exact=query.exact,
+            hnsw_ef=query.hnsw_ef,
+            timeout=query.timeout,
+            consistency=query.consistency,
+            old_side=old_side,
+        )
+        for old_side in (False, True)
     )
     where = as_where(query.filter) or Where()
     old_filter = edge_filter(where & Where(lacks_vector=(query.new_vector,)))
