@@ -10,8 +10,9 @@
    ``--n`` CIFAR-10 JPEGs with an encoder that does almost nothing, in each layout, with every
    qdrant-edge call timed in CPU time of the thread that makes it (``time.thread_time``): the
    shard's calls, the objects built for them (points, vectors, filters, operations) and the
-   conversion of what they return (ids, payloads and vectors are read inside the timer). The
-   timer's own cost, measured first, is taken off. ``limit``: 1e6 / that CPU time a point, the
+   conversion of what they return (ids, payloads and vectors are read inside the timer), and
+   printed by kind of call. The timer's own cost, measured first, is taken off; so is the index
+   build at the run's end, which the rate leaves out too. ``limit``: 1e6 / that CPU time a point, the
    most points a second any pipeline in one process can settle while qdrant-edge holds the GIL
    that long a point, whatever else it overlaps.
 3. **What the two cores allow an encoder.** For the tiny CNN and the CNN of ResNet-18's cost:
@@ -117,7 +118,7 @@ class Clock:
 
     def __init__(self) -> None:
         self.on, self.lock = False, threading.Lock()
-        self.seconds, self.calls, self.records = 0.0, 0, 0
+        self.spent: dict[str, list[float]] = {}  # kind of call -> [seconds, calls, points returned]
         self.overhead = self._overhead()
         self.record_overhead = self._record_overhead()
 
@@ -138,7 +139,7 @@ class Clock:
         [_plain(p) for p in points]
         return (time.thread_time() - start) / n
 
-    def timed(self, call, convert: bool = False):  # noqa: ANN001, ANN201
+    def timed(self, call, kind: str, convert: bool = False):  # noqa: ANN001, ANN201
         def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             if not self.on:
                 return call(*args, **kwargs)
@@ -149,19 +150,24 @@ class Clock:
                 out, records = _converted(out)
             spent = time.thread_time() - start
             with self.lock:
-                self.seconds += spent
-                self.calls += 1
-                self.records += records
+                figures = self.spent.setdefault(kind, [0.0, 0, 0])
+                figures[0] += spent
+                figures[1] += 1
+                figures[2] += records
             return out
 
         return run
 
     def reset(self) -> None:
-        self.seconds, self.calls, self.records = 0.0, 0, 0
+        self.spent = {}
 
-    def per_point(self, points: int) -> float:
-        own = self.calls * self.overhead + self.records * self.record_overhead
-        return max(0.0, self.seconds - own) / points
+    def kinds(self, points: int) -> dict[str, float]:
+        """Seconds a point in each kind of call, less the timer's and ``_plain``'s own cost."""
+        net = {
+            kind: max(0.0, seconds - calls * self.overhead - records * self.record_overhead) / points
+            for kind, (seconds, calls, records) in self.spent.items()
+        }
+        return dict(sorted(net.items(), key=lambda item: -item[1]))
 
 
 def _plain(record):  # noqa: ANN001, ANN202
@@ -189,14 +195,14 @@ class _Timed:
         self._target, self._clock = target, clock
 
     def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
-        return self._clock.timed(self._target)(*args, **kwargs)
+        return self._clock.timed(self._target, self._target.__name__)(*args, **kwargs)
 
     def __getattr__(self, name: str):  # noqa: ANN204
         value = getattr(self._target, name)
         if isinstance(value, type) or (callable(value) and not isinstance(self._target, type)):
             return _Timed(value, self._clock)
         if callable(value):  # a class's static constructor, qe.UpdateOperation.upsert_points, say
-            return self._clock.timed(value)
+            return self._clock.timed(value, f"{self._target.__name__}.{name}")
         return value
 
 
@@ -208,7 +214,7 @@ class _Shard:
 
     def __getattr__(self, name: str):  # noqa: ANN204
         value = getattr(self._shard, name)
-        return self._clock.timed(value, convert=True) if callable(value) else value
+        return self._clock.timed(value, f"shard.{name}", convert=True) if callable(value) else value
 
 
 def instrument(clock: Clock) -> None:
@@ -240,17 +246,20 @@ def migrations(store, folder: Path, args: argparse.Namespace, clock: Clock) -> d
             report = run_migration(index, MigrateOptions(batch=args.batch, optimize_every=None))
             cpu, clock.on = time.process_time() - cpu, False
             seconds = report.seconds - report.optimize_seconds
-            binding = clock.per_point(report.moved)
+            # the index build at the end is not in the rate (report.optimize_seconds): nor here
+            kinds = {k: us * 1e6 for k, us in clock.kinds(report.moved).items() if k != "shard.optimize"}
             runs[layout].append(
                 {
                     "rate": report.moved / seconds,
                     "cpu_us": cpu / report.moved * 1e6,
-                    "binding_us": binding * 1e6,
+                    "binding_us": sum(kinds.values()),
+                    "kinds": kinds,
                     "wall_us": seconds / report.moved * 1e6,
                     "load": os.getloadavg()[0],
                 }
             )
-            print(f"  {layout} run {repeat + 1}: {runs[layout][-1]}", flush=True)
+            shown = {k: v for k, v in runs[layout][-1].items() if k != "kinds"}
+            print(f"  {layout} run {repeat + 1}: {shown}; {kinds}", flush=True)
     return runs
 
 
@@ -340,7 +349,7 @@ def report(args, paces, runs, encoders, overhead) -> str:  # noqa: ANN001
     ]
     binding = {}
     for layout, rows in runs.items():
-        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "kinds"}
         binding[layout] = med["binding_us"]
         lines.append(
             f"| {layout} | {med['rate']:,.0f} points/s | {med['wall_us']:.0f} µs | {med['cpu_us']:.0f} µs | "
@@ -348,6 +357,18 @@ def report(args, paces, runs, encoders, overhead) -> str:  # noqa: ANN001
             f"{1e6 / med['binding_us']:,.0f} points/s | {GOALS[layout]:,} points/s | "
             f"{min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f} |"
         )
+    lines += [
+        "",
+        "qdrant-edge's CPU a point by kind of call (median of the runs; the largest first):",
+        "",
+        "| layout | " + " | ".join(f"{i}." for i in range(1, 7)) + " |",
+        "|---|" + "---|" * 6,
+    ]
+    for layout, rows in runs.items():
+        kinds = {kind for r in rows for kind in r["kinds"]}
+        med = {kind: statistics.median(r["kinds"].get(kind, 0.0) for r in rows) for kind in kinds}
+        top = sorted(med.items(), key=lambda item: -item[1])[:6]
+        lines.append(f"| {layout} | " + " | ".join(f"{kind} {us:.0f} µs" for kind, us in top) + " |")
     lines += [
         "",
         f"## 3. What {cores} cores allow an encoder: migration / encoder alone at most",
