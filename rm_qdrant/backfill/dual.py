@@ -13,7 +13,7 @@ from qdrant_client import models
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
 from rm_qdrant.backfill.pair_points import PairPoints
-from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of
+from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of, without_copies
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge_batches
@@ -256,9 +256,15 @@ class DualIndex(PairPoints):
         old_raw: list[list[ScoredRecord]] | None = None
         if pending is None and old_q is not None:
             old_raw = self.store.search(old_name, old_q, **old_args)
+            if new_q is not None:  # before new's search: a copy found now is there for it too
+                old_raw, _ = without_copies(self.store, pair, old_raw, old_q, old_args)
         new_raw = None if new_q is None else self.store.search(new_name, new_q, **new_args)
-        if pending is not None:
-            old_raw = pending.result()
+        if pending is not None and new_raw is not None:
+            found = pending.result()
+            old_raw, copied = without_copies(self.store, pair, found, old_q, old_args)
+            for row, hits in enumerate(new_raw):  # a copy new's search ran too early to see: again
+                if ({r.id for r in found[row]} & copied) - {r.id for r in hits}:
+                    new_raw[row] = self.store.search(new_name, new_q[row : row + 1], **new_args)[0]
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 

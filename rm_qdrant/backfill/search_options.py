@@ -3,14 +3,18 @@ they do to a merged hit list (threshold, offset, payload selection)."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import Hit, PointId, score_to_distance
+from rm_qdrant.core.planning import MOVING
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Store
+from rm_qdrant.store.base import ScoredRecord
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
 
 if TYPE_CHECKING:
@@ -56,9 +60,13 @@ class SearchOptions:
             isinstance(self.score_threshold, bool) or not isinstance(self.score_threshold, (int, float))
         ):
             raise ConfigError(f"score_threshold must be a number, got {self.score_threshold!r}")
+        if self.score_threshold is not None and math.isnan(self.score_threshold):
+            raise ConfigError("score_threshold is NaN: no score compares with it (give a number, or None)")
         payload = self.with_payload
         if not isinstance(payload, bool) and (
-            isinstance(payload, str) or not all(isinstance(f, str) for f in payload)
+            isinstance(payload, str)
+            or not isinstance(payload, Sequence)
+            or not all(isinstance(f, str) for f in payload)
         ):
             raise ConfigError(f"with_payload is True, False or a list of field names, got {payload!r}")
         if not isinstance(self.with_vectors, bool):
@@ -92,21 +100,76 @@ class SearchOptions:
 
 
 def select(payload: dict[str, Any], fields: bool | Sequence[str]) -> dict[str, Any]:
-    """The part of ``payload`` that ``with_payload`` asks for."""
+    """The part of ``payload`` that ``with_payload`` asks for, as Qdrant's payload selector
+    keeps it: ``a.b`` goes into an object, ``a[].b`` into each item of a list, ``a[]`` keeps
+    the list; a list named without ``[]`` (or by an index, ``a[0]``) keeps none of its items."""
     if fields is False:
         return {}
-    kept: dict[str, Any] = {}
-    for name in fields if not isinstance(fields, bool) else ():
-        source, target, parts = payload, kept, name.split(".")
-        for part in parts[:-1]:
-            if not isinstance(source.get(part), dict):
+    return _kept(payload, _tree(tuple(fields))) if not isinstance(fields, bool) else {}
+
+
+_STEP = re.compile(r"([^.\[\]]+)((?:\[\d*\])*)")
+
+
+def _tree(fields: tuple[str, ...]) -> dict[Any, Any]:
+    """The fields as a tree of steps (a key, None for ``[]``, an int for ``[N]``); True: all below."""
+    tree: dict[Any, Any] = {}
+    for name in fields:
+        steps: list[Any] = []
+        for part in name.split("."):
+            step = _STEP.fullmatch(part)
+            if step is None:  # not a path Qdrant reads: it selects nothing
+                steps = []
                 break
-            source = source[part]
-            target = target.setdefault(part, {})
+            steps.append(step.group(1))
+            steps += [None if i == "" else int(i) for i in re.findall(r"\[(\d*)\]", step.group(2))]
+        node = tree
+        for step in steps[:-1]:
+            node = node.setdefault(step, {})
+            if node is True:  # a shorter field keeps all of it already
+                break
         else:
-            if parts[-1] in source:
-                target[parts[-1]] = source[parts[-1]]
-    return kept
+            if steps:
+                node[steps[-1]] = True
+    return tree
+
+
+def _kept(value: Any, tree: dict[Any, Any]) -> Any:
+    if isinstance(value, dict):
+        return {k: v if tree[k] is True else _kept(v, tree[k]) for k, v in value.items() if k in tree}
+    if isinstance(value, list):
+        below = tree.get(None)
+        if below is None:
+            return []
+        return value if below is True else [_kept(item, below) for item in value]
+    return value
+
+
+def without_copies(
+    store: Store, pair: PairRecord, found: list[list[ScoredRecord]], queries: Any, args: dict[str, Any]
+) -> tuple[list[list[ScoredRecord]], set[PointId]]:
+    """Old's hits ``found`` for ``queries`` (searched with ``args``), less the points a migration
+    step has already written to new, and the ids dropped.
+
+    Such a point is marked ``rmq_moving`` in old and present in new: a step cut short between
+    its write and the removal from old, or one under way. It serves from new alone: if its copy
+    is among the closest, new's own search finds it; its old copy, at its old distance, would be
+    the point served by the wrong model. A list that lost hits is searched again, deeper, so it
+    still holds the closest ``limit`` points old serves. One read of new, only when a hit is marked.
+    """
+    rows, copied = list(found), set()
+    for row, hits in enumerate(found):
+        asked = args["limit"]
+        while True:
+            marked = [r.id for r in hits if r.payload.get(MOVING) is not None and r.id not in copied]
+            if marked:
+                copied |= {r.id for r in store.retrieve(pair.new_collection, marked, with_payload=False)}
+            rows[row] = [r for r in hits if r.id not in copied]
+            if len(rows[row]) >= args["limit"] or len(hits) < asked:  # enough, or old has no more
+                break
+            asked += args["limit"] - len(rows[row])
+            hits = store.search(pair.old_collection, queries[row : row + 1], **{**args, "limit": asked})[0]
+    return rows, copied
 
 
 def with_vectors_of(store: Store, pair: PairRecord, rows: list[list[Hit]]) -> list[list[Hit]]:

@@ -56,14 +56,18 @@ def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
                 f'bad --filter {item!r}: expected FIELD=VALUE or a JSON filter {{"must": [...]}}'
             )
         if len(value) >= 2 and value[0] == value[-1] == '"':
-            equal[key] = value[1:-1]
+            matched: Any = value[1:-1]
         else:
             _check_plain_value(item, key, value)
             number = integer_text(value)
-            equal[key] = value if number is None else number
-    if not where.clauses:
+            matched = value if number is None else number
+        if key in equal:  # a field named twice: both terms hold (Where keeps them apart)
+            where = where & Where(must={key: matched})
+        else:
+            equal[key] = matched
+    if not where:
         return equal or None  # plain FIELD=VALUE terms: an equality filter, as before JSON filters
-    return where & Where(must=equal)
+    return Where(must=equal) & where
 
 
 #: An unquoted FIELD=VALUE that reads as a decimal number (1.5, .5, 2e3).

@@ -16,7 +16,7 @@ from rm_qdrant.core.merge import UNSEEN, PointId, higher_is_closer
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import CollectionNotFound, StoreError, Unsupported
 from rm_qdrant.store.base import CollectionSpec, Filter, MergedQuery, VectorFacts, Where
-from rm_qdrant.store.filters import as_where, match_values
+from rm_qdrant.store.filters import as_where, equality
 from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params
 from rm_qdrant.store.vectors import SparseVector
@@ -186,12 +186,6 @@ def vectors_config(spec: CollectionSpec) -> tuple[Any, dict[str, models.SparseVe
     return dense, sparse_params or None
 
 
-def condition(key: str, value: Any) -> models.FieldCondition:
-    many, one = match_values(value)
-    match: Any = models.MatchAny(any=many) if many is not None else models.MatchValue(value=one)
-    return models.FieldCondition(key=key, match=match)
-
-
 def client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> models.Filter | None:
     where = as_where(filter)
     if where is None and ids is None:
@@ -200,13 +194,13 @@ def client_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -
     by_id = [] if ids is None else [models.HasIdCondition(has_id=[normalize_id(i) for i in ids])]
     empty = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.empty]
     present = [models.IsEmptyCondition(is_empty=models.PayloadField(key=k)) for k in where.not_empty]
-    must: list[Any] = [condition(k, v) for k, v in where.must.items()] + empty + by_id
+    must: list[Any] = [equality(k, v) for k, v in where.must.items()] + empty + by_id
     must += [models.HasVectorCondition(has_vector=v) for v in where.has_vector]
     must += list(where.clauses)
     if where.slice is not None:
         index, total = where.slice
         must.append(models.SliceCondition(slice=models.Slice(index=index, total=total)))
-    must_not: list[Any] = [condition(k, v) for k, v in where.must_not.items()] + present
+    must_not: list[Any] = [equality(k, v) for k, v in where.must_not.items()] + present
     must_not += [models.HasVectorCondition(has_vector=v) for v in where.lacks_vector]
     return models.Filter(must=must or None, must_not=must_not or None)
 

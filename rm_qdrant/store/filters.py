@@ -40,15 +40,17 @@ class Where:
     def __and__(self, other: Where) -> Where:
         if self.slice is not None and other.slice is not None and self.slice != other.slice:
             raise ConfigError(f"two slices in one filter: {self.slice} and {other.slice}")
+        must, both = _joined(self.must, other.must, negated=False)
+        must_not, neither = _joined(self.must_not, other.must_not, negated=True)
         return Where(
-            {**self.must, **other.must},
-            {**self.must_not, **other.must_not},
+            must,
+            must_not,
             self.empty + other.empty,
             self.not_empty + other.not_empty,
             self.has_vector + other.has_vector,
             self.lacks_vector + other.lacks_vector,
             self.slice or other.slice,
-            self.clauses + other.clauses,
+            self.clauses + other.clauses + both + neither,
         )
 
     def __bool__(self) -> bool:
@@ -96,7 +98,64 @@ def as_where(filter: Filter | None) -> Where | None:
     return where if where else None
 
 
+def _joined(
+    first: Mapping[str, Any], second: Mapping[str, Any], *, negated: bool
+) -> tuple[dict[str, Any], tuple[models.Filter, ...]]:
+    """Two field -> value maps as one, and the conditions of ``second`` on a field ``first``
+    has with another value, as a clause: both hold (a map keeps one value a field)."""
+    joined, apart = dict(first), []
+    for key, value in second.items():
+        if key in joined and joined[key] != value:
+            apart.append(equality(key, value))
+        else:
+            joined[key] = value
+    if not apart:
+        return joined, ()
+    return joined, (models.Filter(must_not=apart) if negated else models.Filter(must=apart),)
+
+
+def equality(key: str, value: Any) -> models.FieldCondition:
+    """The field equals ``value`` (or, for a list, any of its values), as qdrant-client says it."""
+    many, one = match_values(value)
+    match: Any = models.MatchAny(any=many) if many is not None else models.MatchValue(value=one)
+    return models.FieldCondition(key=key, match=match)
+
+
+#: The integers a Qdrant payload filter matches (64-bit, signed).
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _check_value(key: str, value: Any) -> None:
+    """Refuse a plain filter value no store can match as given, in one line that says what to
+    give instead (a decimal number or a null would otherwise be a library's traceback)."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for one in value:
+            _check_value(key, one)
+        return
+    if isinstance(value, bool | str) or (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]):
+        return
+    if isinstance(value, int):
+        raise ConfigError(f"filter on {key!r}: {value} is outside the 64-bit integers a payload holds")
+    if isinstance(value, float):
+        raise ConfigError(
+            f"filter on {key!r}: a plain value matches a string, an integer or true/false; for the "
+            f"number {value} give a range, {{{key!r}: {{'gte': {value}, 'lte': {value}}}}}"
+        )
+    if value is None:
+        raise ConfigError(
+            f"filter on {key!r}: a plain value cannot be None; for a null or missing field give "
+            "models.Filter(must=[models.IsNullCondition(...)]) or models.IsEmptyCondition"
+        )
+    raise ConfigError(
+        f"filter on {key!r}: a plain value is a string, an integer, true/false or a list of them, "
+        f"not {type(value).__name__}"
+    )
+
+
 def _from_mapping(filter: Mapping[str, Any]) -> Where:
+    for key, value in filter.items():
+        if not isinstance(value, Mapping):
+            _check_value(key, value)
     ranges = {k: v for k, v in filter.items() if isinstance(v, Mapping)}
     if not ranges:
         return Where(must=dict(filter))

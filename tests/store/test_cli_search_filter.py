@@ -60,3 +60,12 @@ def test_a_plain_value_that_reads_as_a_number_bool_or_null_is_one_line_with_its_
         assert labels(rmq, demo, suggested) == []  # the JSON it names is a filter rmq takes
     key, value = given.split("=")
     assert labels(rmq, demo, f'{key}="{value}"') == []  # quoted: the string, as before
+
+
+def test_a_field_named_in_two_filters_must_hold_both(rmq, demo):
+    """The dict of FIELD=VALUE terms kept the last value of a field named twice: 'label=a'
+    then 'label=b' searched for b, where no point is both."""
+    assert labels(rmq, demo, "label=a", "label=b") == []
+    assert labels(rmq, demo, "label=a", "label=a") == ["a"]
+    not_a = json.dumps({"must_not": [{"key": "label", "match": {"value": "a"}}]})
+    assert labels(rmq, demo, "label=b", not_a, "label=c") == []

@@ -217,6 +217,8 @@ def test_per_call_exact_and_hnsw_ef_give_the_exact_ranking(index):
         ({"offset": -1}, "offset"),
         ({"score_threshold": "high"}, "score_threshold"),
         ({"with_payload": "label"}, "with_payload"),
+        ({"with_payload": None}, "with_payload"),  # was a TypeError from iterating None
+        ({"score_threshold": float("nan")}, "NaN"),  # was no hit at all, and no word
         ({"with_vectors": "yes"}, "with_vectors"),
         ({"hnsw_ef": 0}, "hnsw_ef"),
         ({"exact": 1}, "exact"),
