@@ -13,7 +13,7 @@ from qdrant_client import models
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
 from rm_qdrant.backfill.pair_points import PairPoints
-from rm_qdrant.backfill.search_options import SearchOptions, with_vectors_of, without_copies
+from rm_qdrant.backfill.search_options import PayloadSelection, SearchOptions, with_vectors_of, without_copies
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge_batches
@@ -178,7 +178,7 @@ class DualIndex(PairPoints):
         filter: Filter | None = None,
         score_threshold: float | None = None,
         offset: int = 0,
-        with_payload: bool | Sequence[str] = True,
+        with_payload: PayloadSelection = True,
         with_vectors: bool = False,
         exact: bool | None = None,
         hnsw_ef: int | None = None,
@@ -196,7 +196,8 @@ class DualIndex(PairPoints):
             score_threshold: Qdrant's, in the pair's score: cosine and dot keep ``score >= t``,
                 euclid and manhattan ``score <= t`` (compared as the merged distance).
             offset: skip the first ``offset`` merged hits.
-            with_payload: True, False, or the payload fields to return.
+            with_payload: True, False, the payload fields to return (Qdrant's paths: ``meta.dept``,
+                ``items[].sku``), or ``models.PayloadSelectorInclude`` / ``Exclude``.
             with_vectors: give each hit its vector (:attr:`Hit.vector`) as its side stores it.
             exact, hnsw_ef: this call's search parameters (None: the index's own).
             search_params: qdrant-client's ``models.SearchParams`` for both sides (``quantization``,

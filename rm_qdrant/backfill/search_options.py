@@ -7,7 +7,9 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from qdrant_client import models
 
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import Hit, PointId, score_to_distance
@@ -17,8 +19,8 @@ from rm_qdrant.store import Store
 from rm_qdrant.store.base import ScoredRecord
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
 
-if TYPE_CHECKING:
-    from qdrant_client import models
+#: What ``with_payload`` takes, as qdrant-client does.
+PayloadSelection = bool | Sequence[str] | models.PayloadSelectorInclude | models.PayloadSelectorExclude
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ class SearchOptions:
             with each hit's merged :attr:`Hit.distance` (``distance <= score_to_distance(t)``),
             so an old hit of a naive pair is judged on its calibrated distance.
         offset: skip this many merged hits (each side is searched for ``limit + offset``).
-        with_payload: True, False (empty payloads) or the field names to keep (a dotted
-            name keeps that nested value).
+        with_payload: True, False (empty payloads), the field names to keep (Qdrant's paths:
+            ``meta.dept``, ``items[].sku``), or ``models.PayloadSelectorInclude`` / ``Exclude``.
         with_vectors: attach each hit's vector, as the side it came from stores it.
         exact: scan every point (None: the index's default).
         hnsw_ef: HNSW search breadth (None: the index's default).
@@ -45,7 +47,7 @@ class SearchOptions:
 
     score_threshold: float | None = None
     offset: int = 0
-    with_payload: bool | Sequence[str] = True
+    with_payload: PayloadSelection = True
     with_vectors: bool = False
     exact: bool | None = None
     hnsw_ef: int | None = None
@@ -62,13 +64,16 @@ class SearchOptions:
             raise ConfigError(f"score_threshold must be a number, got {self.score_threshold!r}")
         if self.score_threshold is not None and math.isnan(self.score_threshold):
             raise ConfigError("score_threshold is NaN: no score compares with it (give a number, or None)")
-        payload = self.with_payload
-        if not isinstance(payload, bool) and (
-            isinstance(payload, str)
-            or not isinstance(payload, Sequence)
-            or not all(isinstance(f, str) for f in payload)
+        names = _selector_fields(self.with_payload)
+        if not isinstance(self.with_payload, bool) and (
+            isinstance(names, str)
+            or not isinstance(names, Sequence)
+            or not all(isinstance(f, str) for f in names)
         ):
-            raise ConfigError(f"with_payload is True, False or a list of field names, got {payload!r}")
+            raise ConfigError(
+                "with_payload is True, False, a list of field names or models.PayloadSelectorInclude/"
+                f"Exclude, got {self.with_payload!r}"
+            )
         if not isinstance(self.with_vectors, bool):
             raise ConfigError(f"with_vectors is True or False, got {self.with_vectors!r}")
         if self.exact is not None and not isinstance(self.exact, bool):
@@ -99,13 +104,27 @@ class SearchOptions:
         return [replace(h, payload=select(h.payload, self.with_payload)) for h in hits]
 
 
-def select(payload: dict[str, Any], fields: bool | Sequence[str]) -> dict[str, Any]:
+def select(payload: dict[str, Any], fields: PayloadSelection) -> dict[str, Any]:
     """The part of ``payload`` that ``with_payload`` asks for, as Qdrant's payload selector
     keeps it: ``a.b`` goes into an object, ``a[].b`` into each item of a list, ``a[]`` keeps
-    the list; a list named without ``[]`` (or by an index, ``a[0]``) keeps none of its items."""
+    the list; a list named without ``[]`` (or by an index, ``a[0]``) keeps none of its items.
+    ``models.PayloadSelectorExclude`` keeps the rest instead."""
+    if fields is True:
+        return payload
     if fields is False:
         return {}
-    return _kept(payload, _tree(tuple(fields))) if not isinstance(fields, bool) else {}
+    if isinstance(fields, models.PayloadSelectorExclude):
+        return _dropped(payload, _tree(tuple(fields.exclude)))
+    return _kept(payload, _tree(tuple(_selector_fields(fields))))
+
+
+def _selector_fields(given: Any) -> Any:
+    """The field names of a ``with_payload`` other than True/False (what it is, if not a selector)."""
+    if isinstance(given, models.PayloadSelectorInclude):
+        return given.include
+    if isinstance(given, models.PayloadSelectorExclude):
+        return given.exclude
+    return given
 
 
 _STEP = re.compile(r"([^.\[\]]+)((?:\[\d*\])*)")
@@ -142,6 +161,21 @@ def _kept(value: Any, tree: dict[Any, Any]) -> Any:
         if below is None:
             return []
         return value if below is True else [_kept(item, below) for item in value]
+    return value
+
+
+def _dropped(value: Any, tree: dict[Any, Any]) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: v if k not in tree else _dropped(v, tree[k])
+            for k, v in value.items()
+            if tree.get(k) is not True
+        }
+    if isinstance(value, list):
+        below = tree.get(None)
+        if below is None:
+            return value
+        return [] if below is True else [_dropped(item, below) for item in value]
     return value
 
 

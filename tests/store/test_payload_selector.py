@@ -1,4 +1,5 @@
-"""``with_payload=[fields]`` keeps what Qdrant's payload selector keeps, nested lists included.
+"""``with_payload=[fields]`` keeps what Qdrant's payload selector keeps, nested lists included,
+and qdrant-client's ``PayloadSelectorInclude``/``Exclude`` are taken (they were refused).
 
 Before, a field was read by dots only: ``items[].a`` (Qdrant's path into each item of a list)
 kept nothing, and ``items.a`` on a list kept nothing where Qdrant keeps ``{"items": []}``.
@@ -60,8 +61,12 @@ def test_selected_payloads_are_qdrants(store, tmp_path):
     reference.upsert(
         "ref", [models.PointStruct(id=i, vector=[1.0, 0.0], payload=p) for i, p in enumerate(payloads)]
     )
-    for draw in range(40):
-        fields = [str(f) for f in rng.choice(PATHS, size=int(rng.integers(1, 4)), replace=False)]
+    for draw in range(60):
+        fields: object = [str(f) for f in rng.choice(PATHS, size=int(rng.integers(1, 4)), replace=False)]
+        if draw % 3 == 1:
+            fields = models.PayloadSelectorInclude(include=fields)
+        elif draw % 3 == 2:
+            fields = models.PayloadSelectorExclude(exclude=fields)
         hits = index.search_vectors(vectors[0], vectors[0], limit=N, with_payload=fields)
         assert sorted(h.id for h in hits) == list(range(N))
         expected = {r.id: r.payload for r in reference.retrieve("ref", list(range(N)), with_payload=fields)}
