@@ -13,7 +13,13 @@ from qdrant_client import models
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
 from rm_qdrant.backfill.pair_points import PairPoints
-from rm_qdrant.backfill.search_options import PayloadSelection, SearchOptions, with_vectors_of, without_copies
+from rm_qdrant.backfill.search_options import (
+    PayloadSelection,
+    SearchOptions,
+    with_late_copies,
+    with_vectors_of,
+    without_copies,
+)
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge_batches
@@ -231,6 +237,8 @@ class DualIndex(PairPoints):
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
+        if limit == 0:  # no hit asked for (qdrant-client refuses a search for none)
+            return [[] for _ in (new_q if new_q is not None else old_q if old_q is not None else ())]
         params = opts.params(self.exact, self.hnsw_ef)
         request = {"search_params": params, "timeout": opts.timeout, "consistency": opts.consistency}
         if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
@@ -261,11 +269,8 @@ class DualIndex(PairPoints):
                 old_raw, _ = without_copies(self.store, pair, old_raw, old_q, old_args)
         new_raw = None if new_q is None else self.store.search(new_name, new_q, **new_args)
         if pending is not None and new_raw is not None:
-            found = pending.result()
-            old_raw, copied = without_copies(self.store, pair, found, old_q, old_args)
-            for row, hits in enumerate(new_raw):  # a copy new's search ran too early to see: again
-                if ({r.id for r in found[row]} & copied) - {r.id for r in hits}:
-                    new_raw[row] = self.store.search(new_name, new_q[row : row + 1], **new_args)[0]
+            old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
+            new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 

@@ -189,19 +189,13 @@ class PairPoints:
         return sides
 
     def _served_twice(self, where: Where) -> list[PointId]:
-        """Points both sides serve (a paired migration step cut short) that match ``where`` on
-        both: counted once, as search returns them once."""
+        """Points both sides hold (a paired migration step cut short) whose old copy matches
+        ``where``: search serves such a point from new alone (see search_options.without_copies),
+        so its old copy is not counted; its new copy is, where it matches."""
         sides = self._sides()
         if len(sides) < 2:
             return []
-        both = self.layout.in_both(self.store, sides[0].where & where)
-        if not both:
-            return []
-        new = sides[1]
-        records, _ = self.store.scroll(
-            new.collection, limit=len(both), where=new.where & where & with_ids(both), with_payload=False
-        )
-        return [r.id for r in records]
+        return self.layout.in_both(self.store, sides[0].where & where)
 
     def _selected(self, points: Any) -> list[PointId]:
         """The ids ``set_payload`` writes: the ids given, or the served points a filter matches."""

@@ -15,8 +15,9 @@ from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import Hit, PointId, score_to_distance
 from rm_qdrant.core.planning import MOVING
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.store import Store
+from rm_qdrant.store import Store, Where
 from rm_qdrant.store.base import ScoredRecord
+from rm_qdrant.store.filters import with_ids
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
 
 #: What ``with_payload`` takes, as qdrant-client does.
@@ -62,8 +63,11 @@ class SearchOptions:
             isinstance(self.score_threshold, bool) or not isinstance(self.score_threshold, (int, float))
         ):
             raise ConfigError(f"score_threshold must be a number, got {self.score_threshold!r}")
-        if self.score_threshold is not None and math.isnan(self.score_threshold):
-            raise ConfigError("score_threshold is NaN: no score compares with it (give a number, or None)")
+        if self.score_threshold is not None and _not_a_float(self.score_threshold):
+            raise ConfigError(
+                f"score_threshold {self.score_threshold!r} is not a number a score compares with "
+                "(give a finite number, or None)"
+            )
         names = _selector_fields(self.with_payload)
         if not isinstance(self.with_payload, bool) and (
             isinstance(names, str)
@@ -74,6 +78,8 @@ class SearchOptions:
                 "with_payload is True, False, a list of field names or models.PayloadSelectorInclude/"
                 f"Exclude, got {self.with_payload!r}"
             )
+        if not isinstance(self.with_payload, bool):
+            _tree(tuple(names))  # a path Qdrant cannot read is one line now, not an empty payload
         if not isinstance(self.with_vectors, bool):
             raise ConfigError(f"with_vectors is True or False, got {self.with_vectors!r}")
         if self.exact is not None and not isinstance(self.exact, bool):
@@ -104,6 +110,14 @@ class SearchOptions:
         return [replace(h, payload=select(h.payload, self.with_payload)) for h in hits]
 
 
+def _not_a_float(value: float) -> bool:
+    """NaN, or an integer too large to be a float."""
+    try:
+        return math.isnan(float(value))
+    except OverflowError:
+        return True
+
+
 def select(payload: dict[str, Any], fields: PayloadSelection) -> dict[str, Any]:
     """The part of ``payload`` that ``with_payload`` asks for, as Qdrant's payload selector
     keeps it: ``a.b`` goes into an object, ``a[].b`` into each item of a list, ``a[]`` keeps
@@ -127,29 +141,49 @@ def _selector_fields(given: Any) -> Any:
     return given
 
 
-_STEP = re.compile(r"([^.\[\]]+)((?:\[\d*\])*)")
+#: One key of a payload path, as Qdrant reads it: quoted (any characters but a quote) or
+#: letters, digits, ``_`` and ``-``; then any ``[]`` (every item of a list) or ``[N]``.
+_STEP = re.compile(r'(?:"([^"]*)"|([\w-]+))((?:\[\d*\])*)')
+
+
+def _steps(name: str) -> list[Any]:
+    """The steps of a payload path (a key, None for ``[]``, an int for ``[N]``).
+
+    Raises:
+        ConfigError: not a path Qdrant reads (``a..b``, ``sp ace``, an unclosed quote).
+    """
+    steps: list[Any] = []
+    at = 0
+    while True:
+        step = _STEP.match(name, at)
+        if step is None:
+            raise ConfigError(
+                f"with_payload: {name!r} is not a payload path (keys joined by dots; quote others)"
+            )
+        steps.append(step.group(1) if step.group(1) is not None else step.group(2))
+        steps += [None if i == "" else int(i) for i in re.findall(r"\[(\d*)\]", step.group(3))]
+        at = step.end()
+        if at == len(name):
+            return steps
+        if name[at] != "." or at + 1 == len(name):
+            raise ConfigError(
+                f"with_payload: {name!r} is not a payload path (keys joined by dots; quote others)"
+            )
+        at += 1
 
 
 def _tree(fields: tuple[str, ...]) -> dict[Any, Any]:
-    """The fields as a tree of steps (a key, None for ``[]``, an int for ``[N]``); True: all below."""
+    """The fields as a tree of steps (see :func:`_steps`); True: all below."""
     tree: dict[Any, Any] = {}
     for name in fields:
-        steps: list[Any] = []
-        for part in name.split("."):
-            step = _STEP.fullmatch(part)
-            if step is None:  # not a path Qdrant reads: it selects nothing
-                steps = []
-                break
-            steps.append(step.group(1))
-            steps += [None if i == "" else int(i) for i in re.findall(r"\[(\d*)\]", step.group(2))]
+        steps = _steps(name)
         node = tree
         for step in steps[:-1]:
             node = node.setdefault(step, {})
             if node is True:  # a shorter field keeps all of it already
                 break
         else:
-            if steps:
-                node[steps[-1]] = True
+            node[steps[-1]] = True
     return tree
 
 
@@ -181,29 +215,55 @@ def _dropped(value: Any, tree: dict[Any, Any]) -> Any:
 
 def without_copies(
     store: Store, pair: PairRecord, found: list[list[ScoredRecord]], queries: Any, args: dict[str, Any]
-) -> tuple[list[list[ScoredRecord]], set[PointId]]:
+) -> tuple[list[list[ScoredRecord]], list[set[PointId]]]:
     """Old's hits ``found`` for ``queries`` (searched with ``args``), less the points a migration
-    step has already written to new, and the ids dropped.
+    step has already written to new; and the ids dropped from each row.
 
     Such a point is marked ``rmq_moving`` in old and present in new: a step cut short between
     its write and the removal from old, or one under way. It serves from new alone: if its copy
     is among the closest, new's own search finds it; its old copy, at its old distance, would be
-    the point served by the wrong model. A list that lost hits is searched again, deeper, so it
-    still holds the closest ``limit`` points old serves. One read of new, only when a hit is marked.
+    the point served by the wrong model. A list that lost hits is searched again, twice as deep
+    each time (a batch of copies gathered near the query costs a few rounds, not one a hit), so
+    it still holds the closest ``limit`` points old serves. New is read only when a hit is marked.
     """
-    rows, copied = list(found), set()
+    limit, rows, dropped = args["limit"], list(found), [set() for _ in found]
+    copied: set[PointId] = set()
+    checked: set[PointId] = set()
     for row, hits in enumerate(found):
-        asked = args["limit"]
+        asked = limit
         while True:
-            marked = [r.id for r in hits if r.payload.get(MOVING) is not None and r.id not in copied]
+            marked = [r.id for r in hits if r.payload.get(MOVING) is not None and r.id not in checked]
             if marked:
+                checked.update(marked)
                 copied |= {r.id for r in store.retrieve(pair.new_collection, marked, with_payload=False)}
-            rows[row] = [r for r in hits if r.id not in copied]
-            if len(rows[row]) >= args["limit"] or len(hits) < asked:  # enough, or old has no more
+            kept = [r for r in hits if r.id not in copied]
+            dropped[row] |= {r.id for r in hits if r.id in copied}
+            rows[row] = kept[:limit]
+            if len(kept) >= limit or len(hits) < asked:  # enough, or old has no more
                 break
-            asked += args["limit"] - len(rows[row])
+            asked *= 2
             hits = store.search(pair.old_collection, queries[row : row + 1], **{**args, "limit": asked})[0]
-    return rows, copied
+    return rows, dropped
+
+
+def with_late_copies(
+    store: Store,
+    pair: PairRecord,
+    found: list[list[ScoredRecord]],
+    dropped: list[set[PointId]],
+    queries: Any,
+    args: dict[str, Any],
+) -> list[list[ScoredRecord]]:
+    """New's hits ``found`` (searched with ``args`` at the same time as old's, as on a server),
+    with the copies :func:`without_copies` dropped from old that they lack: new's search may have
+    run before such a copy landed. Those ids alone are searched again, under the same filter."""
+    rows = list(found)
+    for row, hits in enumerate(found):
+        if missing := list(dropped[row] - {r.id for r in hits}):
+            only = {"filter": (args["filter"] or Where()) & with_ids(missing), "limit": len(missing)}
+            late = store.search(pair.new_collection, queries[row : row + 1], **{**args, **only})[0]
+            rows[row] = hits + late
+    return rows
 
 
 def with_vectors_of(store: Store, pair: PairRecord, rows: list[list[Hit]]) -> list[list[Hit]]:

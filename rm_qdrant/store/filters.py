@@ -105,13 +105,24 @@ def _joined(
     has with another value, as a clause: both hold (a map keeps one value a field)."""
     joined, apart = dict(first), []
     for key, value in second.items():
-        if key in joined and joined[key] != value:
+        if key in joined and not _same(joined[key], value):
             apart.append(equality(key, value))
         else:
             joined[key] = value
     if not apart:
         return joined, ()
     return joined, (models.Filter(must_not=apart) if negated else models.Filter(must=apart),)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as a filter reads them: ``1`` and ``True`` are not the same value, nor ``1`` and ``1.0``
+    (a list: the same values, in any order)."""
+
+    def spelled(value: Any) -> Any:
+        many = isinstance(value, (list, tuple, set, frozenset))
+        return sorted(map(repr, value)) if many else repr(value)
+
+    return spelled(a) == spelled(b)
 
 
 def equality(key: str, value: Any) -> models.FieldCondition:
@@ -130,7 +141,14 @@ def _check_value(key: str, value: Any) -> None:
     give instead (a decimal number or a null would otherwise be a library's traceback)."""
     if isinstance(value, (list, tuple, set, frozenset)):
         for one in value:
+            if isinstance(one, (list, tuple, set, frozenset, bool)):
+                raise ConfigError(
+                    f"filter on {key!r}: a list matches any of its strings or integers, not {one!r}; "
+                    "for true/false give one value, or a models.Filter with should conditions"
+                )
             _check_value(key, one)
+        if len({type(one) for one in value}) > 1:
+            raise ConfigError(f"filter on {key!r}: a list matches strings or integers, not both ({value!r})")
         return
     if isinstance(value, bool | str) or (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]):
         return

@@ -57,9 +57,27 @@ def test_two_conditions_on_one_field_both_hold(filled, first, second):
         (2**70, "outside the 64-bit integers"),
         ({1, 2.5}, "give a range"),
         (object(), "not object"),
+        (["x", 1], "not both"),
+        ([[1]], "not \\[1\\]"),
+        ([True, False], "not True"),
     ],
 )
 def test_a_plain_filter_value_no_store_matches_is_one_line(filled, value, words):
     with pytest.raises(ConfigError, match=words) as refused:
         filled.count("c", {"f": value})
     assert "\n" not in str(refused.value)
+
+
+def test_one_and_true_are_two_values(filled):
+    """Python's 1 == True let the second condition on a field replace the first."""
+    filled.upsert("c", [100, 101], np.ones((2, 2), np.float32), [{"f": True}, {"f": False}])
+    for where, expected in [
+        (Where(must={"f": True}) & Where(must={"f": 1}), []),
+        (Where(must_not={"f": 1}) & Where(must_not={"f": True}), [0, 1, 2, 4, 5, 7, 101]),
+    ]:
+        if type(filled).__name__ == "EdgeStore":  # qdrant-edge cannot match true/false: one line
+            with pytest.raises(ConfigError, match="true/false"):
+                filled.scroll("c", limit=200, where=where)
+            continue
+        found, _ = filled.scroll("c", limit=200, where=where, with_payload=False)
+        assert sorted(r.id for r in found) == expected

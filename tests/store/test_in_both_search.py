@@ -146,3 +146,17 @@ def test_a_copy_that_lands_during_the_search_is_served_once(store, tmp_path, tog
     assert [h.id for h in hits].count(late) == 1
     assert (hits[0].id, hits[0].source) == (late, "new")
     index.close()
+
+
+@pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
+def test_count_agrees_with_search_where_a_point_in_both_has_two_payloads(store, tmp_path, keep_old):
+    """A copy made before a user's set_payload reached old, its step cut short: count counted the
+    old copy where the filter matched it alone, search serves the new copy only."""
+    ids, old, new, served, both = _build(store, tmp_path, "cosine", keep_old)
+    stale = both[:3]
+    store.upsert("p-new", stale, new[[ids.index(i) for i in stale]], [new_payload({"n": -1}) for _ in stale])
+    index = DualIndex.open(store, "p", exact=True)
+    for where in [{"n": ids.index(stale[0])}, {"n": -1}, {"n": [ids.index(i) for i in both]}, None]:
+        hits = index.search_vectors(new[0], old[0], limit=N, filter=where)
+        assert index.count(where) == len(hits) == len({h.id for h in hits}), where
+    index.close()

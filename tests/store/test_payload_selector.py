@@ -20,7 +20,8 @@ from tests.store.test_in_both_search import _encoders
 N = 40
 PATHS = [
     "label", "items", "items[]", "items[].a", "items[].b", "items.a", "items[0]", "n", "n.x", "n.x.y",
-    "n.x.z", "n.w", "tags", "tags[]", "s.t", "missing", "deep[].v[].w", "deep[].v", "a.b",
+    "n.x.z", "n.w", "tags", "tags[]", "s.t", "missing", "deep[].v[].w", "deep[].v", "a.b", '"a.b"', '"n".x',
+    "n[].x", "file-name_2",
 ]  # fmt: skip
 
 
@@ -41,6 +42,8 @@ def _payload(rng: np.random.Generator) -> dict:
         payload["deep"] = [{"v": [{"w": 1, "q": 2}]}, {"v": 3}]
     if rng.random() < 0.3:
         payload["a.b"] = 1
+    if rng.random() < 0.3:
+        payload["file-name_2"] = "x.jpg"
     return payload
 
 

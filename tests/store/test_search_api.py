@@ -218,7 +218,10 @@ def test_per_call_exact_and_hnsw_ef_give_the_exact_ranking(index):
         ({"score_threshold": "high"}, "score_threshold"),
         ({"with_payload": "label"}, "with_payload"),
         ({"with_payload": None}, "with_payload"),  # was a TypeError from iterating None
-        ({"score_threshold": float("nan")}, "NaN"),  # was no hit at all, and no word
+        ({"score_threshold": float("nan")}, "not a number a score"),  # was no hit at all, and no word
+        ({"score_threshold": 10**400}, "not a number a score"),  # was an OverflowError
+        ({"with_payload": ["a..b"]}, "not a payload path"),  # was an empty payload
+        ({"with_payload": ['"unclosed']}, "not a payload path"),
         ({"with_vectors": "yes"}, "with_vectors"),
         ({"hnsw_ef": 0}, "hnsw_ef"),
         ({"exact": 1}, "exact"),
@@ -229,3 +232,10 @@ def test_bad_values_are_one_clear_error(index, options, message):
     index, _ = index
     with pytest.raises(ConfigError, match=message):
         index.search_vectors(Q, Q, **options)
+
+
+def test_a_search_for_no_hit_gives_none(index):
+    """limit 0: qdrant-client's local mode raised 'limit value 0 is invalid' as a StoreError."""
+    index, _ = index
+    assert index.search_vectors(Q, Q, limit=0) == []
+    assert index.search_vectors_batch([Q, Q], [Q, Q], limit=0) == [[], []]
