@@ -139,6 +139,9 @@ def rollback(
         ConfigError: no old model is recorded or given, or the one given does not fit.
     """
     layout = layout_of(pair)
+    if pair.state == "rolled_back" and layout.rolls_back:  # run again: finish one cut short
+        clear_bookkeeping(store, pair)
+        return pair
     layout.check_rollback(alias)
     if not store.has_collection(pair.old_collection):
         raise MigrationError(f"the old collection {pair.old_collection!r} was dropped")
@@ -153,9 +156,9 @@ def rollback(
     name = layout.rollback_alias(alias)
     if name is not None and store.alias(name) != pair.old_collection:  # a rerun may find it moved
         store.set_alias(check_alias(store, name), pair.old_collection)
-    clear_bookkeeping(store, pair)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)
-    save_pair(store, updated)
+    save_pair(store, updated)  # first: old then serves whole whatever its marks say
+    clear_bookkeeping(store, updated)  # a kill before this: running rollback again finishes it
     return updated
 
 

@@ -265,6 +265,8 @@ def index(
         raise ConfigError("give exactly one of --name and --collection")
     store = open_cli_store(ctx, create=True)
     pair = None if collection else load_pair(store, name or "")
+    if pair is not None:
+        _check_index_into_old(store, pair)
     target = collection if pair is None else pair.old_collection
     vector = None if pair is None else layout_of(pair).index_vector
     items = scan_image_folder(data)
@@ -279,6 +281,21 @@ def index(
     if report.failed:
         text += f"; skipped {len(report.failed)} unreadable, first: {report.failed[0][1]}"
     emit(summary, as_json, text)
+
+
+def _check_index_into_old(store: Any, pair: PairRecord) -> None:
+    """Refuse to write the old model's points into a paired layout's old collection once new
+    holds points: a point in both would serve twice (in one collection, a rewritten point just
+    loses its new vector and migrates again)."""
+    if layout_of(pair).one_query:
+        return
+    moved = store.count(pair.new_collection) if store.has_collection(pair.new_collection) else 0
+    if pair.state != "backfilling" or moved:
+        raise ConfigError(
+            f"pair {pair.name!r} is {pair.state} with {moved} points in {pair.new_collection!r}: indexing "
+            f"into its old collection now would serve points twice; add images through the pair "
+            "(DualIndex.upsert, the new model), or index into a collection of its own (--collection)"
+        )
 
 
 @click.command()

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair
+from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.planning import MOVING, new_payload
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC
+from tests.faults import Crash, Scripted, crash
 
 N, K = 120, 5
 DISTANCES = ["cosine", "dot", "euclid"]
@@ -159,4 +161,33 @@ def test_count_agrees_with_search_where_a_point_in_both_has_two_payloads(store, 
     for where in [{"n": ids.index(stale[0])}, {"n": -1}, {"n": [ids.index(i) for i in both]}, None]:
         hits = index.search_vectors(new[0], old[0], limit=N, filter=where)
         assert index.count(where) == len(hits) == len({h.id for h in hits}), where
+    index.close()
+
+
+@pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
+def test_a_user_write_cut_short_after_its_write_to_new_serves_once_from_new(store, tmp_path, keep_old):
+    """DualIndex.upsert_vectors writes new, then removes (or hides) the old copy; a process
+    killed between the two left an unmarked old copy: served from old at its old distance
+    (under a small limit), counted twice by count() and rmq status, until the next migrate."""
+    ids, old, new, served, _ = _build(store, tmp_path, "euclid", keep_old)
+    rows = [i for i in range(N) if served[ids[i]][0] == "old"][:10]
+    fresh = np.random.default_rng(8).normal(size=(len(rows), OLD_DIM)).astype(np.float32) * 30
+    new_written = lambda name, args, _: name == "upsert" and args[0] == "p-new"  # noqa: E731
+    killed = Scripted(store, [("after", new_written, crash)])
+    with pytest.raises(Crash):
+        DualIndex.open(killed, "p", exact=True).upsert_vectors(
+            [ids[i] for i in rows], fresh, **({"old_vectors": old[rows]} if keep_old else {})
+        )
+    new = new.copy()
+    new[rows] = fresh
+    served.update({ids[i]: ("new", i) for i in rows})
+    index = DualIndex.open(store, "p", exact=True)
+    status = pair_status(store, index.pair)
+    assert index.count() == N and status.old_count + status.new_count == N
+    rng = np.random.default_rng(9)
+    for i in rows:  # the old query finds the unmarked old copy at distance 0
+        q_new = rng.normal(size=OLD_DIM).astype(np.float32)
+        expected = _reference(served, old, new, q_new, old[i], "euclid")
+        hits = index.search_vectors(q_new, old[i], limit=K)
+        assert [(h.id, h.source) for h in hits] == expected[:K]
     index.close()

@@ -105,6 +105,8 @@ class Paired(Layout):
             ]
         carry = others if others and any(others) else None
         full = [body or {} for body in bodies]
+        if write.old_there and pair.state == "backfilling":  # as a migration step: see in_both
+            store.mark(pair.old_collection, ids, {MOVING: 1})
         store.upsert(pair.new_collection, ids, write.vectors, full, vector=pair.vector, others=carry)
         if not write.old_there:
             return
