@@ -242,7 +242,11 @@ def _layout(mode: str | None, query_mode: str | None) -> tuple[str, str | None]:
 
 
 @click.command()
-@click.option("--name", type=COLLECTION, help="Index into this pair's old collection.")
+@click.option(
+    "--name",
+    type=COLLECTION,
+    help="Index into this pair's old collection (a paired layout: before its new collection holds points).",
+)
 @click.option("--collection", type=COLLECTION, help="Index into this collection (created if missing).")
 @click.option("--data", required=True, type=click.Path(), help="Image folder: DATA/<label>/<image>.")
 @click.option(
