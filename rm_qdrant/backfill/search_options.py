@@ -152,23 +152,20 @@ def _steps(name: str) -> list[Any]:
     Raises:
         ConfigError: not a path Qdrant reads (``a..b``, ``sp ace``, an unclosed quote).
     """
+    bad = ConfigError(f"with_payload: {name!r} is not a payload path (keys joined by dots; quote others)")
     steps: list[Any] = []
     at = 0
     while True:
         step = _STEP.match(name, at)
         if step is None:
-            raise ConfigError(
-                f"with_payload: {name!r} is not a payload path (keys joined by dots; quote others)"
-            )
+            raise bad
         steps.append(step.group(1) if step.group(1) is not None else step.group(2))
         steps += [None if i == "" else int(i) for i in re.findall(r"\[(\d*)\]", step.group(3))]
         at = step.end()
         if at == len(name):
             return steps
         if name[at] != "." or at + 1 == len(name):
-            raise ConfigError(
-                f"with_payload: {name!r} is not a payload path (keys joined by dots; quote others)"
-            )
+            raise bad
         at += 1
 
 
