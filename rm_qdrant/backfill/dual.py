@@ -12,7 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant.backfill.layouts import Layout, Write, layout_of
 from rm_qdrant.backfill.pair import PairRecord, load_pair, open_encoder
-from rm_qdrant.backfill.pair_points import PairPoints
+from rm_qdrant.backfill.pair_points import PairPoints, id_list
 from rm_qdrant.backfill.search_options import (
     PayloadSelection,
     SearchOptions,
@@ -30,6 +30,7 @@ from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
 from rm_qdrant.store.base import MergedQuery
 from rm_qdrant.store.filters import as_where
+from rm_qdrant.store.ids import normalize_ids
 from rm_qdrant.store.params import old_side_params
 from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 
@@ -359,6 +360,7 @@ class DualIndex(PairPoints):
         pair = self.pair
         if pair.state == "rolled_back":
             raise ConfigError(f"pair {pair.name!r} was rolled back: the old model serves, index into old")
+        ids = id_list(ids)
         rows = len(ids)
         new = self._rows(vectors, self._new_dim, rows, "new")
         old = None
@@ -368,7 +370,11 @@ class DualIndex(PairPoints):
         if other_vectors is not None:
             managed = self.layout.managed
             others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
-        write = Write(list(ids), new, user_bodies(payloads, rows), old, others, self._old_dim is not None)
+        # one spelling of each id (a UUID given upper case, or as uuid.UUID, is what the store
+        # gives back lower case): a payload kept is looked up by it
+        write = Write(
+            normalize_ids(ids), new, user_bodies(payloads, rows), old, others, self._old_dim is not None
+        )
         self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
@@ -384,7 +390,7 @@ class DualIndex(PairPoints):
 
     def delete(self, ids: Sequence[PointId]) -> None:
         """Remove points from the gallery: from both collections."""
-        self.layout.delete(self.store, list(ids), self._old_dim is not None)
+        self.layout.delete(self.store, normalize_ids(id_list(ids)), self._old_dim is not None)
 
     def refresh(self) -> None:
         """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""

@@ -208,16 +208,24 @@ class PairPoints:
         return list(dict.fromkeys(normalize_id(i) for i in self._ids(points)))
 
     def _matching(self, where: Where) -> list[PointId]:
+        """The served points ``where`` matches: a point in both (see _served_twice) by its new copy."""
         ids: dict[PointId, None] = {}
+        moved = set(self._served_twice(Where()))
         for side in self._sides():
-            ids.update(dict.fromkeys(every_id(self.store, side.collection, side.where & where)))
+            found = every_id(self.store, side.collection, side.where & where)
+            ids.update(dict.fromkeys(i for i in found if side.source == "new" or i not in moved))
         return list(ids)
 
     @staticmethod
     def _ids(ids: Any) -> list[Any]:
-        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
-            raise ConfigError(f"points are a list of ids or a filter, not {type(ids).__name__}")
-        return list(ids)
+        return id_list(ids)
+
+
+def id_list(ids: Any) -> list[Any]:
+    """``ids`` as a list, refused in one line where it is not a collection of ids."""
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise ConfigError(f"points are a list of ids or a filter, not {type(ids).__name__}")
+    return list(ids)
 
 
 def _having(vector: str) -> Where:

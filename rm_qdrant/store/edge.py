@@ -31,7 +31,7 @@ import numpy as np
 import qdrant_edge as qe
 
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     CollectionSpec,
@@ -256,7 +256,12 @@ class EdgeStore:
         matrix = check_vectors(spec, vectors, rows=len(ids))
         bodies = payloads if payloads is not None else [{}] * len(ids)
         named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
-        points = [qe.Point(i, v, dict(p)) for i, v, p in zip(normalize_ids(ids), named, bodies, strict=True)]
+        try:
+            points = [
+                qe.Point(i, v, dict(p)) for i, v, p in zip(normalize_ids(ids), named, bodies, strict=True)
+            ]
+        except (ValueError, TypeError) as exc:  # a payload value JSON has no room for (NaN, a set)
+            raise _unstorable(exc) from None
         mode = qe.UpdateMode.InsertOnly if insert_only else None
         if points:
             self._update(name, qe.UpdateOperation.upsert_points(points, update_mode=mode))
@@ -277,7 +282,11 @@ class EdgeStore:
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
             by_id = edge_filter(None, ids)
-            self._update(name, qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload)))
+            try:
+                operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload))
+            except (ValueError, TypeError) as exc:
+                raise _unstorable(exc) from None
+            self._update(name, operation)
 
     def clear_fields(self, name: str, fields: Sequence[str]) -> None:
         if fields:
@@ -416,3 +425,7 @@ class EdgeStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _unstorable(exc: Exception) -> ConfigError:
+    return ConfigError(f"a payload the embedded store cannot hold ({exc}): JSON values only, no NaN or sets")

@@ -49,7 +49,13 @@ def edge_filter(filter: Filter | None, ids: Sequence[PointId] | None = None) -> 
     where = as_where(filter)
     if where is None and ids is None:
         return None
-    where = where or Where()
+    try:
+        return _edge_filter(where or Where(), ids)
+    except (ValueError, TypeError) as exc:  # qdrant-edge's own refusal (a bad key path, say)
+        raise ConfigError(f"a filter the embedded store cannot read: {exc}") from None
+
+
+def _edge_filter(where: Where, ids: Sequence[PointId] | None) -> qe.Filter:
     must: list[Any] = [condition(k, v) for k, v in where.must.items()]
     if ids is not None:
         must.append(has_id(ids))

@@ -8,6 +8,7 @@ condition it cannot express is refused with a :class:`ConfigError` that names it
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import date, datetime, timezone
@@ -84,15 +85,24 @@ def range_condition(key: str, bounds: Mapping[str, Any]) -> models.FieldConditio
             f"filter on {key!r}: a dict value is a range with the keys gt, gte, lt, lte "
             f"(got {sorted(bounds)}); for equality with a dict, use models.Filter"
         )
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds.values())
+    given = {k: v for k, v in bounds.items() if v is not None}  # None: that end is open, as in Range
+    numbers = {k: _number(v) for k, v in given.items()}
     try:
-        if numeric:
-            return models.FieldCondition(key=key, range=models.Range(**bounds))
-        return models.FieldCondition(key=key, range=models.DatetimeRange(**bounds))
+        if given and None not in numbers.values():
+            return models.FieldCondition(key=key, range=models.Range(**numbers))
+        if given and all(isinstance(v, (str, date)) for v in given.values()):
+            return models.FieldCondition(key=key, range=models.DatetimeRange(**given))
     except ValidationError:
-        raise ConfigError(
-            f"filter on {key!r}: range bounds must be numbers or dates, got {dict(bounds)}"
-        ) from None
+        pass
+    raise ConfigError(f"filter on {key!r}: range bounds must be numbers or dates, got {dict(bounds)}")
+
+
+def _number(value: Any) -> int | float | None:
+    """A range bound as a number (numpy's and Decimal included), or None where it is not one:
+    a bool, or a date (pydantic would read a number as seconds since 1970)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Number) or isinstance(value, complex):
+        return None
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def check_filter(filter: models.Filter) -> models.Filter:
