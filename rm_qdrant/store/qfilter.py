@@ -86,10 +86,10 @@ def range_condition(key: str, bounds: Mapping[str, Any]) -> models.FieldConditio
             f"(got {sorted(bounds)}); for equality with a dict, use models.Filter"
         )
     given = {k: v for k, v in bounds.items() if v is not None}  # None: that end is open, as in Range
-    numbers = {k: _number(v) for k, v in given.items()}
+    as_numbers = {k: _number(v) for k, v in given.items()}
     try:
-        if given and None not in numbers.values():
-            return models.FieldCondition(key=key, range=models.Range(**numbers))
+        if given and None not in as_numbers.values():
+            return models.FieldCondition(key=key, range=models.Range(**as_numbers))
         if given and all(isinstance(v, (str, date)) for v in given.values()):
             return models.FieldCondition(key=key, range=models.DatetimeRange(**given))
     except ValidationError:
