@@ -238,8 +238,9 @@ class DualIndex(PairPoints):
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
+        rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         if limit == 0:  # no hit asked for (qdrant-client refuses a search for none)
-            return [[] for _ in (new_q if new_q is not None else old_q if old_q is not None else ())]
+            return [[] for _ in range(rows)]
         params = opts.params(self.exact, self.hnsw_ef)
         request = {"search_params": params, "timeout": opts.timeout, "consistency": opts.consistency}
         if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
@@ -272,7 +273,6 @@ class DualIndex(PairPoints):
         if pending is not None and new_raw is not None:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
-        rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from qdrant_client import models
 
-from rm_qdrant.backfill.search_options import SearchOptions, select
+from rm_qdrant.backfill.search_options import SearchOptions, selector
 from rm_qdrant.core.merge import PointId, Source
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
 from rm_qdrant.errors import ConfigError
@@ -141,9 +141,9 @@ class PairPoints:
             [(17, 'new'), (42, 'old')]
         """
         SearchOptions(with_payload=with_payload, with_vectors=with_vectors)  # checks both
-        wanted = list(dict.fromkeys(normalize_id(i) for i in self._ids(ids)))
+        wanted = list(dict.fromkeys(normalize_id(i) for i in id_list(ids)))
         found: dict[PointId, PairPoint] = {}
-        has_id = with_ids(wanted)
+        has_id, kept = with_ids(wanted), selector(with_payload)
         for side in self._sides() if wanted else []:  # old first: new's copy wins
             records, _ = self.store.scroll(
                 side.collection,
@@ -154,10 +154,7 @@ class PairPoints:
                 with_payload=with_payload is not False,
             )
             for r in records:
-                payload = user_payload(r.payload)
-                if with_payload is not True:
-                    payload = select(payload, with_payload)
-                found[r.id] = PairPoint(r.id, payload, side.source, r.vector)
+                found[r.id] = PairPoint(r.id, kept(user_payload(r.payload)), side.source, r.vector)
         return [found[i] for i in wanted if i in found]
 
     def count(self, filter: Filter | None = None, *, exact: bool = True) -> int:
@@ -205,7 +202,7 @@ class PairPoints:
             points = points.filter
         if isinstance(points, (models.Filter, Where, Mapping)):
             return self._matching(as_where(points) or Where())
-        return list(dict.fromkeys(normalize_id(i) for i in self._ids(points)))
+        return list(dict.fromkeys(normalize_id(i) for i in id_list(points)))
 
     def _matching(self, where: Where) -> list[PointId]:
         """The served points ``where`` matches: a point in both (see _served_twice) by its new copy."""
@@ -215,10 +212,6 @@ class PairPoints:
             found = every_id(self.store, side.collection, side.where & where)
             ids.update(dict.fromkeys(i for i in found if side.source == "new" or i not in moved))
         return list(ids)
-
-    @staticmethod
-    def _ids(ids: Any) -> list[Any]:
-        return id_list(ids)
 
 
 def id_list(ids: Any) -> list[Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,7 +107,8 @@ class SearchOptions:
         hits = hits[self.offset : self.offset + limit]
         if self.with_payload is True:
             return hits
-        return [replace(h, payload=select(h.payload, self.with_payload)) for h in hits]
+        kept = selector(self.with_payload)  # the paths parsed once for the whole list
+        return [replace(h, payload=kept(h.payload)) for h in hits]
 
 
 def _not_a_float(value: float) -> bool:
@@ -118,18 +119,21 @@ def _not_a_float(value: float) -> bool:
         return True
 
 
-def select(payload: dict[str, Any], fields: PayloadSelection) -> dict[str, Any]:
-    """The part of ``payload`` that ``with_payload`` asks for, as Qdrant's payload selector
-    keeps it: ``a.b`` goes into an object, ``a[].b`` into each item of a list, ``a[]`` keeps
-    the list; a list named without ``[]`` (or by an index, ``a[0]``) keeps none of its items.
-    ``models.PayloadSelectorExclude`` keeps the rest instead."""
+def selector(fields: PayloadSelection) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What ``with_payload`` keeps of a payload, as Qdrant's payload selector keeps it: ``a.b``
+    goes into an object, ``a[].b`` into each item of a list, ``a[]`` keeps the list; a list
+    named without ``[]`` (or by an index, ``a[0]``) keeps none of its items.
+    ``models.PayloadSelectorExclude`` keeps the rest instead. The paths are parsed once: apply
+    the function to each payload of a result."""
     if fields is True:
-        return payload
+        return lambda payload: payload
     if fields is False:
-        return {}
+        return lambda payload: {}
     if isinstance(fields, models.PayloadSelectorExclude):
-        return _dropped(payload, _tree(tuple(fields.exclude)))
-    return _kept(payload, _tree(tuple(_selector_fields(fields))))
+        dropped = _tree(tuple(fields.exclude))
+        return lambda payload: _dropped(payload, dropped)
+    kept = _tree(tuple(_selector_fields(fields)))
+    return lambda payload: _kept(payload, kept)
 
 
 def _selector_fields(given: Any) -> Any:

@@ -80,4 +80,9 @@ def integer_text(text: str) -> int | None:
     if not re.fullmatch(r"-?(0|[1-9][0-9]{0,18})", text):  # bounded: int() of 5,000 digits raises
         return None
     value = int(text)
-    return value if -(2**63) <= value < 2**63 else None
+    return value if fits_int64(value) else None
+
+
+def fits_int64(value: int) -> bool:
+    """Whether ``value`` is one of the integers a Qdrant payload holds (64-bit, signed)."""
+    return -(2**63) <= value < 2**63

@@ -9,6 +9,7 @@ from typing import Any
 from qdrant_client import models
 
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.paths import fits_int64
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store.qfilter import check_filter, range_condition
 
@@ -132,10 +133,6 @@ def equality(key: str, value: Any) -> models.FieldCondition:
     return models.FieldCondition(key=key, match=match)
 
 
-#: The integers a Qdrant payload filter matches (64-bit, signed).
-_INT64 = (-(2**63), 2**63 - 1)
-
-
 def _check_value(key: str, value: Any) -> None:
     """Refuse a plain filter value no store can match as given, in one line that says what to
     give instead (a decimal number or a null would otherwise be a library's traceback)."""
@@ -150,7 +147,7 @@ def _check_value(key: str, value: Any) -> None:
         if len({type(one) for one in value}) > 1:
             raise ConfigError(f"filter on {key!r}: a list matches strings or integers, not both ({value!r})")
         return
-    if isinstance(value, bool | str) or (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]):
+    if isinstance(value, bool | str) or (isinstance(value, int) and fits_int64(value)):
         return
     if isinstance(value, int):
         raise ConfigError(f"filter on {key!r}: {value} is outside the 64-bit integers a payload holds")
