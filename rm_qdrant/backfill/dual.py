@@ -22,7 +22,7 @@ from rm_qdrant.backfill.search_options import (
 )
 from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.calibration import Calibration
-from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge_batches
+from rm_qdrant.core.merge import Hit, PointId, Source, distance_line, merge, settled
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_bodies, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -233,21 +233,64 @@ class DualIndex(PairPoints):
         filter: Where | None,
         opts: SearchOptions,
     ) -> list[list[Hit]]:
+        """Each row's first ``limit`` merged hits, equal distances in id order (:func:`rank_key`).
+
+        A store's search cut at n keeps which of several points tied at the cut it likes, and
+        may keep others for another n: each side is asked for one hit more than the list keeps,
+        and a row is asked again for twice as many while :func:`settled` finds that a side's
+        answer ends in a tie with the list's last hit (a point that ties may be left out). No
+        tie at the end (the usual case): one search a side, one hit longer.
+        """
+        new_q, old_q, rows = self._queries(new_vectors, old_vectors)
+        if limit == 0:  # no hit asked for (qdrant-client refuses a search for none)
+            return [[] for _ in range(rows)]
+        merged: list[list[Hit]] = [[] for _ in range(rows)]
+        todo, asked, bound = list(range(rows)), limit + 1, opts.bound(self.pair.distance)
+        while todo:
+            new_rows, old_rows = (q if q is None or len(todo) == rows else q[todo] for q in (new_q, old_q))
+            found, one_query = self._search_once(new_rows, old_rows, asked, filter, opts)
+            left = []
+            for row, (old, new) in zip(todo, found, strict=True):
+                merged[row] = merge(old, new, limit)
+                if not settled([old + new] if one_query else [old, new], asked, merged[row], limit, bound):
+                    left.append(row)
+            todo, asked = left, asked * 2
+        return merged
+
+    def _queries(
+        self, new_vectors: np.ndarray | None, old_vectors: np.ndarray | None
+    ) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+        """The query matrices of the sides the pair serves (None: not searched), and their rows."""
         pair = self.pair
         new_q = self._check(new_vectors, self._new_dim, "new") if pair.serves_new else None
         old_q = self._check(old_vectors, self._old_dim, "old") if pair.serves_old else None
         if new_q is not None and old_q is not None and len(new_q) != len(old_q):
             raise ConfigError(f"{len(new_q)} new query vectors but {len(old_q)} old ones")
         rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
-        if limit == 0:  # no hit asked for (qdrant-client refuses a search for none)
-            return [[] for _ in range(rows)]
+        return new_q, old_q, rows
+
+    def _search_once(
+        self,
+        new_q: np.ndarray | None,
+        old_q: np.ndarray | None,
+        limit: int,
+        filter: Where | None,
+        opts: SearchOptions,
+    ) -> tuple[list[tuple[list[Hit], list[Hit]]], bool]:
+        """Each row's hits from old and from new, each side searched for ``limit``; and whether
+        the two came from one merged query (``limit`` in all) rather than two searches."""
+        pair = self.pair
+        rows = len(new_q) if new_q is not None else len(old_q) if old_q is not None else 0
         params = opts.params(self.exact, self.hnsw_ef)
         request = {"search_params": params, "timeout": opts.timeout, "consistency": opts.consistency}
         if new_q is not None and old_q is not None and not self._two_queries and pair.old_distance is None:
             try:
                 query = MergedQuery(pair.vector, pair.new_using, pair.distance, limit, filter, **request)
                 results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
-                return [[self._hit(r, "new" if r.in_new else "old") for r in hits] for hits in results]
+                hits = [[self._hit(r, "new" if r.in_new else "old") for r in row] for row in results]
+                return [
+                    ([h for h in r if h.source == "old"], [h for h in r if h.source == "new"]) for r in hits
+                ], True
             except Unsupported as exc:
                 log.warning("%s; searching the two vectors one after the other", exc)
                 self._two_queries = True
@@ -273,7 +316,9 @@ class DualIndex(PairPoints):
         if pending is not None and new_raw is not None:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
-        return merge_batches(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), limit)
+        return list(
+            zip(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), strict=True)
+        ), False
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
         if vectors is None or dim is None:

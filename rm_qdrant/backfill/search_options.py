@@ -33,7 +33,8 @@ class SearchOptions:
             (cosine, dot: ``score >= t``; euclid, manhattan: ``score <= t``). It is compared
             with each hit's merged :attr:`Hit.distance` (``distance <= score_to_distance(t)``),
             so an old hit of a naive pair is judged on its calibrated distance.
-        offset: skip this many merged hits (each side is searched for ``limit + offset``).
+        offset: skip this many merged hits (each side is searched for ``limit + offset + 1``, and
+            more where points tie at the end: pages of tied points follow their ids' order).
         with_payload: True, False (empty payloads), the field names to keep (Qdrant's paths:
             ``meta.dept``, ``items[].sku``), or ``models.PayloadSelectorInclude`` / ``Exclude``.
         with_vectors: attach each hit's vector, as the side it came from stores it.
@@ -99,10 +100,16 @@ class SearchOptions:
         """
         return with_defaults(merge_params(self.search_params, self.exact, self.hnsw_ef), exact, hnsw_ef)
 
+    def bound(self, distance: str) -> float:
+        """The farthest merged distance ``score_threshold`` keeps (infinity: no threshold)."""
+        if self.score_threshold is None:
+            return math.inf
+        return score_to_distance(float(self.score_threshold), distance)
+
     def finish(self, hits: list[Hit], limit: int, distance: str) -> list[Hit]:
-        """The merged list (``limit + offset`` long) as the caller asked for it."""
+        """The merged list (``limit + offset`` long, ties in id order) as the caller asked for it."""
         if self.score_threshold is not None:
-            bound = score_to_distance(float(self.score_threshold), distance)
+            bound = self.bound(distance)
             hits = [h for h in hits if h.distance <= bound]
         hits = hits[self.offset : self.offset + limit]
         if self.with_payload is True:

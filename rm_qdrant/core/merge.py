@@ -5,10 +5,17 @@ distance (cosine and dot: a similarity, higher is better; Euclid and Manhattan:
 the distance itself). :func:`score_to_distance` is the one place that turns a
 score into a distance where lower is always better; everything else compares
 distances only.
+
+Ties: equal distances are ordered by point id (:func:`id_key`: integers ascending, then UUIDs
+ascending, as Qdrant orders ids), so a merged list and every page of it have one order. A
+store's search cut at ``limit`` keeps which of several tied points it likes; :func:`settled`
+says whether a side's answer reached past the tie at the merged list's end, or the search
+must ask for more.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -90,16 +97,27 @@ def higher_is_closer(distance: str) -> float:
 UNSEEN = 1e30
 
 
-def _order_key(hit: Hit) -> tuple[float, int, str]:
-    # Deterministic ties: equal distances put the new copy first, then order by id.
-    return (hit.distance, 0 if hit.source == "new" else 1, str(hit.id))
+def id_key(point_id: PointId) -> tuple[int, int | str]:
+    """The order of point ids among equal distances: integers ascending, then UUIDs ascending
+    (their canonical lower-case text sorts as their 128-bit value), as Qdrant orders ids.
+
+    >>> sorted([10, "00000000-0000-0000-0000-000000000001", 9], key=id_key)
+    [9, 10, '00000000-0000-0000-0000-000000000001']
+    """
+    return (0, point_id) if isinstance(point_id, int) else (1, str(point_id))
+
+
+def rank_key(hit: Hit) -> tuple[float, tuple[int, int | str]]:
+    """A hit's place in a merged list: its distance, then its id (:func:`id_key`)."""
+    return (hit.distance, id_key(hit.id))
 
 
 def merge(old: Iterable[Hit], new: Iterable[Hit], limit: int) -> list[Hit]:
     """Merge two hit lists into one ranked by distance, at most ``limit`` long.
 
-    A point present in both lists (a migration interrupted between its upsert
-    into new and its removal from old) is returned once, as its new copy.
+    Equal distances are ordered by id (:func:`rank_key`). A point present in both lists (a
+    migration interrupted between its upsert into new and its removal from old) is returned
+    once, as its new copy.
 
     Args:
         old: Hits from the old collection, any order.
@@ -121,7 +139,7 @@ def merge(old: Iterable[Hit], new: Iterable[Hit], limit: int) -> list[Hit]:
     candidates = new_list + [hit for hit in old if hit.id not in in_new]
     seen: set[PointId] = set()
     merged: list[Hit] = []
-    for hit in sorted(candidates, key=_order_key):
+    for hit in sorted(candidates, key=rank_key):
         if len(merged) == limit:
             break
         if hit.id not in seen:
@@ -135,3 +153,31 @@ def merge_batches(old: Sequence[Sequence[Hit]], new: Sequence[Sequence[Hit]], li
     if len(old) != len(new):
         raise ConfigError(f"batch sizes differ: {len(old)} old vs {len(new)} new result lists")
     return [merge(o, n, limit) for o, n in zip(old, new, strict=True)]
+
+
+def settled(
+    sides: Sequence[Sequence[Hit]], asked: int, merged: Sequence[Hit], want: int, bound: float = math.inf
+) -> bool:
+    """Whether ``merged``, the first ``want`` hits of the union of ``sides`` by :func:`rank_key`,
+    is the first ``want`` of everything the searched collections hold, ties at its end included.
+
+    Each side is one search's answer for ``asked`` hits (``asked > want``). A side that gave fewer
+    gave all it has; one that gave ``asked`` left out only points at least as far as its farthest
+    hit, and of those, which tie with the farthest is the engine's choice. So the merged list is
+    complete when each side gave fewer, or reaches strictly past the distance of the last hit
+    kept: then every point at that distance is in it, and the id order decides among them. Else
+    the search asks for more. ``bound`` is a score threshold's distance: ties past it are cut.
+
+    Example:
+        >>> a, b, c = (Hit(i, 0.5, 0.5, "new") for i in (1, 2, 3))
+        >>> settled([[a, b]], 2, [a], 1)  # 3 may tie with them too
+        False
+        >>> settled([[a, b], []], 3, [a], 1)
+        True
+    """
+    last = math.inf  # fewer than asked for: complete only where every side gave all it has
+    if len(merged) >= want:
+        last = merged[want - 1].distance
+        if last > bound:
+            return True
+    return all(len(side) < asked or max(h.distance for h in side) > last for side in sides)
