@@ -15,18 +15,21 @@ each page is the reference's slice.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import shutil
 import uuid
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from rm_qdrant import DualIndex, OnnxEncoder, create_pair
+from rm_qdrant import AsyncDualIndex, DualIndex, OnnxEncoder, create_pair, open_store
 from rm_qdrant.backfill.pair import save_pair
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant_exporters.linear import linear_encoder
-from tests.conftest import OLD_DIM, SPEC
+from tests.conftest import OLD_DIM, SPEC, make_image_folder
 
 DISTANCES = ["cosine", "dot", "euclid", "manhattan"]
 LAYOUTS = ["paired", "keep-old", "single"]
@@ -203,3 +206,35 @@ def test_pages_of_a_calibrated_pair(store, encoders, layout):
     check_paging(gallery, gallery.query(aimed=True))
     check_paging(gallery, gallery.query(aimed=False), keep=1)
     gallery.index.close()
+
+
+def test_rmq_search_offset_and_async_pages_of_duplicate_images(rmq, models, tmp_path):
+    """The reported case end to end: a gallery with copies of the same photos, half migrated,
+    paged one hit at a time by ``rmq search --offset`` and by AsyncDualIndex."""
+    folder = make_image_folder(tmp_path / "images", per_class=3)
+    for k, image in enumerate(sorted(folder.glob("a/*"))[:2]):
+        for copy in range(3):
+            shutil.copy(image, folder / "a" / f"copy-{k}-{copy}{image.suffix}")
+    rmq("index", "--collection", "gallery", "--data", folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    rmq("migrate", "--name", "demo", "--until", "0.5", "--batch", "3")
+    query = sorted(folder.glob("a/*"))[0]
+
+    def search(*args: object) -> list[tuple[object, str]]:
+        out = rmq("search", "--name", "demo", query, "--exact", "--json", *args).output
+        return [(h["id"], h["source"]) for h in json.loads(out)]
+
+    every = search("--limit", "100")
+    assert len(every) == 9 + 6 and len({pid for pid, _ in every}) == len(every)
+    assert {side for _, side in every[:4]} == {"old", "new"}  # the four copies tie, split
+    ones = [hit for offset in range(6) for hit in search("--limit", "1", "--offset", offset)]
+    assert ones + search("--limit", "100", "--offset", "6") == every
+
+    async def pages() -> list[tuple[object, str]]:
+        with open_store(tmp_path / "q") as store:
+            index = await AsyncDualIndex.open(store, "demo", exact=True)
+            got = [await index.search(query, limit=2, offset=k) for k in range(0, len(every), 2)]
+            await index.close()
+        return [(h.id, h.source) for page in got for h in page]
+
+    assert asyncio.run(pages()) == every
