@@ -21,6 +21,7 @@ import json
 import shutil
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ import pytest
 from rm_qdrant import AsyncDualIndex, DualIndex, OnnxEncoder, create_pair, open_store
 from rm_qdrant.backfill.pair import save_pair
 from rm_qdrant.core.calibration import Calibration
+from rm_qdrant.core.merge import score_to_distance
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC, make_image_folder
 
@@ -157,21 +159,22 @@ def pages(index, q, size, **options) -> list[list[tuple[int | str, str]]]:
 
 
 def check_paging(gallery: Gallery, q, *, keep=None, threshold=None) -> None:
+    """Pages of 1, 2 and 3: each served point once (what the issue saw broken), the full list's
+    order, and each page the reference's slice."""
     options = {"filter": None if keep is None else {"k": keep}}
     bound = np.inf
     if threshold is not None:
         options["score_threshold"] = threshold
-        bound = -threshold if gallery.distance in ("cosine", "dot") else threshold
-        bound = 1 + bound if gallery.distance == "cosine" else bound
+        bound = score_to_distance(threshold, gallery.distance)
     expected = gallery.reference(q, keep, bound)
+    paged = {size: pages(gallery.index, q, size, **options, exact=size != 2) for size in (1, 2, 3)}
+    for size, got in paged.items():
+        served = sorted(id_key(pid) for page in got for pid, _ in page)
+        assert served == sorted(id_key(pid) for pid, _ in expected), f"pages of {size}: a repeat or a skip"
     full = gallery.index.search_vectors(q, q, limit=N, **options)
     assert [(h.id, h.source) for h in full] == expected
-    for size in (1, 2, 3):
-        got = pages(gallery.index, q, size, **options, exact=size != 2)
-        served = [pid for page in got for pid, _ in page]
-        assert sorted(map(id_key, served)) == sorted(id_key(pid) for pid, _ in expected), "a repeat or a skip"
-        assert [hit for page in got for hit in page] == expected, f"pages of {size}"
-        assert got == [expected[k : k + size] for k in range(0, len(expected), size)]
+    for size, got in paged.items():
+        assert got == [expected[k : k + size] for k in range(0, len(expected), size)], f"pages of {size}"
 
 
 def threshold_between(gallery: Gallery, q) -> float:
@@ -209,16 +212,21 @@ def test_pages_of_a_calibrated_pair(store, encoders, layout):
 
 
 def test_rmq_search_offset_and_async_pages_of_duplicate_images(rmq, models, tmp_path):
-    """The reported case end to end: a gallery with copies of the same photos, half migrated,
-    paged one hit at a time by ``rmq search --offset`` and by AsyncDualIndex."""
+    """The reported case end to end: a gallery with copies of the same photos, some of each
+    rewritten by the application (so in new), paged one hit at a time by ``rmq search --offset``
+    and two at a time by AsyncDualIndex."""
     folder = make_image_folder(tmp_path / "images", per_class=3)
     for k, image in enumerate(sorted(folder.glob("a/*"))[:2]):
         for copy in range(3):
             shutil.copy(image, folder / "a" / f"copy-{k}-{copy}{image.suffix}")
     rmq("index", "--collection", "gallery", "--data", folder, "--encoder", models.old)
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
-    rmq("migrate", "--name", "demo", "--until", "0.5", "--batch", "3")
-    query = sorted(folder.glob("a/*"))[0]
+    query = sorted(folder.glob("a/*"))[0]  # a/000.jpg: it and its three copies tie at distance 0
+    with open_store(tmp_path / "q") as store:
+        points = store.scroll("gallery", limit=100)[0]
+        by_name = {Path(r.payload["uri"]).relative_to(folder).as_posix(): r.id for r in points}
+        moved = ["a/copy-0-0.jpg", "a/copy-0-2.jpg", "a/copy-1-1.png", "a/001.png", "b/000.jpg"]
+        DualIndex.open(store, "demo").upsert([by_name[name] for name in moved], [folder / n for n in moved])
 
     def search(*args: object) -> list[tuple[object, str]]:
         out = rmq("search", "--name", "demo", query, "--exact", "--json", *args).output
@@ -226,7 +234,8 @@ def test_rmq_search_offset_and_async_pages_of_duplicate_images(rmq, models, tmp_
 
     every = search("--limit", "100")
     assert len(every) == 9 + 6 and len({pid for pid, _ in every}) == len(every)
-    assert {side for _, side in every[:4]} == {"old", "new"}  # the four copies tie, split
+    ties = {by_name[f"a/{name}"] for name in ("000.jpg", "copy-0-0.jpg", "copy-0-1.jpg", "copy-0-2.jpg")}
+    assert {pid for pid, _ in every[:4]} == ties and {side for _, side in every[:4]} == {"old", "new"}
     ones = [hit for offset in range(6) for hit in search("--limit", "1", "--offset", offset)]
     assert ones + search("--limit", "100", "--offset", "6") == every
 
