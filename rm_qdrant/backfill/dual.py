@@ -193,7 +193,8 @@ class DualIndex(PairPoints):
         timeout: int | None = None,
         consistency: models.ReadConsistency | None = None,
     ) -> list[list[Hit]]:
-        """Search the serving collections for each row and merge each pair of lists by distance.
+        """Search the serving collections for each row and merge each pair of lists by distance
+        (equal distances by id: one order for the list and every page of it).
 
         While the pair backfills, both collections are searched; once finalized,
         only new (``old_vectors`` may be None); once rolled back, only old.
@@ -202,7 +203,9 @@ class DualIndex(PairPoints):
             filter: a qdrant-client ``models.Filter``, or a dict (see :data:`rm_qdrant.store.Filter`).
             score_threshold: Qdrant's, in the pair's score: cosine and dot keep ``score >= t``,
                 euclid and manhattan ``score <= t`` (compared as the merged distance).
-            offset: skip the first ``offset`` merged hits.
+            offset: skip the first ``offset`` merged hits. Equal distances are ordered by id
+                (integers ascending, then UUIDs), so pages neither repeat nor skip a point, ties
+                included (a page ending inside a tie reads the whole tie: see :meth:`_search`).
             with_payload: True, False, the payload fields to return (Qdrant's paths: ``meta.dept``,
                 ``items[].sku``), or ``models.PayloadSelectorInclude`` / ``Exclude``.
             with_vectors: give each hit its vector (:attr:`Hit.vector`) as its side stores it.
@@ -239,7 +242,11 @@ class DualIndex(PairPoints):
         may keep others for another n: each side is asked for one hit more than the list keeps,
         and a row is asked again for twice as many while :func:`settled` finds that a side's
         answer ends in a tie with the list's last hit (a point that ties may be left out). No
-        tie at the end (the usual case): one search a side, one hit longer.
+        tie at the end (the usual case): one search a side, one hit longer; a page that ends
+        inside a group of T points at one distance reads them all (about 2T hits a side).
+        With the HNSW index (``exact=False``) pages are as consistent as its answers for
+        different limits are; exact search, or a collection under the full-scan threshold,
+        gives the reference's pages.
         """
         new_q, old_q, rows = self._queries(new_vectors, old_vectors)
         if limit == 0:  # no hit asked for (qdrant-client refuses a search for none)
@@ -287,10 +294,8 @@ class DualIndex(PairPoints):
             try:
                 query = MergedQuery(pair.vector, pair.new_using, pair.distance, limit, filter, **request)
                 results = self.store.merged_search(pair.old_collection, old_q, new_q, query)
-                hits = [[self._hit(r, "new" if r.in_new else "old") for r in row] for row in results]
-                return [
-                    ([h for h in r if h.source == "old"], [h for h in r if h.source == "new"]) for r in hits
-                ], True
+                rows_hits = [[self._hit(r, "new" if r.in_new else "old") for r in row] for row in results]
+                return [_by_side(hits) for hits in rows_hits], True
             except Unsupported as exc:
                 log.warning("%s; searching the two vectors one after the other", exc)
                 self._two_queries = True
@@ -316,9 +321,8 @@ class DualIndex(PairPoints):
         if pending is not None and new_raw is not None:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
-        return list(
-            zip(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), strict=True)
-        ), False
+        sides = zip(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), strict=True)
+        return list(sides), False
 
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
         if vectors is None or dim is None:
@@ -465,3 +469,8 @@ class DualIndex(PairPoints):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _by_side(hits: list[Hit]) -> tuple[list[Hit], list[Hit]]:
+    """A merged query's hits as (old's, new's)."""
+    return [h for h in hits if h.source == "old"], [h for h in hits if h.source == "new"]

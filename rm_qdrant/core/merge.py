@@ -161,12 +161,13 @@ def settled(
     """Whether ``merged``, the first ``want`` hits of the union of ``sides`` by :func:`rank_key`,
     is the first ``want`` of everything the searched collections hold, ties at its end included.
 
-    Each side is one search's answer for ``asked`` hits (``asked > want``). A side that gave fewer
-    gave all it has; one that gave ``asked`` left out only points at least as far as its farthest
-    hit, and of those, which tie with the farthest is the engine's choice. So the merged list is
-    complete when each side gave fewer, or reaches strictly past the distance of the last hit
-    kept: then every point at that distance is in it, and the id order decides among them. Else
-    the search asks for more. ``bound`` is a score threshold's distance: ties past it are cut.
+    Each side is one search's answer for ``asked`` hits (``asked > want``; a merged query's
+    answer, whose prefetches ask as many each, is one side). A side that gave fewer gave all it
+    has; one that gave ``asked`` left out only points at least as far as its farthest hit, and of
+    those, which tie with the farthest is the engine's choice. So the merged list is complete
+    when each side gave fewer, or reaches strictly past the distance of the last hit kept: then
+    every point at that distance is in it, and the id order decides among them. Else the search
+    asks for more. ``bound`` is a score threshold's distance: ties past it are cut anyway.
 
     Example:
         >>> a, b, c = (Hit(i, 0.5, 0.5, "new") for i in (1, 2, 3))
