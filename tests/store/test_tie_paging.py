@@ -197,6 +197,12 @@ def test_pages_of_tied_points_are_the_reference_slices(store, encoders, distance
     check_paging(gallery, gallery.query(aimed=True))
     q = gallery.query(aimed=False)
     check_paging(gallery, q, keep=0, threshold=threshold_between(gallery, q))
+    # a batch whose rows tie at different places: each row is asked again as it needs
+    queries = np.stack([gallery.query(aimed=True), q, gallery.query(aimed=True)])
+    expected = [gallery.reference(row) for row in queries]
+    for offset in range(0, N, 2):
+        rows = gallery.index.search_vectors_batch(queries, queries, limit=2, offset=offset)
+        assert [[(h.id, h.source) for h in row] for row in rows] == [e[offset : offset + 2] for e in expected]
     gallery.index.close()
 
 
