@@ -9,6 +9,11 @@ the points are exact copies of 50 vectors (ties), queried at one of them. Both c
 optimised (HNSW), then 300 searches a case are timed, p50 after 20 warm-up searches: ``limit=10``
 and ``limit=10, offset=20``, HNSW (``exact=False``) and exact. Run this file of each checkout in
 turn to compare two (the ``rm_qdrant:`` line says which one a run imported).
+
+``--ab`` (this checkout only): in one process, on the same pair, alternate query by query the
+merged search for ``limit=10`` as it ran before ties were resolved (one search a side for 10,
+merged) with ``DualIndex._search`` (11 a side, asked again while a tie ends a side's answer):
+the tie rule's cost, without the noise of two processes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +51,7 @@ def encoder(folder: Path) -> OnnxEncoder:
     return OnnxEncoder(path)
 
 
-def one_run(n: int, layout: str, dups: float) -> dict[tuple[int, int, bool], float]:
+def one_run(n: int, layout: str, dups: float, ab: bool = False) -> dict[Any, float]:
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
     copies = rng.random(n) < dups
@@ -66,8 +72,8 @@ def one_run(n: int, layout: str, dups: float) -> dict[tuple[int, int, bool], flo
         queries = rng.normal(size=(QUERIES, DIM)).astype(np.float32)
         if dups:
             queries = vectors[rng.integers(0, COPIED, QUERIES)]  # a query at copies: a tie at its end
-        p50 = {}
-        for limit, offset, exact in CASES:
+        p50 = ab_p50(index, rng.normal(size=(1500, 1, DIM)).astype(np.float32)) if ab else {}
+        for limit, offset, exact in [] if ab else CASES:
             times = []
             for query in queries:
                 began = time.perf_counter()
@@ -78,16 +84,43 @@ def one_run(n: int, layout: str, dups: float) -> dict[tuple[int, int, bool], flo
     return p50
 
 
+def ab_p50(index: DualIndex, queries: np.ndarray) -> dict[Any, float]:
+    """p50 of the untied merge (``before``) and of DualIndex._search (``after``), alternated."""
+    from rm_qdrant.backfill.search_options import SearchOptions
+    from rm_qdrant.core.merge import merge
+
+    opts = SearchOptions()
+
+    def before(q: np.ndarray) -> None:
+        new_q, old_q, _ = index._queries(q, q)
+        found, _ = index._search_once(new_q, old_q, 10, None, opts)
+        [merge(old, new, 10) for old, new in found]
+
+    flows = {"before": before, "after": lambda q: index._search(q, q, 10, None, opts)}
+    times: dict[Any, list[float]] = {name: [] for name in flows}
+    for k, query in enumerate(queries):
+        for name in sorted(flows, reverse=k % 2 == 1):
+            began = time.perf_counter()
+            flows[name](query)
+            times[name].append(time.perf_counter() - began)
+    return {name: statistics.median(t[WARMUP:]) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dups", type=float, default=0.0, help="share of points that are copies")
+    parser.add_argument("--ab", action="store_true", help="before/after in one process (see above)")
     args = parser.parse_args()
     print(f"rm_qdrant: {Path(rm_qdrant.__file__).parent}")
     for run in range(args.runs):
         for layout in ("paired", "single"):
-            p50 = one_run(args.n, layout, args.dups)
+            p50 = one_run(args.n, layout, args.dups, args.ab)
+            if args.ab:
+                cases = "; ".join(f"{name} {t * 1e3:.3f} ms" for name, t in p50.items())
+                print(f"run {run + 1} {layout}: p50 limit 10 {cases}; load {os.getloadavg()[0]:.1f}")
+                continue
             cases = "; ".join(
                 f"limit {lim} offset {off}{' exact' if ex else ''} {t * 1e3:.3f} ms"
                 for (lim, off, ex), t in p50.items()
