@@ -378,9 +378,14 @@ class DualIndex(PairPoints):
         self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
-        array = self._check(vectors, dim, side)
+        """A write's ``side`` vectors, checked before anything is written (the store checks them
+        too, but only at their own write: a write to the other collection may be done by then)."""
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range: infinity, refused below
+            array = self._check(vectors, dim, side)
         if len(array) != rows:
             raise ConfigError(f"{len(array)} {side} vectors for {rows} ids")
+        if not np.isfinite(array).all():
+            raise ConfigError(f"{side} vectors contain NaN or infinity (or numbers beyond float32's range)")
         return array
 
     def _others(self) -> dict[str, OtherVector]:

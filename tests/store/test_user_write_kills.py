@@ -1,0 +1,120 @@
+"""A user's write that spans both halves of a pair is all or nothing, as the application sees it.
+
+A write the library refuses changes nothing: a --keep-old ``upsert_vectors`` with NaN in
+``old_vectors`` replaced the point's copy in new, then raised ``ConfigError`` at the write to
+old, leaving the application told "failed" while search served the write, a rollback serving
+the previous data, and ``rmq_moving`` on old's copy.
+
+A write killed at any of its store operations (``upsert_vectors``, ``set_payload``,
+``delete``; paired and --keep-old) leaves each point served once, as it was or as written,
+its vector the model's embedding of the image its payload names (a migrated point's copy or a
+user's write, never one's vector under the other's payload); the next ``migrate`` embeds what
+old then serves, and running the write again completes it (a --keep-old rollback then serves
+it by the old model).
+
+Points of each kind are written together, as an application's batch: one still in old, one
+migrated, one a migration step left in both (its copy written, old not yet retired), and a new one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.errors import RmqError
+from tests.conftest import make_image_folder
+from tests.faults import Crash, Scripted, crash
+
+N = 12
+ADDED = 10_000
+
+
+class Gallery:
+    """A pair mid-migration and its models, to say what each served point must be."""
+
+    def __init__(self, store, models, tmp_path, keep_old: bool) -> None:
+        self.store, self.keep_old = store, keep_old
+        self.items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=N // 3))
+        self.rm, self.old_model = OnnxEncoder(models.rm), OnnxEncoder(models.old)
+        index_images(store, "old", self.old_model, self.items)
+        create_pair(
+            store, "p", old_collection="old", encoder=self.rm, old_encoder=self.old_model, keep_old=keep_old
+        )
+        run_migration(self.index(), MigrateOptions(batch=4, limit=4))
+        copied = lambda name, args, kwargs: name == "upsert" and kwargs.get("insert_only")  # noqa: E731
+        with pytest.raises(Crash):  # a step cut short after its copies: two points in both
+            run_migration(
+                DualIndex.open(Scripted(store, [("after", copied, crash)]), "p"), MigrateOptions(batch=2)
+            )
+        in_new = {r.id for r in store.scroll("p-new", limit=100)[0]}
+        hidden = set(self.hidden())
+        in_old = {r.id for r in store.scroll("old", limit=100)[0]} - hidden
+        self.waiting = next(i.point_id for i in self.items if i.point_id not in in_new)
+        self.moved = next(i.point_id for i in self.items if i.point_id in in_new and i.point_id not in in_old)
+        self.both = next(i.point_id for i in self.items if i.point_id in in_new and i.point_id in in_old)
+        self.victims = [self.waiting, self.moved, self.both, ADDED]
+
+    def index(self, store=None) -> DualIndex:
+        return DualIndex.open(store or self.store, "p", exact=True)
+
+    def hidden(self) -> list:
+        return [
+            r.id for r in self.store.scroll("old", limit=100, where=None)[0] if r.payload.get("rmq_migrated")
+        ]
+
+    def snapshot(self) -> dict:
+        """Everything both collections hold (bookkeeping included)."""
+        return {
+            name: {
+                str(r.id): (r.payload, np.round(r.vector, 5).tolist())
+                for r in self.store.scroll(name, limit=100, with_vectors=True)[0]
+            }
+            for name in ("old", "p-new")
+        }
+
+    def write(self, n: int = 0) -> dict:
+        """An application's write of every victim: the image ``items[-1 - n]``, by both models."""
+        uri = self.items[-1 - n].uri
+        rows = len(self.victims)
+        new = np.repeat(self.rm.encode([uri])["new"], rows, axis=0)
+        old = np.repeat(self.old_model.encode([uri])["embedding"], rows, axis=0)
+        extra = {"old_vectors": old} if self.keep_old else {}
+        return {"ids": self.victims, "vectors": new, "payloads": [{"uri": uri, "by": "user"}] * rows, **extra}
+
+
+@pytest.fixture(params=[False, True], ids=["paired", "keep-old"])
+def gallery(request, store, models, tmp_path):
+    return Gallery(store, models, tmp_path, request.param)
+
+
+def _nan(matrix: np.ndarray) -> np.ndarray:
+    spoilt = matrix.copy()
+    spoilt[-1, 0] = np.nan
+    return spoilt
+
+
+REFUSED = {
+    "NaN in old_vectors": lambda w: {**w, "old_vectors": _nan(w["old_vectors"])},
+    "infinity in vectors": lambda w: {**w, "vectors": _nan(w["vectors"]) * np.inf},
+    "a float64 too large for float32 in old_vectors": lambda w: {
+        **w,
+        "old_vectors": w["old_vectors"].astype(np.float64) * 1e300,
+    },
+    "old_vectors of the wrong size": lambda w: {**w, "old_vectors": w["old_vectors"][:, :-1]},
+    "one vector too few in old_vectors": lambda w: {**w, "old_vectors": w["old_vectors"][:-1]},
+    "an other vector the collection lacks": lambda w: {**w, "other_vectors": {"text": [[1.0]] * 4}},
+}
+
+
+@pytest.mark.parametrize("spoil", list(REFUSED))
+def test_a_refused_write_changes_nothing(gallery, spoil):
+    write = gallery.write()
+    if "old_vectors" in spoil and "old_vectors" not in write:
+        pytest.skip("a paired pair takes no old vectors")
+    before = gallery.snapshot()
+    with pytest.raises(RmqError) as refused:
+        gallery.index().upsert_vectors(**REFUSED[spoil](write))
+    assert len(str(refused.value).splitlines()) == 1
+    assert gallery.snapshot() == before
