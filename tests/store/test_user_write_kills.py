@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
+from rm_qdrant.backfill.cutover import rollback
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.errors import RmqError
 from tests.conftest import make_image_folder
-from tests.faults import Crash, Scripted, crash
+from tests.faults import Crash, Scripted, crash, nth_write
 
 N = 12
 ADDED = 10_000
@@ -74,6 +75,27 @@ class Gallery:
             for name in ("old", "p-new")
         }
 
+    def served(self) -> dict[str, tuple[dict, str]]:
+        """Each point the pair serves (str id -> user payload, side), checked: once in search
+        and count, its vector its side's model's embedding of the image its payload names."""
+        index = self.index()
+        ids = [i.point_id for i in self.items] + [ADDED]
+        points = {str(p.id): p for p in index.retrieve(ids, with_vectors=True)}
+        rng = np.random.default_rng(2)
+        hits = index.search_vectors(rng.normal(size=10), rng.normal(size=6), limit=3 * N)
+        assert sorted(str(h.id) for h in hits) == sorted(points), "a point served twice, or not at all"
+        assert index.count() == len(points)
+        for key, point in points.items():
+            want = self._embedding(point.payload["uri"], point.source)
+            cosine = point.vector @ want / np.linalg.norm(point.vector) / np.linalg.norm(want)
+            assert cosine > 1 - 1e-5, f"{key} ({point.source}): not the vector of {point.payload['uri']}"
+        return {key: (p.payload, p.source) for key, p in points.items()}
+
+    def _embedding(self, uri: str, side: str) -> np.ndarray:
+        if side == "new":
+            return self.rm.encode([uri])["new"][0]
+        return self.old_model.encode([uri])["embedding"][0]
+
     def write(self, n: int = 0) -> dict:
         """An application's write of every victim: the image ``items[-1 - n]``, by both models."""
         uri = self.items[-1 - n].uri
@@ -118,3 +140,75 @@ def test_a_refused_write_changes_nothing(gallery, spoil):
         gallery.index().upsert_vectors(**REFUSED[spoil](write))
     assert len(str(refused.value).splitlines()) == 1
     assert gallery.snapshot() == before
+
+
+def _upsert(gallery, index):
+    index.upsert_vectors(**gallery.write())
+
+
+def _set_payload(gallery, index):
+    index.set_payload({"tag": "x"}, gallery.victims)
+
+
+def _delete(gallery, index):
+    index.delete(gallery.victims)
+
+
+def _wanted(gallery, op, before: dict) -> dict:
+    """Each victim's payload once ``op`` is done (None: not served)."""
+    keys = [str(v) for v in gallery.victims]
+    if op is _upsert:
+        written = gallery.write()["payloads"][0]
+        return dict.fromkeys(keys, written)
+    if op is _set_payload:
+        return {k: None if before.get(k) is None else {**before[k], "tag": "x"} for k in keys}
+    return dict.fromkeys(keys)
+
+
+KILLS = [(_upsert, n) for n in range(3)] + [(op, n) for op in (_set_payload, _delete) for n in range(2)]
+
+
+@pytest.mark.parametrize(("op", "n"), KILLS, ids=[f"{op.__name__[1:]}-write{n}" for op, n in KILLS])
+def test_a_write_killed_at_any_store_write_serves_each_point_once_as_it_was_or_as_written(gallery, op, n):
+    served = gallery.served()
+    before = {str(v): served[str(v)][0] if str(v) in served else None for v in gallery.victims}
+    wanted = _wanted(gallery, op, before)
+    killed = Scripted(gallery.store, [("before", nth_write(n), crash)])
+    with pytest.raises(Crash):
+        op(gallery, gallery.index(killed))
+    for moment in ("after the kill", "after the next migrate", "after a second migrate"):
+        if moment != "after the kill":
+            run_migration(gallery.index(), MigrateOptions(batch=N))
+        served = gallery.served()
+        for key in before:
+            now = served[key][0] if key in served else None
+            assert now in (before[key], wanted[key]), f"{moment}: {key} serves {now}"
+    assert all(side == "new" for _, side in served.values()), "a point left for the migration"
+    op(gallery, gallery.index())  # the application runs its write again
+    served = gallery.served()
+    assert {key: served[key][0] if key in served else None for key in before} == wanted
+    if gallery.keep_old:  # and a rollback serves it, by the old model
+        rollback(gallery.store, gallery.index().pair)
+        served = gallery.served()
+        assert {key: served[key][0] if key in served else None for key in before} == wanted
+        assert {side for _, side in served.values()} == {"old"}
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_a_keep_old_write_killed_at_any_store_write_then_rolled_back_serves_what_search_served(
+    store, models, tmp_path, n
+):
+    """upsert_vectors wrote new, then old's hidden copy: killed between the two, new served the
+    write and the next migrate hid old's previous copy, which a rollback then served. Old's copy
+    is now written first, served, and hidden once new is written."""
+    gallery = Gallery(store, models, tmp_path, keep_old=True)
+    killed = Scripted(store, [("before", nth_write(n), crash)])
+    with pytest.raises(Crash):
+        _upsert(gallery, gallery.index(killed))
+    for _ in range(2):
+        run_migration(gallery.index(), MigrateOptions(batch=N))
+    served = gallery.served()
+    rollback(store, gallery.index().pair)
+    assert {key: payload for key, (payload, _) in gallery.served().items()} == {
+        key: payload for key, (payload, _) in served.items()
+    }
