@@ -18,6 +18,7 @@ from old after a rollback).
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from rm_qdrant.backfill.cutover import rollback
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.store.vectors import OtherVector
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
+from tests.faults import Scripted, Step
 
 TEXT = 3
 #: Store calls of one batch that a user's operation goes before (past the end: after the run).
@@ -174,3 +176,40 @@ def test_keeping_the_payload_and_set_payload_around_every_store_call_of_a_batch(
         rollback(store, DualIndex.open(store, "p").pair)
         wrong = victims.wrong(store, at, "old")
         assert not wrong, f"{len(wrong)} wrong after a rollback: {wrong[:12]}"
+
+
+def _copies(name, args, kwargs):
+    return name == "upsert" and kwargs.get("insert_only")
+
+
+def _reads_a_half(name, args, kwargs):
+    return name == "retrieve" and args[0] in ("old", "p-new")
+
+
+@pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
+def test_a_batch_that_settles_between_a_writes_two_reads_loses_no_update(store, models, tmp_path, keep_old):
+    """The batch copies a point from old before a set_payload reached old; a write that keeps
+    the payload reads the point, and before it reads the other half the batch brings its copy
+    up to date and retires the point. Whichever half the write read first, it must write the
+    update (read new first, it held the stale copy and old was gone)."""
+    items, _ = make(store, models, tmp_path, keep_old)
+    victim, user = items[0].point_id, DualIndex.open(store, "p")
+    paused, resume = threading.Event(), threading.Event()
+    steps: list[Step] = [
+        ("before", _copies, lambda: user.set_payload(STALE, [victim])),
+        ("after", _copies, lambda: (paused.set(), resume.wait(60))),
+    ]
+    batch = DualIndex.open(Scripted(store, steps), "p", exact=True)
+    migration = threading.Thread(target=run_migration, args=(batch, MigrateOptions(batch=len(items))))
+    migration.start()
+    assert paused.wait(60)
+    writer = DualIndex.open(
+        Scripted(store, [("after", _reads_a_half, lambda: (resume.set(), migration.join(60)))]), "p"
+    )
+    vector = np.random.default_rng(3).normal(size=(1, NEW_DIM)).astype(np.float32)
+    old = {"old_vectors": np.ones((1, OLD_DIM), np.float32)} if keep_old else {}
+    writer.upsert_vectors([victim], vector, None, **old)
+    assert not migration.is_alive()
+    found = DualIndex.open(store, "p").retrieve([victim])
+    assert [(p.payload["in_stock"], p.source) for p in found] == [("no", "new")]
+    assert DualIndex.open(store, "p").count(STALE) == 1
