@@ -61,11 +61,13 @@ class PairedWrites:
         self, store: Store, write: Write, bodies: list[dict[str, Any]], others: list[dict] | None
     ) -> None:
         """--keep-old, with the old model's vectors: old's copy first, served and marked
-        ``rmq_moving``; then new; then old's copy hidden. Cut short after old, the point serves
-        the write from old (by the old model) where new has no copy of it, and the next ``migrate``
-        embeds it with the new model; after new, it serves from new once, and the next
-        ``migrate`` hides old's copy. A rollback serves old's copy: the write's, once old's write
-        is done (a point migrated before keeps its previous hidden copy until then)."""
+        ``rmq_moving``; then new; then old's copy hidden. Cut short after old, a point new has no
+        copy of serves the write from old (by the old model), and the next ``migrate`` embeds it;
+        one new has a copy of serves that copy once until the next ``migrate`` replaces a
+        migration's copy (a user's stays until the write runs again). Cut short after new, the
+        point serves the write once, from new, and the next ``migrate`` hides old's copy. From
+        old's write on, a rollback serves the write. (New first, a write cut short after new
+        left old's previous copy, which the next ``migrate`` hid and a rollback then served.)"""
         pair, ids = self.pair, write.ids
         marked = [{**body, MOVING: 1} for body in bodies]
         store.upsert(pair.old_collection, ids, write.old_vectors, marked, vector=pair.vector, others=others)
