@@ -1,6 +1,6 @@
 """What an application's write through DualIndex and a search cost on a paired pair, a checkout at a time.
 
-    python benchmarks/user_writes.py [--n 20000] [--writes 2000] [--runs 2]
+    python benchmarks/user_writes.py [--n 20000] [--writes 2000] [--runs 2] [--keep]
     ROOT=/path/to/other/checkout python benchmarks/user_writes.py   # the same, on that checkout
 
 A paired pair on the embedded store over ``--n`` random 6-d points (cosine); the application
@@ -8,6 +8,8 @@ writes ``--writes`` of them through ``DualIndex.upsert_vectors`` in batches of 1
 point: each write goes to new, then leaves old), then both collections are optimised and 300
 searches of ``limit=10`` are timed (p50 after 20 warm-up searches). Run this file of each
 checkout in turn to compare two (the ``rm_qdrant:`` line says which one a run imported).
+``--keep`` times, instead, writes that keep the payload (``payloads=None``) of points written
+once already (in new only): what reading the copy a point serves from costs.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def encoder(folder: Path) -> OnnxEncoder:
     return OnnxEncoder(path)
 
 
-def one_run(n: int, writes: int) -> tuple[float, float]:
+def one_run(n: int, writes: int, keep: bool = False) -> tuple[float, float]:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="rmq-writes-") as tmp:
         store = open_store(Path(tmp) / "q")
@@ -52,10 +54,12 @@ def one_run(n: int, writes: int) -> tuple[float, float]:
         store.upsert("old", list(range(n)), vectors, [{"n": i} for i in range(n)])
         create_pair(store, "p", old_collection="old", encoder=encoder(Path(tmp)))
         index = DualIndex.open(store, "p")
-        started = time.perf_counter()
-        for start in range(0, writes, BATCH):
-            ids = list(range(start, min(start + BATCH, writes)))
+        batches = [list(range(start, min(start + BATCH, writes))) for start in range(0, writes, BATCH)]
+        for ids in batches if keep else []:  # first written with a payload, untimed
             index.upsert_vectors(ids, vectors[ids], [{"n": i} for i in ids])
+        started = time.perf_counter()
+        for ids in batches:
+            index.upsert_vectors(ids, vectors[ids], None if keep else [{"n": i} for i in ids])
         per_write = (time.perf_counter() - started) / writes
         store.optimize("old")
         store.optimize("p-new")
@@ -74,12 +78,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--writes", type=int, default=2_000)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="time writes that keep the payload")
     args = parser.parse_args()
     print(f"rm_qdrant: {Path(rm_qdrant.__file__).parent}")
+    kept = " (payloads=None)" if args.keep else ""
     for run in range(args.runs):
-        write, search = one_run(args.n, args.writes)
+        write, search = one_run(args.n, args.writes, args.keep)
         print(
-            f"run {run + 1}: upsert_vectors {write * 1e6:.0f} µs a point; search p50 {search * 1e3:.3f} ms; "
+            f"run {run + 1}: upsert_vectors{kept} {write * 1e6:.0f} µs a point; "
+            f"search p50 {search * 1e3:.3f} ms; "
             f"load {os.getloadavg()[0]:.1f}",
             flush=True,
         )

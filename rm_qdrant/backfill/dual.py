@@ -396,14 +396,22 @@ class DualIndex(PairPoints):
 
         What rm-qdrant does not manage stays: a point that exists keeps its other named
         vectors (dense or sparse) unless ``other_vectors`` gives them, and its payload when
-        ``payloads`` (or a point's entry in it) is None; a payload given replaces it.
+        ``payloads`` (or a point's entry in it) is None; a payload given replaces it. What is
+        kept is the point's as it serves (as :meth:`retrieve` gives it), also while a migration
+        batch moves it: new's copy is the migration's until the batch retires old's, and a
+        ``set_payload`` reaches old first (see ``rm_qdrant.backfill.layouts.paired_writes``).
+
+        Everything is checked before anything is written. A write cut short (the process
+        killed) leaves each point served once, as it was or as written; running it again
+        finishes it, and so does the next ``rmq migrate`` for what it left in old.
         ``other_vectors`` is one mapping per point, as qdrant-client's ``PointStruct.vector``
         (``{"text": [...], "bm25": models.SparseVector(...)}``; None or a missing name: not
         given), or one mapping of name -> one value per point (a matrix for a dense vector).
 
         Raises:
-            ConfigError: the pair was rolled back; counts that differ; an other vector the
-                collection does not have, or one of the models' own.
+            ConfigError: the pair was rolled back; counts that differ; NaN or infinity in
+                ``vectors`` or ``old_vectors``; an other vector the collection does not have,
+                or one of the models' own.
             DimensionMismatch: a vector of the wrong size.
         """
         pair = self.pair
@@ -427,9 +435,14 @@ class DualIndex(PairPoints):
         self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:
-        array = self._check(vectors, dim, side)
+        """A write's ``side`` vectors, checked before anything is written (the store checks them
+        too, but only at their own write: a write to the other collection may be done by then)."""
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range: infinity, refused below
+            array = self._check(vectors, dim, side)
         if len(array) != rows:
             raise ConfigError(f"{len(array)} {side} vectors for {rows} ids")
+        if not np.isfinite(array).all():
+            raise ConfigError(f"{side} vectors contain NaN or infinity (or numbers beyond float32's range)")
         return array
 
     def _others(self) -> dict[str, OtherVector]:

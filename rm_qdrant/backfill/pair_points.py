@@ -79,7 +79,10 @@ class PairPoints:
         While a rollback is possible (a ``--keep-old`` pair, backfilling) the point's hidden
         copy in old is updated too, so a rollback serves the update. The write goes to old
         first, then new: a migration batch that read the point before the update finds it in
-        old when it settles, and brings its copy in new up to date (see ``Paired.settle``).
+        old when it settles, and brings its copy in new up to date (see ``Paired.settle``); a
+        user's write that keeps the payload meanwhile takes old's (see ``upsert_vectors``). Cut
+        short between the two writes (the process killed), the update serves where the point
+        serves from old, not yet where it serves from new: running it again finishes it.
 
         Args:
             payload: the fields to set (other fields stay as they are).

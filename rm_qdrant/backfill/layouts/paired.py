@@ -2,9 +2,9 @@
 ``new_collection``. A migrated point is written to new, then deleted from old
 (:class:`Paired`) or kept there marked and hidden for a rollback (:class:`PairedKeepOld`).
 
-A user's write goes to new whole, with the other vectors the point had (read from new, else
-from old) where the write does not give them; then the point leaves old, or (keep-old) is
-written to old too, hidden as migrated points are.
+A user's write goes to new whole, keeping what it does not give from the copy the point
+serves from; then the point leaves old, or (keep-old) is written to old too, hidden as
+migrated points are (see :mod:`~rm_qdrant.backfill.layouts.paired_writes`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,8 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.confirm import having_vector
-from rm_qdrant.backfill.layouts.base import (
-    Claimed,
-    DropPlan,
-    EmbedLate,
-    Layout,
-    Write,
-    check_alias,
-    check_all_moved,
-)
+from rm_qdrant.backfill.layouts.base import Claimed, DropPlan, EmbedLate, Layout, check_alias, check_all_moved
+from rm_qdrant.backfill.layouts.paired_writes import PairedWrites
 from rm_qdrant.backfill.outcome import BatchResult, Encoded, Prepared, record_failures
 from rm_qdrant.backfill.pair import PairRecord, clear_bookkeeping, save_pair
 from rm_qdrant.core.merge import PointId
@@ -55,7 +48,7 @@ _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
 _CATCH_UP = 3
 
 
-class Paired(Layout):
+class Paired(PairedWrites, Layout):
     """Two collections; a migrated point leaves old."""
 
     rolls_back = False
@@ -87,52 +80,6 @@ class Paired(Layout):
 
     def migration_carries(self, store: Store) -> tuple[str, ...]:
         return tuple(self.carried(store))
-
-    # -- a user's writes -----------------------------------------------------------
-
-    def _write(self, store: Store, write: Write, known: Mapping[str, OtherVector]) -> None:
-        pair, ids, bodies, others = self.pair, write.ids, write.bodies, write.others
-        lacking = bool(known) and any(set(known) - set(row) for row in (others or [{}]))
-        keep = any(body is None for body in bodies)
-        found = self._existing(store, ids, list(known) if lacking else [], keep, write.old_there)
-        if keep:
-            kept = {i: user_payload(r.payload) for i, r in found.items()}
-            bodies = [kept.get(i, {}) if body is None else body for i, body in zip(ids, bodies, strict=True)]
-        if lacking:
-            given = others or [{} for _ in ids]
-            others = [
-                {**(found[i].others if i in found else {}), **row} for i, row in zip(ids, given, strict=True)
-            ]
-        carry = others if others and any(others) else None
-        full = [body or {} for body in bodies]
-        if write.old_there and pair.state == "backfilling":  # as a migration step: see in_both
-            store.mark(pair.old_collection, ids, {MOVING: 1})
-        store.upsert(pair.new_collection, ids, write.vectors, full, vector=pair.vector, others=carry)
-        if not write.old_there:
-            return
-        if write.old_vectors is not None:  # hidden from search as migrated points are; a rollback serves it
-            hidden = [{**body, MIGRATED: 1} for body in full]
-            store.upsert(
-                pair.old_collection, ids, write.old_vectors, hidden, vector=pair.vector, others=carry
-            )
-        else:
-            store.delete(pair.old_collection, ids)
-
-    def _existing(
-        self, store: Store, ids: list[PointId], names: list[str], payload: bool, old: bool
-    ) -> dict[PointId, Record]:
-        """The points of ``ids`` as they are, with the other vectors ``names``: from new, else old."""
-        if not names and not payload:
-            return {}
-        pair = self.pair
-        found = {
-            r.id: r for r in store.retrieve(pair.new_collection, ids, with_payload=payload, others=names)
-        }
-        rest = [i for i in ids if i not in found]
-        if rest and old:
-            old_points = store.retrieve(pair.old_collection, rest, with_payload=payload, others=names)
-            found.update({r.id: r for r in old_points})
-        return found
 
     # -- the migration -------------------------------------------------------------
 
@@ -359,6 +306,9 @@ class PairedKeepOld(Paired):
 
     def old_where(self) -> Where:
         return Where(must_not={MIGRATED: 1})
+
+    def serves_from_old(self, payload: Mapping[str, Any]) -> bool:
+        return payload.get(MIGRATED) != 1
 
     @property
     def keeps_writes_in_old(self) -> bool:
