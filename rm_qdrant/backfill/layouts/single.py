@@ -118,33 +118,64 @@ class OneCollection(Layout):
     # -- a user's writes -----------------------------------------------------------
 
     def _write(self, store: Store, write: Write, known: Mapping[str, OtherVector]) -> None:
+        """A point whose payload is given is written whole, in one operation (the vectors given,
+        the other vectors it has, the payload): killed before it, the point is as it was; after,
+        as written. A point whose payload is kept gets its vectors set in one operation, then
+        loses its old vector where the write has none (killed between the two, it serves the
+        new vector and keeps the old one of the same image)."""
         pair, ids = self.pair, write.ids
         name = pair.new_collection
+        old_kept = self._old_vector_kept(store, write)  # refused here: nothing written yet
         extras = write.others or [{} for _ in ids]
         if write.old_vectors is not None:
             extras = [
                 {**e, pair.vector: row} for e, row in zip(extras, write.old_vectors.tolist(), strict=True)
             ]
-        existing = {r.id for r in store.retrieve(name, ids, with_payload=False)}
-        old_rows = [k for k, i in enumerate(ids) if i in existing]
-        new_rows = [k for k, i in enumerate(ids) if i not in existing]
-        # Without its old vector, a rewritten point must not keep the previous image's.
-        drop = (pair.vector,) if write.old_there and write.old_vectors is None else ()
-        if old_rows:
-            store.update_points(
+        absent = [n for n in known if any(n not in e for e in extras)]  # other vectors a point keeps
+        found = {r.id: r for r in store.retrieve(name, ids, with_payload=False, others=absent)}
+        keep = [k for k, i in enumerate(ids) if write.bodies[k] is None and i in found]
+        whole = [k for k in range(len(ids)) if write.bodies[k] is not None or ids[k] not in found]
+        if whole:
+            others = [{**(found[ids[k]].others if ids[k] in found else {}), **extras[k]} for k in whole]
+            store.upsert(
                 name,
-                [ids[k] for k in old_rows],
-                write.vectors[old_rows],
+                [ids[k] for k in whole],
+                write.vectors[whole],
+                [write.bodies[k] or {} for k in whole],
                 vector=pair.new_using,
-                others=_pick(extras, old_rows, {}),
-                payloads=_pick(write.bodies, old_rows, None),
-                drop=drop,
+                others=others if any(others) else None,
             )
-        if new_rows:
-            bodies = [write.bodies[k] or {} for k in new_rows]
-            new_ids = [ids[k] for k in new_rows]
-            others = _pick(extras, new_rows, {})
-            store.upsert(name, new_ids, write.vectors[new_rows], bodies, vector=pair.new_using, others=others)
+        if keep:
+            kept_ids = [ids[k] for k in keep]
+            others = _pick(extras, keep, {})
+            store.set_vectors(name, kept_ids, write.vectors[keep], vector=pair.new_using, others=others)
+            if old_kept and write.old_vectors is None:  # the previous image's must not stay
+                self._drop_old(store, kept_ids)
+
+    def _old_vector_kept(self, store: Store, write: Write) -> bool:
+        """Whether the collection still has the old vector. A write that carries old vectors
+        after a cutover dropped it (a DualIndex opened before ``finalize --drop-old``) is
+        refused before anything is written."""
+        pair = self.pair
+        there = self._has_old(store)
+        if write.old_vectors is not None and not there:
+            raise MigrationError(
+                f"pair {pair.name!r} was finalized and its old vector {pair.vector!r} dropped: nothing "
+                "was written; refresh() the DualIndex (it then writes the new vector alone)"
+            )
+        return there
+
+    def _has_old(self, store: Store) -> bool:
+        return self.pair.vector in store.collection(self.pair.new_collection, self.pair.new_using).vectors
+
+    def _drop_old(self, store: Store, ids: list[PointId]) -> None:
+        pair = self.pair
+        try:
+            store.delete(pair.new_collection, ids, vectors=(pair.vector,))
+        except StoreError:
+            if self._has_old(store):
+                raise
+            # a cutover dropped the vector since the check: nothing left to remove
 
     def delete(self, store: Store, ids: list[PointId], old_there: bool) -> None:
         store.delete(self.pair.new_collection, ids)

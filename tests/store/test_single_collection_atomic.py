@@ -1,0 +1,255 @@
+"""The single-collection layout's writes are all or nothing, and ``finalize`` catches every
+old-model write made before its record (issue 45, items 3 and 4).
+
+- A rewrite of a point was three qdrant-edge operations (overwrite the payload, delete vectors,
+  update vectors): an application killed after the first kept the new photo's payload with the
+  old photo's vectors, its new vector included, so no migration embedded it again; a write from
+  a ``DualIndex`` opened before ``finalize --drop-old`` replaced the payload, then was refused.
+- ``finalize`` without ``--drop-old`` swept the points lacking the new vector once: a point an
+  old-model write left without it after that sweep, but before the ``finalized`` record, was
+  served by nothing once finalized.
+
+"Served right" is checked against what the application wrote: each point served once, with a
+payload it was given, by the vector its model makes of that payload's image (the new model's
+where it has the new vector, else the old one's), and any old vector it keeps of the same image
+(a rollback serves that one). Kills are exceptions raised in place of the engine's own write
+(each qdrant-edge update operation, each qdrant-client request that writes), on both stores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store, scan_image_folder
+from rm_qdrant.backfill.cutover import finalize
+from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.errors import MigrationError
+from rm_qdrant.store import Where
+from tests.conftest import make_image_folder
+from tests.faults import Crash
+from tests.store.test_single_collection import make_pair
+
+LACKS_NEW = Where(lacks_vector=("new",))
+ADDED, ADDED_TOO = 10_001, 10_002  # ids an application adds
+_CLIENT_WRITES = frozenset(
+    {
+        "upsert",
+        "update_vectors",
+        "delete_vectors",
+        "delete",
+        "set_payload",
+        "overwrite_payload",
+        "delete_payload",
+        "clear_payload",
+        "batch_update_points",
+    }
+)
+
+
+class Embeddings:
+    """What each model makes of an image file, unit length (the collection is cosine)."""
+
+    def __init__(self, models) -> None:
+        self._new, self._old, self._seen = OnnxEncoder(models.rm), OnnxEncoder(models.old), {}
+
+    def new(self, uri: str) -> np.ndarray:
+        return self._unit("new", self._new, uri)
+
+    def old(self, uri: str) -> np.ndarray:
+        return self._unit(self._old.info.gallery_output(), self._old, uri)
+
+    def _unit(self, output: str, encoder: OnnxEncoder, uri: str) -> np.ndarray:
+        if (output, uri) not in self._seen:
+            vector = encoder.encode([uri], [output])[output][0]
+            self._seen[output, uri] = vector / np.linalg.norm(vector)
+        return self._seen[output, uri]
+
+
+@pytest.fixture(scope="module")
+def embeddings(models):
+    return Embeddings(models)
+
+
+def unit(vector) -> np.ndarray:
+    return np.asarray(vector, dtype=np.float64) / np.linalg.norm(vector)
+
+
+def assert_served_right(store, embeddings: Embeddings, expected: dict) -> None:
+    """Each point of ``expected`` (id -> the payloads it may have; None among them: it may be
+    gone) is served once, with one of them, by the vector of that payload's image."""
+    index = DualIndex.open(store, "p", exact=True)
+    served = {p.id: p for p in index.retrieve(list(expected), with_vectors=True)}
+    for point_id, allowed in expected.items():
+        point = served.get(point_id)
+        if point is None:
+            assert None in allowed, f"point {point_id} is not served"
+            continue
+        assert point.payload in allowed, (point_id, point.payload)
+        uri = point.payload["uri"]
+        want = embeddings.new(uri) if point.source == "new" else embeddings.old(uri)
+        assert np.allclose(unit(point.vector), want, atol=1e-4), (point_id, point.source, uri)
+    assert index.count() == len(served) == store.count("photos")  # nothing stored but unserved
+    for record in store.retrieve("photos", list(served), with_vectors=True, vector=""):
+        if record.vector is not None:  # what a rollback would serve: the same image
+            want = embeddings.old(record.payload["uri"])
+            assert np.allclose(unit(record.vector), want, atol=1e-4), (record.id, "old vector")
+
+
+def served_payloads(store) -> dict:
+    index = DualIndex.open(store, "p")
+    ids = [r.id for r in store.scroll("photos", limit=1000, with_payload=False)[0]]
+    return {p.id: p.payload for p in index.retrieve(ids)}
+
+
+def fresh_pair(backend, tmp_path, n, models, items, until):
+    store = open_store(":memory:" if backend == "memory" else tmp_path / f"q{n}")
+    make_pair(store, models, items, old_encoder=OnnxEncoder(models.old))
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100, until=until))
+    return store
+
+
+# -- a user's write killed at each of the engine's writes ------------------------------------------
+
+
+class _Engine:
+    """A qdrant-edge shard or a QdrantClient whose write number ``n`` (0-based) never lands:
+    the process dies in its place."""
+
+    def __init__(self, inner, writes, n) -> None:
+        self._inner, self._writes, self._left, self.killed = inner, writes, n, False
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in self._writes:
+            return attr
+
+        def call(*args, **kwargs):
+            if self._left == 0 and not self.killed:
+                self.killed = True
+                raise Crash
+            self._left -= 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@contextlib.contextmanager
+def engine_killed(store, n):
+    """``store`` with its engine's write number ``n`` replaced by a crash."""
+    if hasattr(store, "_shards"):  # qdrant-edge: every write is one shard update
+        specs, shard = store._open("photos")
+        engine = _Engine(shard, {"update"}, n)
+        store._shards["photos"] = (specs, engine)
+        try:
+            yield engine
+        finally:
+            store._shards["photos"] = (store._shards["photos"][0], shard)
+    else:
+        engine = _Engine(store._client, _CLIENT_WRITES, n)
+        store._client = engine
+        try:
+            yield engine
+        finally:
+            store._client = engine._inner
+
+
+def user_write(kind, index, embeddings, targets, images):
+    """One application write of ``kind`` to ``targets`` (ids), with new ``images`` where it
+    writes some; returns each target's payload after it (None: deleted)."""
+    payloads = [{"uri": uri, "by": "app"} for uri in images]
+    if kind == "upsert":  # images: both models embed them (a rollback serves the old vector)
+        index.upsert(targets, images, payloads)
+    elif kind == "upsert_vectors":  # the new model's vectors alone: the old ones go
+        index.upsert_vectors(targets, np.stack([embeddings.new(uri) for uri in images]), payloads)
+    elif kind == "keep_payload":  # vectors again for the same images, payloads kept
+        index.upsert_vectors(targets, np.stack([embeddings.new(uri) for uri in images]), None)
+        return None
+    elif kind == "set_payload":
+        index.set_payload({"tag": 1}, targets)
+        return None
+    else:
+        index.delete(targets)
+        return dict.fromkeys(targets)
+    return dict(zip(targets, payloads, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["upsert", "upsert_vectors", "keep_payload", "set_payload", "delete"])
+@pytest.mark.parametrize("backend", ["edge", "memory"])
+def test_a_write_killed_at_any_engine_write_leaves_every_point_served_right(
+    models, embeddings, tmp_path, backend, kind
+):
+    """Targets: a migrated point, one not yet migrated and, for upserts, a point added."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    n = 0
+    while True:
+        store = fresh_pair(backend, tmp_path, n, models, items, until=0.5)
+        migrated = {r.id for r in store.scroll("photos", limit=100, where=Where(has_vector=("new",)))[0]}
+        before = served_payloads(store)
+        moved, waiting = min(migrated), min(set(before) - migrated)
+        targets = [moved, waiting] + ([ADDED] if kind.startswith("upsert") else [])
+        by_id = {i.point_id: i.uri for i in items}
+        images = [items[-1].uri, items[-2].uri, items[-3].uri][: len(targets)]
+        if kind == "keep_payload":
+            images = [by_id[t] for t in targets]
+        with engine_killed(store, n) as engine, contextlib.suppress(Crash):
+            user_write(kind, DualIndex.open(store, "p"), embeddings, targets, images)
+        if not engine.killed:  # the write made fewer than n + 1 engine writes: each one was killed
+            store.close()
+            break
+        written = _written(kind, before, targets, images)
+        either = {i: [before.get(i), written[i]] if i in written else [p] for i, p in before.items()}
+        either.update({i: [None, p] for i, p in written.items() if i not in before})
+        assert_served_right(store, embeddings, either)  # at once, before anything repairs it
+        run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))  # the next migrate
+        assert_served_right(store, embeddings, either)
+        user_write(kind, DualIndex.open(store, "p"), embeddings, targets, images)  # the application retries
+        assert_served_right(store, embeddings, {i: [p] for i, p in {**before, **written}.items()})
+        store.close()
+        n += 1
+    assert n >= 1
+
+
+def _written(kind, before, targets, images):
+    """Each target's payload once the write is done (None: deleted)."""
+    if kind in ("upsert", "upsert_vectors"):
+        return {t: {"uri": uri, "by": "app"} for t, uri in zip(targets, images, strict=True)}
+    if kind == "keep_payload":
+        return {t: before[t] for t in targets}
+    if kind == "set_payload":
+        return {t: {**before[t], "tag": 1} for t in targets}
+    return dict.fromkeys(targets)
+
+
+# -- a write from a DualIndex opened before finalize --drop-old -------------------------------------
+
+
+def test_a_write_of_old_vectors_after_the_drop_is_refused_before_anything_is_written(
+    store, models, embeddings, tmp_path
+):
+    """The application opened its DualIndex while the pair backfilled (it writes the old model's
+    vectors too); the cutover then dropped the old vector. Its write is refused whole, in one
+    line; refreshed, it writes the new vector alone. A write without old vectors completes."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    make_pair(store, models, items, old_encoder=OnnxEncoder(models.old))
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
+    stale = DualIndex.open(store, "p")
+    finalize(store, load_pair(store, "p"), drop_old=True)
+    before = served_payloads(store)
+    targets, images = [items[0].point_id, ADDED], [items[-1].uri, items[-2].uri]
+    payloads = [{"uri": uri, "by": "app"} for uri in images]
+    with pytest.raises(MigrationError, match=r"old vector '' dropped: nothing was written; refresh\(\)") as e:
+        stale.upsert(targets, images, payloads)
+    assert "\n" not in str(e.value)
+    assert served_payloads(store) == before  # the payload of the rewritten point too
+    assert_served_right(store, embeddings, {i: [p] for i, p in before.items()})
+    vectors = np.stack([embeddings.new(uri) for uri in images])
+    stale.upsert_vectors(targets, vectors, payloads)  # no old vectors: nothing refused
+    written = dict(zip(targets, payloads, strict=True))
+    assert_served_right(store, embeddings, {i: [p] for i, p in {**before, **written}.items()})
+    stale.refresh()
+    stale.upsert(targets, images[::-1], payloads[::-1])
+    written = dict(zip(targets, payloads[::-1], strict=True))
+    assert_served_right(store, embeddings, {i: [p] for i, p in {**before, **written}.items()})
