@@ -19,6 +19,7 @@ where it has the new vector, else the old one's), and any old vector it keeps of
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 import pytest
@@ -26,10 +27,10 @@ import pytest
 from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store, scan_image_folder
 from rm_qdrant.backfill.cutover import finalize
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.errors import MigrationError
+from rm_qdrant.errors import MigrationError, RmqError
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
-from tests.faults import Crash
+from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_single_collection import make_pair
 
 LACKS_NEW = Where(lacks_vector=("new",))
@@ -104,8 +105,18 @@ def served_payloads(store) -> dict:
     return {p.id: p.payload for p in index.retrieve(ids)}
 
 
-def fresh_pair(backend, tmp_path, n, models, items, until):
+@pytest.fixture
+def opened():
+    """The stores a test opens, closed at its end whatever happened."""
+    stores: list = []
+    yield stores
+    for store in stores:
+        store.close()
+
+
+def fresh_pair(opened, backend, tmp_path, n, models, items, until):
     store = open_store(":memory:" if backend == "memory" else tmp_path / f"q{n}")
+    opened.append(store)
     make_pair(store, models, items, old_encoder=OnnxEncoder(models.old))
     run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100, until=until))
     return store
@@ -157,35 +168,30 @@ def engine_killed(store, n):
 
 
 def user_write(kind, index, embeddings, targets, images):
-    """One application write of ``kind`` to ``targets`` (ids), with new ``images`` where it
-    writes some; returns each target's payload after it (None: deleted)."""
+    """One application write of ``kind`` to ``targets`` (ids), with ``images`` where it writes some."""
     payloads = [{"uri": uri, "by": "app"} for uri in images]
     if kind == "upsert":  # images: both models embed them (a rollback serves the old vector)
         index.upsert(targets, images, payloads)
     elif kind == "upsert_vectors":  # the new model's vectors alone: the old ones go
         index.upsert_vectors(targets, np.stack([embeddings.new(uri) for uri in images]), payloads)
-    elif kind == "keep_payload":  # vectors again for the same images, payloads kept
+    elif kind == "keep_payload":  # the new model's vectors again, payloads kept: the old ones go
         index.upsert_vectors(targets, np.stack([embeddings.new(uri) for uri in images]), None)
-        return None
     elif kind == "set_payload":
         index.set_payload({"tag": 1}, targets)
-        return None
     else:
         index.delete(targets)
-        return dict.fromkeys(targets)
-    return dict(zip(targets, payloads, strict=True))
 
 
 @pytest.mark.parametrize("kind", ["upsert", "upsert_vectors", "keep_payload", "set_payload", "delete"])
 @pytest.mark.parametrize("backend", ["edge", "memory"])
 def test_a_write_killed_at_any_engine_write_leaves_every_point_served_right(
-    models, embeddings, tmp_path, backend, kind
+    models, embeddings, tmp_path, opened, backend, kind
 ):
     """Targets: a migrated point, one not yet migrated and, for upserts, a point added."""
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
     n = 0
     while True:
-        store = fresh_pair(backend, tmp_path, n, models, items, until=0.5)
+        store = fresh_pair(opened, backend, tmp_path, n, models, items, until=0.5)
         migrated = {r.id for r in store.scroll("photos", limit=100, where=Where(has_vector=("new",)))[0]}
         before = served_payloads(store)
         moved, waiting = min(migrated), min(set(before) - migrated)
@@ -197,7 +203,6 @@ def test_a_write_killed_at_any_engine_write_leaves_every_point_served_right(
         with engine_killed(store, n) as engine, contextlib.suppress(Crash):
             user_write(kind, DualIndex.open(store, "p"), embeddings, targets, images)
         if not engine.killed:  # the write made fewer than n + 1 engine writes: each one was killed
-            store.close()
             break
         written = _written(kind, before, targets, images)
         either = {i: [before.get(i), written[i]] if i in written else [p] for i, p in before.items()}
@@ -207,7 +212,6 @@ def test_a_write_killed_at_any_engine_write_leaves_every_point_served_right(
         assert_served_right(store, embeddings, either)
         user_write(kind, DualIndex.open(store, "p"), embeddings, targets, images)  # the application retries
         assert_served_right(store, embeddings, {i: [p] for i, p in {**before, **written}.items()})
-        store.close()
         n += 1
     assert n >= 1
 
@@ -253,3 +257,99 @@ def test_a_write_of_old_vectors_after_the_drop_is_refused_before_anything_is_wri
     stale.upsert(targets, images[::-1], payloads[::-1])
     written = dict(zip(targets, payloads[::-1], strict=True))
     assert_served_right(store, embeddings, {i: [p] for i, p in {**before, **written}.items()})
+
+
+# -- old-model writes racing finalize ---------------------------------------------------------------
+
+
+def nth_call(n: int):
+    """A step test that holds before the n-th store call (0-based), reads included."""
+    seen = [0]
+
+    def test(name, args, kwargs):
+        seen[0] += 1
+        return seen[0] == n + 1
+
+    return test
+
+
+def old_model_writes(store, stale, embeddings, items, expected):
+    """What runs between two of finalize's store calls: the team's old code rewrites a point with a
+    new image and adds one (the old vector alone, through the store), and a DualIndex opened before
+    finalize does the same (it writes both models' vectors). ``expected`` takes what landed."""
+    plain = {items[0].point_id: items[-1].uri, ADDED: items[-2].uri}
+    with contextlib.suppress(RmqError):  # after the drop the old vector is refused
+        for point_id, uri in plain.items():
+            payload = {"uri": uri, "by": "old code"}
+            store.upsert("photos", [point_id], embeddings.old(uri)[None], [payload])
+            expected[point_id] = payload
+    targets, images = [items[1].point_id, ADDED_TOO], [items[-3].uri, items[-4].uri]
+    payloads = [{"uri": uri, "by": "app"} for uri in images]
+    with contextlib.suppress(MigrationError):  # after the drop: refused, nothing written
+        stale.upsert(targets, images, payloads)
+        expected.update(zip(targets, payloads, strict=True))
+
+
+@pytest.mark.parametrize("drop_old", [False, True])
+@pytest.mark.parametrize("backend", ["edge", "memory"])
+def test_old_model_writes_between_any_two_finalize_calls_are_served_once_it_is_done(
+    models, embeddings, tmp_path, opened, backend, drop_old
+):
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    n = 0
+    while True:
+        store = fresh_pair(opened, backend, tmp_path, n, models, items, until=None)
+        stale, expected = DualIndex.open(store, "p"), served_payloads(store)
+        writes = functools.partial(old_model_writes, store, stale, embeddings, items, expected)
+        scripted = Scripted(store, [("before", nth_call(n), writes)])
+        try:
+            done = finalize(scripted, load_pair(store, "p"), drop_old=drop_old)
+        except MigrationError:  # written before it counted: it refuses, the team migrates and reruns
+            assert load_pair(store, "p").state == "backfilling"
+            run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
+            done = finalize(store, load_pair(store, "p"), drop_old=drop_old)
+        if scripted.pending:  # finalize made fewer than n + 1 calls: every gap was tried
+            break
+        assert done.state == "finalized" == load_pair(store, "p").state
+        assert store.count("photos", LACKS_NEW) == 0, n
+        assert_served_right(store, embeddings, {i: [p] for i, p in expected.items()})
+        n += 1
+    assert n >= 5
+
+
+def after_the_passes_before_the_record(drop_old: bool):
+    """The moment old-model writes land: just before the old vector is dropped, or (kept) just
+    before the bookkeeping is cleared and the pair recorded finalized."""
+    last = "drop_vector" if drop_old else "clear_fields"
+    return lambda name, args, kwargs: name == last
+
+
+@pytest.mark.parametrize("drop_old", [False, True])
+@pytest.mark.parametrize("backend", ["edge", "memory"])
+def test_finalize_killed_at_any_write_after_old_model_writes_is_completed_by_a_rerun(
+    models, embeddings, tmp_path, opened, backend, drop_old
+):
+    """Killed at each of its writes from the old-model writes on (the record and the pass after it
+    included), ``finalize`` run again leaves every point served: a finalized pair whose points
+    lack the new vector has them embedded by the rerun."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    n = 0
+    while True:
+        store = fresh_pair(opened, backend, tmp_path, n, models, items, until=None)
+        stale, expected = DualIndex.open(store, "p"), served_payloads(store)
+        writes = functools.partial(old_model_writes, store, stale, embeddings, items, expected)
+        moment = after_the_passes_before_the_record(drop_old)
+        killed = Scripted(store, [("before", moment, writes), ("before", nth_write(n), crash)])
+        with contextlib.suppress(Crash):
+            finalize(killed, load_pair(store, "p"), drop_old=drop_old)
+        if killed.pending:  # finalize made fewer than n + 1 writes after them: each one was killed
+            break
+        try:
+            finalize(store, load_pair(store, "p"), drop_old=drop_old)  # the team runs it again
+        except MigrationError as exc:
+            assert "already finalized" in str(exc)
+        assert load_pair(store, "p").state == "finalized"
+        assert store.count("photos", LACKS_NEW) == 0, n
+        assert_served_right(store, embeddings, {i: [p] for i, p in expected.items()})
+        n += 1
+    assert n >= 3

@@ -256,11 +256,18 @@ class OneCollection(Layout):
         Code that still writes only the old vector may rewrite or add a point after the count
         that lets the cutover start: such points lack the new vector, and lose every vector when
         the old one is dropped. ``embed_late`` embeds them with the new model before the drop (a
-        point that cannot be stops the cutover with its old vector kept) and again after it
-        (from then on such a write is refused: the old vector no longer exists)."""
+        point that cannot be stops the cutover with its old vector kept), again after it (from
+        then on such a write is refused: the old vector no longer exists), and once more after
+        the ``finalized`` record, so that one written at any moment before the record is served.
+        Run again on a finalized pair, it embeds the points that lack the new vector (killed
+        before that last pass, or written later by old code), or says the pair is finalized."""
         self.check_finalize(store, alias, drop_old)
         pair = self.pair
-        if pair.state == "finalized" and drop_old and not pair.drop_old:
+        if pair.state == "finalized" and not (drop_old and not pair.drop_old):
+            if self._embed_after_record(store, replace(pair, state="finalizing"), embed_late):
+                return pair
+            raise MigrationError(f"pair {pair.name!r} is already finalized")
+        if pair.state == "finalized":
             pair = replace(pair, state="finalizing", drop_old=True)
         elif pair.state not in ("backfilling", "finalizing"):
             raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
@@ -269,14 +276,30 @@ class OneCollection(Layout):
             pair = replace(pair, state="finalizing", drop_old=drop_old)
         save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
         embed_late(pair)
-        if pair.drop_old and pair.vector in store.collection(pair.old_collection, pair.new_using).vectors:
+        if pair.drop_old and self._has_old(store):
             store.drop_vector(pair.old_collection, pair.vector)
             embed_late(pair)
         clear_bookkeeping(store, pair)
         updated = replace(pair, state="finalized")
         save_pair(store, updated)
+        self._embed_after_record(store, pair, embed_late)
         log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
         return updated
+
+    def _embed_after_record(self, store: Store, pair: PairRecord, embed_late: EmbedLate) -> bool:
+        """Embed the points written without the new vector by old code up to the ``finalized``
+        record, which the passes before it could not see (``pair``: the record as it was
+        finalizing). A point that cannot be embedded puts the pair back to ``finalizing``, so
+        that nothing reads as done and a rerun completes it. Returns whether there were any."""
+        if not store.count(pair.old_collection, self.old_where()):
+            return False
+        try:
+            embed_late(pair)
+        except MigrationError:
+            save_pair(store, pair)
+            raise
+        clear_bookkeeping(store, pair)
+        return True
 
     def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:
         if alias is not None:
