@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -353,3 +355,45 @@ def test_finalize_killed_at_any_write_after_old_model_writes_is_completed_by_a_r
         assert_served_right(store, embeddings, {i: [p] for i, p in expected.items()})
         n += 1
     assert n >= 3
+
+
+def test_a_point_the_last_pass_cannot_embed_puts_the_pair_back_to_finalizing(
+    store, models, embeddings, tmp_path
+):
+    """Old code adds a point whose image is missing just before the record: finalize says so in
+    one line and the pair stays under way (not 'finalized' with a point served by nothing); run
+    again once the image is there, it completes."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    make_pair(store, models, items, old_encoder=OnnxEncoder(models.old))
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
+    missing = (tmp_path / "later" / "x").with_suffix(Path(items[0].uri).suffix)
+
+    def add():
+        store.upsert("photos", [ADDED], embeddings.old(items[0].uri)[None], [{"uri": str(missing)}])
+
+    scripted = Scripted(store, [("before", after_the_passes_before_the_record(False), add)])
+    with pytest.raises(MigrationError, match=r"1 point .*no vector 'new'.*finalize --name p") as caught:
+        finalize(scripted, load_pair(store, "p"))
+    assert "\n" not in str(caught.value) and load_pair(store, "p").state == "finalizing"
+    missing.parent.mkdir()
+    shutil.copy(items[0].uri, missing)
+    assert finalize(store, load_pair(store, "p")).state == "finalized"
+    assert store.count("photos", LACKS_NEW) == 0
+    served = DualIndex.open(store, "p").retrieve([ADDED], with_vectors=True)[0]
+    assert np.allclose(unit(served.vector), embeddings.new(items[0].uri), atol=1e-4)
+
+
+def test_finalize_run_again_embeds_what_old_code_wrote_after_the_record(store, models, embeddings, tmp_path):
+    """Once finalized, a point written by old code (the old vector alone) is served by nothing:
+    'finalize' run again embeds it, and says 'already finalized' when there is nothing to do."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    make_pair(store, models, items, old_encoder=OnnxEncoder(models.old))
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(batch=100))
+    finalize(store, load_pair(store, "p"))
+    store.upsert("photos", [ADDED], embeddings.old(items[1].uri)[None], [{"uri": items[1].uri}])
+    assert DualIndex.open(store, "p").retrieve([ADDED]) == []
+    assert finalize(store, load_pair(store, "p")).state == "finalized"
+    served = DualIndex.open(store, "p").retrieve([ADDED], with_vectors=True)[0]
+    assert np.allclose(unit(served.vector), embeddings.new(items[1].uri), atol=1e-4)
+    with pytest.raises(MigrationError, match="already finalized"):
+        finalize(store, load_pair(store, "p"))
