@@ -3,9 +3,11 @@ vector is ``pair.vector``, the new model's ``pair.new_using``. A migrated point 
 new vector and keeps the old one until the cutover, so a rollback is always possible while
 backfilling; old serves the points that lack the new vector, new those that have it.
 
-A user's write rewrites an existing point in place (its old and new vectors, and the other
-vectors given), and writes a new point whole. The search is one query that merges both
-vectors' hits (two searches where the store cannot).
+A user's write with a payload writes each point whole, in one store operation (the vectors
+given, the other vectors the point has, the payload), so a process killed at any moment leaves
+the point as it was or as written; one that keeps the payload sets the vectors, then removes
+the old vector where none was given. The search is one query that merges both vectors' hits
+(two searches where the store cannot).
 """
 
 from __future__ import annotations
