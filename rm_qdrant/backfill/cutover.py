@@ -41,11 +41,14 @@ def finalize(
             alias is the old collection's own name, the collection is dropped first
             so that the application's name now serves new.
         encoder: one collection: the pair's encoder (default: the file it recorded), which
-            embeds the points written without the new vector while the cutover runs.
+            embeds the points written without the new vector while the cutover runs, up to its
+            ``finalized`` record (a last pass runs after the record; run again on a finalized
+            pair, ``finalize`` embeds the points that lack the new vector).
         source: how their images are fetched.
 
     Raises:
-        MigrationError: the pair is finalized or rolled back, or old still serves points (the
+        MigrationError: the pair is finalized (one collection: and no point lacks the new
+            vector) or rolled back, or old still serves points (the
             message names the ways out: retry the failed ones, or drop them with
             :func:`~rm_qdrant.backfill.failures.finalize_dropping_failed`),
             or (one collection) a point written meanwhile without the new vector could not

@@ -202,23 +202,6 @@ class Store(Protocol):
         one operation)."""
         ...
 
-    def update_points(
-        self,
-        name: str,
-        ids: Sequence[PointId],
-        vectors: np.ndarray,
-        *,
-        vector: str,
-        others: Sequence[Mapping[str, Any]] | None = None,
-        payloads: Sequence[Mapping[str, Any] | None] | None = None,
-        drop: Sequence[str] = (),
-    ) -> None:
-        """Rewrite existing points in place: replace each payload (when ``payloads`` is given),
-        remove the vectors named in ``drop``, then set ``vector`` and each row's ``others``. The
-        points' other vectors stay, and so does their payload without ``payloads``. Ids no
-        longer there are skipped."""
-        ...
-
     def upsert(
         self,
         name: str,

@@ -42,7 +42,6 @@ from rm_qdrant.store.client_query import (
     takes_acorn,
     translated,
     unsupported_merge,
-    update_operations,
     vector_facts,
     vectors_config,
 )
@@ -190,28 +189,6 @@ class ClientStore:
         def write(part: list[models.PointVectors]) -> None:
             with self._errors(f"vector update in {name!r}", name):
                 self._client.update_vectors(name, part, wait=True, update_filter=condition)
-
-        write_skipping_missing(write, rows, _missing)
-
-    def update_points(
-        self,
-        name: str,
-        ids: Sequence[PointId],
-        vectors: np.ndarray,
-        *,
-        vector: str,
-        others: Sequence[Mapping[str, Any]] | None = None,
-        payloads: Sequence[Mapping[str, Any] | None] | None = None,
-        drop: Sequence[str] = (),
-    ) -> None:
-        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
-        named = point_vectors(vector, matrix.tolist(), others, sparse)
-        bodies = payloads if payloads is not None else [None] * len(ids)
-        rows = [(normalize_id(i), v, b) for i, v, b in zip(ids, named, bodies, strict=True)]
-
-        def write(part: list[tuple[PointId, Any, Mapping[str, Any] | None]]) -> None:
-            with self._errors(f"point update in {name!r}", name):  # one request, harmless to repeat
-                self._client.batch_update_points(name, update_operations(part, drop), wait=True)
 
         write_skipping_missing(write, rows, _missing)
 

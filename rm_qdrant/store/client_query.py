@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -139,24 +139,6 @@ def search_requests(
         )
         for row in rows
     ]
-
-
-def update_operations(
-    rows: list[tuple[PointId, Any, Mapping[str, Any] | None]], drop: Sequence[str]
-) -> list[Any]:
-    """A rewrite of existing points (id, vectors, payload or None) as one batch: payloads
-    replaced, the vectors ``drop`` removed, then the vectors set (see :meth:`Store.update_points`)."""
-    ops: list[Any] = [
-        models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=dict(b), points=[i]))
-        for i, _, b in rows
-        if b is not None
-    ]
-    if drop:
-        delete = models.DeleteVectors(points=[r[0] for r in rows], vector=list(drop))
-        ops.append(models.DeleteVectorsOperation(delete_vectors=delete))
-    update = models.UpdateVectors(points=[models.PointVectors(id=i, vector=v) for i, v, _ in rows])
-    ops.append(models.UpdateVectorsOperation(update_vectors=update))
-    return ops
 
 
 def sparse(vector: SparseVector) -> models.SparseVector:

@@ -60,7 +60,6 @@ from rm_qdrant.store.edge_query import (
     edge_search,
     read_specs,
     sparse,
-    update_operations,
 )
 from rm_qdrant.store.ids import normalize_id, normalize_ids
 from rm_qdrant.store.points import (
@@ -193,28 +192,6 @@ class EdgeStore:
                 shard.update(qe.UpdateOperation.update_vectors(part, condition=condition))
             except Exception as exc:  # qdrant-edge raises plain Exception
                 raise StoreError(f"write to collection {name!r} failed: {exc}") from exc
-
-        write_skipping_missing(write, rows, is_missing_point)
-
-    def update_points(
-        self,
-        name: str,
-        ids: Sequence[PointId],
-        vectors: np.ndarray,
-        *,
-        vector: str,
-        others: Sequence[Mapping[str, Any]] | None = None,
-        payloads: Sequence[Mapping[str, Any] | None] | None = None,
-        drop: Sequence[str] = (),
-    ) -> None:
-        matrix = check_vectors(self.collection(name, vector), vectors, rows=len(ids))
-        named = point_vectors(vector, matrix.tolist(), others, sparse)
-        bodies = payloads if payloads is not None else [None] * len(ids)
-        rows = [(normalize_id(i), v, b) for i, v, b in zip(ids, named, bodies, strict=True)]
-
-        def write(part: list[tuple[PointId, Any, Mapping[str, Any] | None]]) -> None:
-            for operation in update_operations(part, drop):  # each one harmless to repeat
-                self._update(name, operation)
 
         write_skipping_missing(write, rows, is_missing_point)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,18 +164,6 @@ def search_requests(
         )
         for row in rows
     ]
-
-
-def update_operations(
-    rows: list[tuple[PointId, Any, Mapping[str, Any] | None]], drop: Sequence[str]
-) -> list[qe.UpdateOperation]:
-    """A rewrite of existing points (id, vectors, payload or None): payloads replaced, the
-    vectors ``drop`` removed, then the vectors set (see :meth:`Store.update_points`)."""
-    ops = [qe.UpdateOperation.overwrite_payload([i], dict(body)) for i, _, body in rows if body is not None]
-    if drop:
-        ops.append(qe.UpdateOperation.delete_vectors([r[0] for r in rows], list(drop)))
-    ops.append(qe.UpdateOperation.update_vectors([qe.PointVectors(i, v) for i, v, _ in rows]))
-    return ops
 
 
 def edge_search(

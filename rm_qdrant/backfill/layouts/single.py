@@ -3,9 +3,11 @@ vector is ``pair.vector``, the new model's ``pair.new_using``. A migrated point 
 new vector and keeps the old one until the cutover, so a rollback is always possible while
 backfilling; old serves the points that lack the new vector, new those that have it.
 
-A user's write rewrites an existing point in place (its old and new vectors, and the other
-vectors given), and writes a new point whole. The search is one query that merges both
-vectors' hits (two searches where the store cannot).
+A user's write with a payload writes each point whole, in one store operation (the vectors
+given, the other vectors the point has, the payload), so a process killed at any moment leaves
+the point as it was or as written; one that keeps the payload sets the vectors, then removes
+the old vector where none was given. The search is one query that merges both vectors' hits
+(two searches where the store cannot).
 """
 
 from __future__ import annotations
@@ -118,33 +120,64 @@ class OneCollection(Layout):
     # -- a user's writes -----------------------------------------------------------
 
     def _write(self, store: Store, write: Write, known: Mapping[str, OtherVector]) -> None:
+        """A point whose payload is given is written whole, in one operation (the vectors given,
+        the other vectors it has, the payload): killed before it, the point is as it was; after,
+        as written. A point whose payload is kept gets its vectors set in one operation, then
+        loses its old vector where the write has none (killed between the two, it serves the
+        new vector and keeps the old one of the same image)."""
         pair, ids = self.pair, write.ids
         name = pair.new_collection
+        old_kept = self._old_vector_kept(store, write)  # refused here: nothing written yet
         extras = write.others or [{} for _ in ids]
         if write.old_vectors is not None:
             extras = [
                 {**e, pair.vector: row} for e, row in zip(extras, write.old_vectors.tolist(), strict=True)
             ]
-        existing = {r.id for r in store.retrieve(name, ids, with_payload=False)}
-        old_rows = [k for k, i in enumerate(ids) if i in existing]
-        new_rows = [k for k, i in enumerate(ids) if i not in existing]
-        # Without its old vector, a rewritten point must not keep the previous image's.
-        drop = (pair.vector,) if write.old_there and write.old_vectors is None else ()
-        if old_rows:
-            store.update_points(
+        absent = [n for n in known if any(n not in e for e in extras)]  # other vectors a point keeps
+        found = {r.id: r for r in store.retrieve(name, ids, with_payload=False, others=absent)}
+        keep = [k for k, i in enumerate(ids) if write.bodies[k] is None and i in found]
+        whole = [k for k in range(len(ids)) if write.bodies[k] is not None or ids[k] not in found]
+        if whole:
+            others = [{**(found[ids[k]].others if ids[k] in found else {}), **extras[k]} for k in whole]
+            store.upsert(
                 name,
-                [ids[k] for k in old_rows],
-                write.vectors[old_rows],
+                [ids[k] for k in whole],
+                write.vectors[whole],
+                [write.bodies[k] or {} for k in whole],
                 vector=pair.new_using,
-                others=_pick(extras, old_rows, {}),
-                payloads=_pick(write.bodies, old_rows, None),
-                drop=drop,
+                others=others if any(others) else None,
             )
-        if new_rows:
-            bodies = [write.bodies[k] or {} for k in new_rows]
-            new_ids = [ids[k] for k in new_rows]
-            others = _pick(extras, new_rows, {})
-            store.upsert(name, new_ids, write.vectors[new_rows], bodies, vector=pair.new_using, others=others)
+        if keep:
+            kept_ids = [ids[k] for k in keep]
+            others = _pick(extras, keep, {})
+            store.set_vectors(name, kept_ids, write.vectors[keep], vector=pair.new_using, others=others)
+            if old_kept and write.old_vectors is None:  # the previous image's must not stay
+                self._drop_old(store, kept_ids)
+
+    def _old_vector_kept(self, store: Store, write: Write) -> bool:
+        """Whether the collection still has the old vector. A write that carries old vectors
+        after a cutover dropped it (a DualIndex opened before ``finalize --drop-old``) is
+        refused before anything is written."""
+        pair = self.pair
+        there = self._has_old(store)
+        if write.old_vectors is not None and not there:
+            raise MigrationError(
+                f"pair {pair.name!r} was finalized and its old vector {pair.vector!r} dropped: nothing "
+                "was written; refresh() the DualIndex (it then writes the new vector alone)"
+            )
+        return there
+
+    def _has_old(self, store: Store) -> bool:
+        return self.pair.vector in store.collection(self.pair.new_collection, self.pair.new_using).vectors
+
+    def _drop_old(self, store: Store, ids: list[PointId]) -> None:
+        pair = self.pair
+        try:
+            store.delete(pair.new_collection, ids, vectors=(pair.vector,))
+        except StoreError:
+            if self._has_old(store):
+                raise
+            # a cutover dropped the vector since the check: nothing left to remove
 
     def delete(self, store: Store, ids: list[PointId], old_there: bool) -> None:
         store.delete(self.pair.new_collection, ids)
@@ -225,11 +258,18 @@ class OneCollection(Layout):
         Code that still writes only the old vector may rewrite or add a point after the count
         that lets the cutover start: such points lack the new vector, and lose every vector when
         the old one is dropped. ``embed_late`` embeds them with the new model before the drop (a
-        point that cannot be stops the cutover with its old vector kept) and again after it
-        (from then on such a write is refused: the old vector no longer exists)."""
+        point that cannot be stops the cutover with its old vector kept), again after it (from
+        then on such a write is refused: the old vector no longer exists), and once more after
+        the ``finalized`` record, so that one written at any moment before the record is served.
+        Run again on a finalized pair, it embeds the points that lack the new vector (killed
+        before that last pass, or written later by old code), or says the pair is finalized."""
         self.check_finalize(store, alias, drop_old)
         pair = self.pair
-        if pair.state == "finalized" and drop_old and not pair.drop_old:
+        if pair.state == "finalized" and not (drop_old and not pair.drop_old):
+            if self._embed_after_record(store, replace(pair, state="finalizing"), embed_late):
+                return pair
+            raise MigrationError(f"pair {pair.name!r} is already finalized")
+        if pair.state == "finalized":
             pair = replace(pair, state="finalizing", drop_old=True)
         elif pair.state not in ("backfilling", "finalizing"):
             raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
@@ -238,14 +278,30 @@ class OneCollection(Layout):
             pair = replace(pair, state="finalizing", drop_old=drop_old)
         save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
         embed_late(pair)
-        if pair.drop_old and pair.vector in store.collection(pair.old_collection, pair.new_using).vectors:
+        if pair.drop_old and self._has_old(store):
             store.drop_vector(pair.old_collection, pair.vector)
             embed_late(pair)
         clear_bookkeeping(store, pair)
         updated = replace(pair, state="finalized")
         save_pair(store, updated)
+        self._embed_after_record(store, pair, embed_late)
         log.info("finalized %s: %s serves vector %s", pair.name, pair.old_collection, pair.new_using)
         return updated
+
+    def _embed_after_record(self, store: Store, pair: PairRecord, embed_late: EmbedLate) -> bool:
+        """Embed the points written without the new vector by old code up to the ``finalized``
+        record, which the passes before it could not see (``pair``: the record as it was
+        finalizing). A point that cannot be embedded puts the pair back to ``finalizing``, so
+        that nothing reads as done and a rerun completes it. Returns whether there were any."""
+        if not store.count(pair.old_collection, self.old_where()):
+            return False
+        try:
+            embed_late(pair)
+        except MigrationError:
+            save_pair(store, pair)
+            raise
+        clear_bookkeeping(store, pair)
+        return True
 
     def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:
         if alias is not None:
