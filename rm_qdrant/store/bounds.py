@@ -1,0 +1,197 @@
+"""Bounds on what a team's code hands the library, checked before anything is read or written.
+
+Payloads, filters, ids and result sizes come from other systems. Each is checked here, the
+same for both stores and at every entry point (``DualIndex``, ``AsyncDualIndex``, ``rmq``, and
+the store writes a migration makes), and refused in one line, with nothing written:
+
+- a payload is a mapping of string keys to JSON values (strings, finite numbers, integers within
+  64 bits signed, true/false, null, lists, objects) nested at most :data:`MAX_PAYLOAD_DEPTH`
+  levels, whose compact JSON text is at most :data:`MAX_PAYLOAD_BYTES`; numpy scalars are
+  numbers (written as Python's), tuples are lists;
+- a filter nests at most :data:`MAX_FILTER_DEPTH` levels (see qfilter.check_filter);
+- a point id is an integer in [0, 2**64) or a UUID (store/ids.py);
+- ``limit + offset`` of a search is at most :data:`MAX_HITS`.
+
+Why these numbers: qdrant-edge 0.9 writes a payload nested about 126 levels deep to its
+write-ahead log and then cannot read the log back (serde_json's recursion limit, 128): every
+later write fails, and the collection no longer opens (docs/upstream/qdrant_edge_deep_payload.py).
+A Qdrant server reads a request with the same limit, the request's own levels included, and
+gRPC's decoder stops at 100 message levels (a payload level is 3 of them). 64 payload levels
+and 32 filter levels are well inside every one of them; 16 MiB is half a server's default
+request limit (32 MiB), so a point and its vectors fit one request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.errors import ConfigError, InvalidPayload
+
+#: Levels of objects and lists a payload may nest (the payload itself is level 1).
+MAX_PAYLOAD_DEPTH = 64
+#: The largest payload, as compact UTF-8 JSON text.
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+#: Levels of filters a filter may nest (``must=[Filter(...)]``, a nested condition's filter).
+MAX_FILTER_DEPTH = 32
+#: The most hits one search may rank: ``limit + offset``.
+MAX_HITS = 2**31 - 1
+#: The integers a payload holds (and a filter matches): 64-bit signed.
+INT64 = (-(2**63), 2**63 - 1)
+
+_HINTS = {
+    "datetime": "give an ISO 8601 string (value.isoformat())",
+    "date": "give an ISO 8601 string (value.isoformat())",
+    "set": "give a list",
+    "frozenset": "give a list",
+    "bytes": "give a string (decoded, or base64)",
+    "Decimal": "give a float or a string",
+    "ndarray": "give a list (array.tolist())",
+}
+
+
+class _Bad(Exception):
+    """A refusal on its way up to :func:`check_payload`, which names where it was found."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what, self.path = what, ""
+
+    def at(self, step: str) -> _Bad:
+        self.path = step + self.path
+        return self
+
+
+def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
+    """``payload`` as both stores hold it, or :class:`InvalidPayload` in one line.
+
+    Returns the payload itself where nothing needs converting (the usual case), else a copy
+    with numpy scalars as Python numbers and tuples as lists.
+
+    Example:
+        >>> check_payload({"n": np.int64(3), "tags": ("a", "b")})
+        {'n': 3, 'tags': ['a', 'b']}
+    """
+    if not isinstance(payload, Mapping):
+        raise InvalidPayload(f"a {what} is a mapping of field names to values, not {type(payload).__name__}")
+    size = [0]
+    try:
+        checked = _value(payload, 1, size)
+    except _Bad as bad:
+        path = bad.path.lstrip(".")
+        where = f" at {path if len(path) <= 60 else path[:40] + '...' + path[-16:]}" if path else ""
+        raise InvalidPayload(f"{what}{where}: {bad.what}") from None
+    # size[0] bounds the JSON text from above: only a payload that might be too large is encoded
+    if size[0] > MAX_PAYLOAD_BYTES:
+        text = json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(text) > MAX_PAYLOAD_BYTES:
+            raise InvalidPayload(
+                f"{what}: {len(text):,} bytes of JSON, over the {MAX_PAYLOAD_BYTES:,} a payload may hold"
+            )
+    return checked
+
+
+def check_payloads(payloads: Any) -> list[Any]:
+    """:func:`check_payload` of each payload of a write (None stays None: keep the point's)."""
+    return [None if p is None else check_payload(p) for p in payloads]
+
+
+def _value(value: Any, depth: int, size: list[int]) -> Any:
+    kind = type(value)
+    if kind is str:
+        size[0] += 6 * len(value) + 3  # a character is at most 6 bytes of JSON ("\u001f")
+        if not value.isascii():
+            _utf8(value)
+        return value
+    if value is None or kind is bool:
+        size[0] += 6
+        return value
+    if kind is int or kind is float:
+        size[0] += 26
+        return _number(value)
+    if isinstance(value, Mapping | list | tuple):
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise _Bad(f"nested deeper than the {MAX_PAYLOAD_DEPTH} levels a payload may have")
+        size[0] += 2
+        return _object(value, depth, size) if isinstance(value, Mapping) else _list(value, depth, size)
+    return _other(value, size)
+
+
+def _object(value: Mapping[Any, Any], depth: int, size: list[int]) -> Any:
+    out: dict[str, Any] = {}
+    changed = type(value) is not dict
+    for key, item in value.items():
+        if type(key) is not str:
+            if not isinstance(key, str):
+                raise _Bad(f"a field name is a string, not {type(key).__name__} ({key!r:.40})")
+            key, changed = str(key), True
+        if not key.isascii():
+            try:
+                _utf8(key)
+            except _Bad as bad:
+                raise bad.at(".?") from None
+        size[0] += 6 * len(key) + 4
+        try:
+            checked = _value(item, depth + 1, size)
+        except _Bad as bad:
+            raise bad.at(f".{key:.40}") from None
+        changed = changed or checked is not item
+        out[key] = checked
+    return out if changed else value
+
+
+def _list(value: list[Any] | tuple[Any, ...], depth: int, size: list[int]) -> Any:
+    out = []
+    changed = type(value) is not list
+    for i, item in enumerate(value):
+        try:
+            checked = _value(item, depth + 1, size)
+        except _Bad as bad:
+            raise bad.at(f"[{i}]") from None
+        changed = changed or checked is not item
+        out.append(checked)
+        size[0] += 1
+    return out if changed else value
+
+
+def _number(value: int | float) -> int | float:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Bad(f"{value} is not a number JSON holds (give a finite number, or null)")
+        return value
+    if not INT64[0] <= value <= INT64[1]:
+        raise _Bad(f"{value} is outside the 64-bit signed integers a payload holds")
+    return value
+
+
+def _other(value: Any, size: list[int]) -> Any:
+    """A value of another type: a numpy scalar or an int/float/str subclass (an enum) as the
+    plain number or string, anything else refused."""
+    if isinstance(value, np.generic) and isinstance(value, np.number | np.bool_):
+        return _value(value.item(), 1, size)
+    if isinstance(value, bool):
+        return bool(value)
+    for plain in (int, float, str):
+        if isinstance(value, plain):
+            return _value(plain(value), 1, size)
+    name = type(value).__name__
+    hint = _HINTS.get(name, "give a string, a number, true/false, null, a list or an object")
+    raise _Bad(f"a {name} is not a JSON value: {hint}")
+
+
+def _utf8(text: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise _Bad(f"{text!r:.60} is not UTF-8 text (it holds a lone surrogate)") from None
+
+
+def check_hits(limit: Any, offset: Any) -> None:
+    """Refuse a search whose ``limit + offset`` is over :data:`MAX_HITS` (the stores' own integers
+    are 64-bit: a larger one was an OverflowError from the embedded store's binding)."""
+    if isinstance(limit, int) and isinstance(offset, int) and limit + offset > MAX_HITS:
+        raise ConfigError(f"limit + offset is {limit + offset}, over the {MAX_HITS} hits one search may rank")
