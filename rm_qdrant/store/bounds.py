@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.errors import ConfigError, InvalidPayload
+from rm_qdrant.errors import ConfigError, InvalidFilter, InvalidPayload
 
 #: Levels of objects and lists a payload may nest (the payload itself is level 1).
 MAX_PAYLOAD_DEPTH = 64
@@ -195,3 +195,19 @@ def check_hits(limit: Any, offset: Any) -> None:
     are 64-bit: a larger one was an OverflowError from the embedded store's binding)."""
     if isinstance(limit, int) and isinstance(offset, int) and limit + offset > MAX_HITS:
         raise ConfigError(f"limit + offset is {limit + offset}, over the {MAX_HITS} hits one search may rank")
+
+
+def check_json_depth(value: Any, limit: int, refusal: str) -> None:
+    """Refuse parsed JSON (dicts and lists) nested more than ``limit`` levels, with ``refusal``
+    as the one line; checked without recursion, before a parser that recurses sees it."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, Mapping) else node)
+            if isinstance(child, Mapping | list)
+        ]
+        if not level:
+            return
+    raise InvalidFilter(refusal)

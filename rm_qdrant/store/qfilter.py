@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError, InvalidFilter
-from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH
+from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, check_json_depth
 from rm_qdrant.store.ids import normalize_ids
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
@@ -55,6 +55,7 @@ def parse_filter(raw: Mapping[str, Any]) -> models.Filter:
     Raises:
         ConfigError: the mapping is not a valid Qdrant filter (the first problem, in one line).
     """
+    check_json_depth(raw, 3 * MAX_FILTER_DEPTH + 8, f"a filter nested deeper than {MAX_FILTER_DEPTH} levels")
     try:
         return models.Filter.model_validate(dict(raw))
     except ValidationError as exc:
