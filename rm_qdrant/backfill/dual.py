@@ -374,7 +374,11 @@ class DualIndex(PairPoints):
             others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
         # one spelling of each id (a UUID given upper case, or as uuid.UUID, is what the store
         # gives back lower case): a payload kept is looked up by it
-        bodies = check_payloads(user_bodies(payloads, rows))  # every one, before anything is written
+        # every payload and vector checked before anything is written (the store checks vectors
+        # too, but only at its own write: one to the other collection may be done by then)
+        bodies = check_payloads(user_bodies(payloads, rows))
+        if not all(np.isfinite(a).all() for a in (new, old) if a is not None):
+            raise ConfigError(f"vectors for pair {pair.name!r} contain NaN or infinity")
         write = Write(normalize_ids(ids), new, bodies, old, others, self._old_dim is not None)
         self.layout.write(self.store, write, self._others())
 

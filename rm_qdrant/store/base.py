@@ -390,7 +390,8 @@ def as_floats(vectors: Any, what: str) -> np.ndarray:
     """``vectors`` as a float32 array, or a ConfigError in one line where they are not numbers
     (strings, ragged rows, objects: numpy's ValueError / TypeError)."""
     try:
-        return np.asarray(vectors, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused as such
+            return np.asarray(vectors, dtype=np.float32)
     except (ValueError, TypeError, OverflowError) as exc:
         raise ConfigError(f"{what}: not a matrix of numbers ({str(exc).splitlines()[0][:80]})") from None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,11 @@ MAX_FILTER_DEPTH = 32
 MAX_HITS = 2**31 - 1
 #: The integers a payload holds (and a filter matches): 64-bit signed.
 INT64 = (-(2**63), 2**63 - 1)
+
+#: A payload path as Qdrant reads one (the grammar of search_options._steps): keys joined by dots,
+#: each quoted or of letters, digits, ``_`` and ``-``, then any ``[]`` or ``[N]``.
+_STEP = r'(?:"[^"]*"|[\w-]+)(?:\[\d*\])*'
+_KEY_PATH = re.compile(rf"{_STEP}(?:\.{_STEP})*")
 
 _HINTS = {
     "datetime": "give an ISO 8601 string (value.isoformat())",
@@ -211,3 +217,13 @@ def check_json_depth(value: Any, limit: int, refusal: str) -> None:
         if not level:
             return
     raise InvalidFilter(refusal)
+
+
+def check_key_path(key: Any) -> str:
+    """``key`` if it is a payload path a filter may name, else :class:`InvalidFilter` (the
+    embedded store and local mode refused ``""`` or ``a..b`` with different errors)."""
+    if not isinstance(key, str) or _KEY_PATH.fullmatch(key) is None:
+        raise InvalidFilter(
+            f"filter on {key!r:.60}: not a payload path (keys joined by dots, like 'meta.dept'; quote others)"
+        )
+    return key

@@ -11,6 +11,7 @@ from qdrant_client import models
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.paths import fits_int64
 from rm_qdrant.errors import ConfigError, InvalidFilter
+from rm_qdrant.store.bounds import check_key_path
 from rm_qdrant.store.qfilter import check_filter, range_condition
 
 
@@ -175,6 +176,7 @@ def _from_mapping(filter: Mapping[str, Any]) -> Where:
             raise InvalidFilter(
                 f"a filter's keys are field names (strings), not {type(key).__name__} {key!r:.40}"
             )
+        check_key_path(key)
         if not isinstance(value, Mapping):
             _check_value(key, value)
     ranges = {k: v for k, v in filter.items() if isinstance(v, Mapping)}

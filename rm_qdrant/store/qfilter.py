@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError, InvalidFilter
-from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, check_json_depth
+from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, check_json_depth, check_key_path
 from rm_qdrant.store.ids import normalize_ids
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
@@ -119,7 +119,13 @@ def check_filter(filter: models.Filter) -> models.Filter:
     """
     for condition in _every_condition(filter, 1):
         if isinstance(condition, models.FieldCondition):
+            check_key_path(condition.key)
             _check_field(condition)
+        elif isinstance(condition, models.IsEmptyCondition | models.IsNullCondition):
+            field = (
+                condition.is_empty if isinstance(condition, models.IsEmptyCondition) else condition.is_null
+            )
+            check_key_path(field.key)
         elif isinstance(condition, models.HasIdCondition):
             try:
                 normalize_ids(condition.has_id)
@@ -170,6 +176,8 @@ _FIELD_CONDITIONS = (
 def _every_condition(filter: models.Filter, depth: int) -> Iterator[Any]:
     if depth > MAX_FILTER_DEPTH:
         raise InvalidFilter(f"a filter nested deeper than the {MAX_FILTER_DEPTH} levels a filter may have")
+    if filter.min_should is not None and filter.min_should.min_count < 1:
+        raise InvalidFilter(f"min_should.min_count is at least 1, got {filter.min_should.min_count}")
     if filter.min_should is not None and not filter.min_should.conditions:
         raise InvalidFilter(
             f"min_should asks for {filter.min_should.min_count} of no conditions: give its conditions"
@@ -181,6 +189,7 @@ def _every_condition(filter: models.Filter, depth: int) -> Iterator[Any]:
             if isinstance(c, models.Filter):
                 yield from _every_condition(c, depth + 1)
             elif isinstance(c, models.NestedCondition):
+                check_key_path(c.nested.key)
                 yield from _every_condition(c.nested.filter, depth + 1)
             else:
                 yield c
