@@ -4,10 +4,12 @@ Payloads, filters, ids and result sizes come from other systems. Each is checked
 same for both stores and at every entry point (``DualIndex``, ``AsyncDualIndex``, ``rmq``, and
 the store writes a migration makes), and refused in one line, with nothing written:
 
-- a payload is a mapping of string keys to JSON values (strings, finite numbers, integers within
-  64 bits signed, true/false, null, lists, objects) nested at most :data:`MAX_PAYLOAD_DEPTH`
-  levels, whose compact JSON text is at most :data:`MAX_PAYLOAD_BYTES`; numpy scalars are
-  numbers (written as Python's), tuples are lists;
+- a payload is a mapping of string keys to JSON values (strings, finite numbers, integers from
+  -2**63 to 2**64 - 1 as Qdrant keeps them, true/false, null, lists, objects); from an
+  application it nests at most :data:`MAX_PAYLOAD_DEPTH` levels and its compact JSON text is at
+  most :data:`MAX_PAYLOAD_BYTES`; a store writes none deeper than :data:`STORE_MAX_DEPTH` (a
+  migration copies a team's stored payloads as they are); numpy scalars are numbers (written as
+  Python's), tuples are lists;
 - a filter nests at most :data:`MAX_FILTER_DEPTH` levels (see qfilter.check_filter);
 - a point id is an integer in [0, 2**64) or a UUID (store/ids.py);
 - ``limit + offset`` of a search is at most :data:`MAX_HITS`.
@@ -33,16 +35,21 @@ import numpy as np
 
 from rm_qdrant.errors import ConfigError, InvalidFilter, InvalidPayload
 
-#: Levels of objects and lists a payload may nest (the payload itself is level 1).
+#: Levels of objects and lists a payload from an application may nest (the payload is level 1).
 MAX_PAYLOAD_DEPTH = 64
-#: The largest payload, as compact UTF-8 JSON text.
+#: The largest payload from an application, as compact UTF-8 JSON text.
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+#: Levels a store writes at most, whoever asks (a migration copies a team's payloads as they
+#: are: one a server took, deeper than 64, still moves). qdrant-edge's log breaks at 128.
+STORE_MAX_DEPTH = 100
 #: Levels of filters a filter may nest (``must=[Filter(...)]``, a nested condition's filter).
 MAX_FILTER_DEPTH = 32
 #: The most hits one search may rank: ``limit + offset``.
 MAX_HITS = 2**31 - 1
-#: The integers a payload holds (and a filter matches): 64-bit signed.
+#: The integers a filter matches: 64-bit signed (Qdrant's integer index and match).
 INT64 = (-(2**63), 2**63 - 1)
+#: The integers a payload holds: Qdrant keeps a JSON integer as a signed or unsigned 64-bit one.
+PAYLOAD_INTS = (-(2**63), 2**64 - 1)
 
 #: A payload path as Qdrant reads one (the grammar of search_options._steps): keys joined by dots,
 #: each quoted or of letters, digits, ``_`` and ``-``, then any ``[]`` or ``[N]``.
@@ -72,8 +79,15 @@ class _Bad(Exception):
         return self
 
 
-def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
-    """``payload`` as both stores hold it, or :class:`InvalidPayload` in one line.
+def check_payload(
+    payload: Any,
+    *,
+    what: str = "payload",
+    depth: int = MAX_PAYLOAD_DEPTH,
+    size: int | None = MAX_PAYLOAD_BYTES,
+) -> dict[str, Any]:
+    """``payload`` as both stores hold it, or :class:`InvalidPayload` in one line: at most
+    ``depth`` levels and ``size`` bytes of JSON (None: any size).
 
     Returns the payload itself where nothing needs converting (the usual case), else a copy
     with numpy scalars as Python numbers and tuples as lists.
@@ -84,29 +98,34 @@ def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
     """
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"a {what} is a mapping of field names to values, not {type(payload).__name__}")
-    size = [0]
+    total = [0]
     try:
-        checked = _value(payload, 1, size)
+        checked = _value(payload, 1, total, depth)
     except _Bad as bad:
         path = bad.path.lstrip(".")
         where = f" at {path if len(path) <= 60 else path[:40] + '...' + path[-16:]}" if path else ""
         raise InvalidPayload(f"{what}{where}: {bad.what}") from None
     # size[0] bounds the JSON text from above: only a payload that might be too large is encoded
-    if size[0] > MAX_PAYLOAD_BYTES:
+    if size is not None and total[0] > size:
         text = json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode()
-        if len(text) > MAX_PAYLOAD_BYTES:
-            raise InvalidPayload(
-                f"{what}: {len(text):,} bytes of JSON, over the {MAX_PAYLOAD_BYTES:,} a payload may hold"
-            )
+        if len(text) > size:
+            raise InvalidPayload(f"{what}: {len(text):,} bytes of JSON, over the {size:,} a payload may hold")
     return checked
 
 
-def check_payloads(payloads: Any) -> list[Any]:
-    """:func:`check_payload` of each payload of a write (None stays None: keep the point's)."""
-    return [None if p is None else check_payload(p) for p in payloads]
+def check_payloads(payloads: Any, *, store: bool = False) -> list[Any]:
+    """:func:`check_payload` of each payload of a write (None stays None: keep the point's);
+    ``store``: a store's own bounds (:data:`STORE_MAX_DEPTH`, any size), not an application's."""
+    bounds: dict[str, Any] = {"depth": STORE_MAX_DEPTH, "size": None} if store else {}
+    return [None if p is None else check_payload(p, **bounds) for p in payloads]
 
 
-def _value(value: Any, depth: int, size: list[int]) -> Any:
+def check_stored(payload: Any) -> dict[str, Any]:
+    """:func:`check_payload` with a store's own bounds (see :func:`check_payloads`)."""
+    return check_payload(payload, depth=STORE_MAX_DEPTH, size=None)
+
+
+def _value(value: Any, depth: int, size: list[int], limit: int) -> Any:
     kind = type(value)
     if kind is str:
         size[0] += 6 * len(value) + 3  # a character is at most 6 bytes of JSON ("\u001f")
@@ -120,14 +139,15 @@ def _value(value: Any, depth: int, size: list[int]) -> Any:
         size[0] += 26
         return _number(value)
     if isinstance(value, Mapping | list | tuple):
-        if depth > MAX_PAYLOAD_DEPTH:
-            raise _Bad(f"nested deeper than the {MAX_PAYLOAD_DEPTH} levels a payload may have")
+        if depth > limit:
+            raise _Bad(f"nested deeper than the {limit} levels a payload may have")
         size[0] += 2
-        return _object(value, depth, size) if isinstance(value, Mapping) else _list(value, depth, size)
+        walk = _object if isinstance(value, Mapping) else _list
+        return walk(value, depth, size, limit)
     return _other(value, size)
 
 
-def _object(value: Mapping[Any, Any], depth: int, size: list[int]) -> Any:
+def _object(value: Mapping[Any, Any], depth: int, size: list[int], limit: int) -> Any:
     out: dict[str, Any] = {}
     changed = type(value) is not dict
     for key, item in value.items():
@@ -142,7 +162,7 @@ def _object(value: Mapping[Any, Any], depth: int, size: list[int]) -> Any:
                 raise bad.at(".?") from None
         size[0] += 6 * len(key) + 4
         try:
-            checked = _value(item, depth + 1, size)
+            checked = _value(item, depth + 1, size, limit)
         except _Bad as bad:
             raise bad.at(f".{key:.40}") from None
         changed = changed or checked is not item
@@ -150,12 +170,12 @@ def _object(value: Mapping[Any, Any], depth: int, size: list[int]) -> Any:
     return out if changed else value
 
 
-def _list(value: list[Any] | tuple[Any, ...], depth: int, size: list[int]) -> Any:
+def _list(value: list[Any] | tuple[Any, ...], depth: int, size: list[int], limit: int) -> Any:
     out = []
     changed = type(value) is not list
     for i, item in enumerate(value):
         try:
-            checked = _value(item, depth + 1, size)
+            checked = _value(item, depth + 1, size, limit)
         except _Bad as bad:
             raise bad.at(f"[{i}]") from None
         changed = changed or checked is not item
@@ -169,8 +189,8 @@ def _number(value: int | float) -> int | float:
         if not math.isfinite(value):
             raise _Bad(f"{value} is not a number JSON holds (give a finite number, or null)")
         return value
-    if not INT64[0] <= value <= INT64[1]:
-        raise _Bad(f"{value} is outside the 64-bit signed integers a payload holds")
+    if not PAYLOAD_INTS[0] <= value <= PAYLOAD_INTS[1]:
+        raise _Bad(f"{value} is outside the 64-bit integers a payload holds (-2**63 to 2**64 - 1)")
     return value
 
 
@@ -178,12 +198,12 @@ def _other(value: Any, size: list[int]) -> Any:
     """A value of another type: a numpy scalar or an int/float/str subclass (an enum) as the
     plain number or string, anything else refused."""
     if isinstance(value, np.generic) and isinstance(value, np.number | np.bool_):
-        return _value(value.item(), 1, size)
+        return _value(value.item(), 1, size, 1)
     if isinstance(value, bool):
         return bool(value)
     for plain in (int, float, str):
         if isinstance(value, plain):
-            return _value(plain(value), 1, size)
+            return _value(plain(value), 1, size, 1)
     name = type(value).__name__
     hint = _HINTS.get(name, "give a string, a number, true/false, null, a list or an object")
     raise _Bad(f"a {name} is not a JSON value: {hint}")

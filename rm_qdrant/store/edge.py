@@ -44,7 +44,7 @@ from rm_qdrant.store.base import (
     check_vectors,
     pick_vector,
 )
-from rm_qdrant.store.bounds import check_payload, check_payloads
+from rm_qdrant.store.bounds import check_payloads, check_stored
 from rm_qdrant.store.edge_folder import (
     acquire_lock,
     is_collection,
@@ -255,7 +255,7 @@ class EdgeStore:
     ) -> None:
         spec = self.collection(name, vector)
         matrix = check_vectors(spec, vectors, rows=len(ids))
-        bodies = check_payloads(payloads) if payloads is not None else [{}] * len(ids)
+        bodies = check_payloads(payloads, store=True) if payloads is not None else [{}] * len(ids)
         named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
         try:
             points = [
@@ -282,7 +282,7 @@ class EdgeStore:
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            by_id, checked = edge_filter(None, ids), check_payload(payload)
+            by_id, checked = edge_filter(None, ids), check_stored(payload)
             try:
                 operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(checked))
             except (ValueError, TypeError) as exc:
@@ -297,7 +297,7 @@ class EdgeStore:
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         shard = self._open(name)[1]
-        checked = [(normalize_id(i), check_payload(p)) for i, p in items]  # all, before any write
+        checked = [(normalize_id(i), check_stored(p)) for i, p in items]  # all, before any write
         done = 0
         for point_id, payload in checked:
             try:

@@ -36,6 +36,7 @@ def nested_list(levels: int) -> list:
 
 
 P = ids()[1]  # an int id still in old only
+V = np.ones((1, OLD_DIM), np.float32)
 #: name -> (call on a DualIndex, the error it must raise, a word of its line)
 HOSTILE = {
     "set_payload 128 deep": (lambda i: i.set_payload(deep(128), [P]), InvalidPayload, "64 levels"),
@@ -46,7 +47,8 @@ HOSTILE = {
     "NaN": (lambda i: _write(i, [P], {"x": float("nan")}), InvalidPayload, "nan"),
     "infinity": (lambda i: i.set_payload({"x": -float("inf")}, [P]), InvalidPayload, "inf"),
     "an int key": (lambda i: _write(i, [P], {"a": {7: 1}}), InvalidPayload, "field name"),
-    "2**63": (lambda i: _write(i, [P], {"x": 2**63}), InvalidPayload, "64-bit"),
+    "2**64": (lambda i: _write(i, [P], {"x": 2**64}), InvalidPayload, "64-bit"),
+    "-2**63 - 1": (lambda i: i.set_payload({"x": [1, -(2**63) - 1]}, [P]), InvalidPayload, "64-bit"),
     "datetime": (
         lambda i: i.set_payload({"at": datetime.datetime(2025, 1, 1)}, [P]),
         InvalidPayload,
@@ -111,10 +113,11 @@ def test_numbers_of_numpy_and_tuples_are_stored_alike_on_both_stores(kind, tmp_p
     build(store, tmp_path, "paired")
     index = DualIndex.open(store, "p", exact=True)
     given = {"f": np.float32(1.5), "i": np.int64(-3), "b": np.bool_(True), "t": (1, "x")}
-    given["d"] = {"u": np.uint8(7)}
+    given["d"] = {"u": np.uint8(7), "top": np.uint64(2**64 - 1), "low": -(2**63)}
     _write(index, [P], given)
     index.set_payload({"g": np.float64(0.25)}, [P])
-    expected = {"f": 1.5, "i": -3, "b": True, "t": [1, "x"], "d": {"u": 7}, "g": 0.25}
+    expected = {"f": 1.5, "i": -3, "b": True, "t": [1, "x"], "d": {"u": 7, "top": 2**64 - 1, "low": -(2**63)}}
+    expected["g"] = 0.25
     assert [p.payload for p in index.retrieve([P])] == [expected]
     assert index.count({"i": -3}) == 1
     store.close()
@@ -122,3 +125,22 @@ def test_numbers_of_numpy_and_tuples_are_stored_alike_on_both_stores(kind, tmp_p
 
 def test_every_refusal_is_a_library_error():
     assert all(issubclass(error, RmqError) for _, error, _ in HOSTILE.values())
+
+
+@pytest.mark.parametrize("kind", ["edge", "local"])
+def test_a_store_copies_a_stored_payload_up_to_its_own_bound(kind, tmp_path):
+    """An application's payload stops at 64 levels; a store write (what a migration does with a
+    team's stored payload, which a server may have taken deeper) stops at 100, well before the
+    embedded store's log breaks (128): such a point still migrates, and the store reopens."""
+    store = reopen(kind, tmp_path)
+    build(store, tmp_path, "paired")
+    store.upsert("p-new", [P], V, [{"x": deep(99)}])
+    before = snapshot(store)
+    with pytest.raises(InvalidPayload, match="100 levels"):
+        store.upsert("p-new", [P], V, [{"x": deep(100)}])
+    with pytest.raises(InvalidPayload, match="100 levels"):
+        store.mark("old", [P], {"x": deep(100)})
+    assert snapshot(store) == before
+    store = still_works(store, kind, tmp_path)
+    assert store.retrieve("p-new", [P])[0].payload == {"x": deep(99)}
+    store.close()
