@@ -201,9 +201,9 @@ def _other(value: Any, size: list[int]) -> Any:
         return _value(value.item(), 1, size, 1)
     if isinstance(value, bool):
         return bool(value)
-    for plain in (int, float, str):
+    for plain in (int, float, str):  # str(an enum) is its name: str.__str__ gives the text
         if isinstance(value, plain):
-            return _value(plain(value), 1, size, 1)
+            return _value(str.__str__(value) if plain is str else plain(value), 1, size, 1)
     name = type(value).__name__
     hint = _HINTS.get(name, "give a string, a number, true/false, null, a list or an object")
     raise _Bad(f"a {name} is not a JSON value: {hint}")

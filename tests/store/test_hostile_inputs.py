@@ -10,6 +10,7 @@ local mode stored id 2**64, which the embedded store refused with its binding's 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import numpy as np
@@ -144,3 +145,34 @@ def test_a_store_copies_a_stored_payload_up_to_its_own_bound(kind, tmp_path):
     store = still_works(store, kind, tmp_path)
     assert store.retrieve("p-new", [P])[0].payload == {"x": deep(99)}
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["edge", "local"])
+def test_async_dual_index_refuses_the_same_before_writing(kind, tmp_path):
+    from rm_qdrant import AsyncDualIndex
+
+    store = reopen(kind, tmp_path)
+    build(store, tmp_path, "keep-old")
+    before = snapshot(store)
+
+    async def main() -> list[type]:
+        index = AsyncDualIndex(DualIndex.open(store, "p", exact=True))
+        refused = []
+        for call in (
+            lambda: index.set_payload(deep(128), [P]),
+            lambda: index.upsert_vectors([P], V, [{"x": float("nan")}], old_vectors=V),
+            lambda: index.upsert_vectors([P], V, [{"n": 1}], old_vectors=V * np.nan),
+            lambda: index.delete([2**64]),
+            lambda: index.count({"n": 2**64}),
+            lambda: index.search_vectors(V[0], V[0], offset=10**30),
+        ):
+            try:
+                await call()
+            except RmqError as exc:
+                refused.append(type(exc))
+        await index.close()
+        return refused
+
+    assert len(asyncio.run(main())) == 6
+    assert snapshot(store) == before
+    still_works(store, kind, tmp_path).close()
