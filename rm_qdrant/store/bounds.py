@@ -25,6 +25,7 @@ request limit (32 MiB), so a point and its vectors fit one request.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -148,40 +149,51 @@ def _value(value: Any, depth: int, size: list[int], limit: int) -> Any:
 
 
 def _object(value: Mapping[Any, Any], depth: int, size: list[int], limit: int) -> Any:
-    out: dict[str, Any] = {}
-    changed = type(value) is not dict
-    for key, item in value.items():
-        if type(key) is not str:
-            if not isinstance(key, str):
-                raise _Bad(f"a field name is a string, not {type(key).__name__} ({key!r:.40})")
-            key, changed = str(key), True
-        if not key.isascii():
+    """The object checked; a copy only where something in it is converted (or it is not a dict)."""
+    out: dict[str, Any] | None = None if type(value) is dict else {}
+    for n, (key, item) in enumerate(value.items()):
+        name = key if type(key) is str else _key(key)
+        if not name.isascii():
             try:
-                _utf8(key)
+                _utf8(name)
             except _Bad as bad:
                 raise bad.at(".?") from None
-        size[0] += 6 * len(key) + 4
-        try:
-            checked = _value(item, depth + 1, size, limit)
-        except _Bad as bad:
-            raise bad.at(f".{key:.40}") from None
-        changed = changed or checked is not item
-        out[key] = checked
-    return out if changed else value
+        kind = type(item)
+        if kind is str and item.isascii():  # the usual field: no call for it
+            size[0] += 6 * (len(name) + len(item)) + 7
+            checked = item
+        else:
+            size[0] += 6 * len(name) + 4
+            try:
+                checked = _value(item, depth + 1, size, limit)
+            except _Bad as bad:
+                raise bad.at(f".{name:.40}") from None
+        if out is None and (checked is not item or name is not key):
+            out = dict(itertools.islice(value.items(), n))  # what came before is unchanged
+        if out is not None:
+            out[name] = checked
+    return value if out is None else out
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise _Bad(f"a field name is a string, not {type(key).__name__} ({key!r:.40})")
+    return str.__str__(key)  # a str subclass (an enum): its text
 
 
 def _list(value: list[Any] | tuple[Any, ...], depth: int, size: list[int], limit: int) -> Any:
-    out = []
-    changed = type(value) is not list
+    out: list[Any] | None = None if type(value) is list else []
     for i, item in enumerate(value):
         try:
             checked = _value(item, depth + 1, size, limit)
         except _Bad as bad:
             raise bad.at(f"[{i}]") from None
-        changed = changed or checked is not item
-        out.append(checked)
+        if out is None and checked is not item:
+            out = list(value[:i])
+        if out is not None:
+            out.append(checked)
         size[0] += 1
-    return out if changed else value
+    return value if out is None else out
 
 
 def _number(value: int | float) -> int | float:
