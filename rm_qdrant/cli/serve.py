@@ -83,9 +83,9 @@ def _check_plain_value(item: str, key: str, value: str) -> None:
     digits = value.removeprefix("-")
     if digits.isdigit() and digits.isascii() and digits[0] != "0" and integer_text(value) is None:
         shown = value if len(value) <= 30 else f"{value[:12]}...{value[-6:]} ({len(digits)} digits)"
-        raise ConfigError(
-            f"bad --filter {key}={shown}: outside the 64-bit integers a payload holds "
-            f'(for the string, quote it: {key}="...")'
+        raise InvalidFilter(
+            f"bad --filter {key}={shown}: outside the 64-bit integers a filter matches "
+            f'(-2**63 to 2**63 - 1); for the string, quote it: {key}="..."'
         )
     if lowered in ("true", "false"):
         what = "a true/false field (on a Qdrant server or qdrant-client's local mode)"

@@ -153,7 +153,10 @@ def _check_value(key: str, value: Any) -> None:
     if isinstance(value, bool | str) or (isinstance(value, int) and fits_int64(value)):
         return
     if isinstance(value, int):
-        raise InvalidFilter(f"filter on {key!r}: {value} is outside the 64-bit integers a payload holds")
+        raise InvalidFilter(
+            f"filter on {key!r}: {value} is outside the 64-bit integers a filter matches "
+            "(-2**63 to 2**63 - 1)"
+        )
     if isinstance(value, float):
         raise ConfigError(
             f"filter on {key!r}: a plain value matches a string, an integer or true/false; for the "

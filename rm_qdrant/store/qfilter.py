@@ -156,7 +156,8 @@ def _check_field(c: models.FieldCondition) -> None:
     for value in given:
         if type(value) is int and not INT64[0] <= value <= INT64[1]:
             raise InvalidFilter(
-                f"filter on {c.key!r}: {value} is outside the 64-bit integers a payload holds"
+                f"filter on {c.key!r}: {value} is outside the 64-bit integers a filter matches "
+                "(-2**63 to 2**63 - 1)"
             )
 
 
