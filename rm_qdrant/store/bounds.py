@@ -14,13 +14,14 @@ the store writes a migration makes), and refused in one line, with nothing writt
 - a point id is an integer in [0, 2**64) or a UUID (store/ids.py);
 - ``limit + offset`` of a search is at most :data:`MAX_HITS`.
 
-Why these numbers: qdrant-edge 0.9 writes a payload nested about 126 levels deep to its
+Why these numbers: qdrant-edge 0.9 writes a ``set_payload`` nested 128 levels deep to its
 write-ahead log and then cannot read the log back (serde_json's recursion limit, 128): every
 later write fails, and the collection no longer opens (docs/upstream/qdrant_edge_deep_payload.py).
-A Qdrant server reads a request with the same limit, the request's own levels included, and
-gRPC's decoder stops at 100 message levels (a payload level is 3 of them). 64 payload levels
-and 32 filter levels are well inside every one of them; 16 MiB is half a server's default
-request limit (32 MiB), so a point and its vectors fit one request.
+A Qdrant server parses a REST request with the same limit, the request's own levels included,
+and its gRPC decoder (prost) stops at 100 nested messages, a payload level taking more than one
+(from their sources; no server was run here). 64 payload levels and 32 filter levels are well
+inside all of them; 16 MiB is half a server's default request limit (32 MiB), so a point and
+its vectors fit one request.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def check_payload(
         path = bad.path.lstrip(".")
         where = f" at {path if len(path) <= 60 else path[:40] + '...' + path[-16:]}" if path else ""
         raise InvalidPayload(f"{what}{where}: {bad.what}") from None
-    # size[0] bounds the JSON text from above: only a payload that might be too large is encoded
+    # total[0] bounds the JSON text from above: only a payload that might be too large is encoded
     if size is not None and total[0] > size:
         text = json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode()
         if len(text) > size:
