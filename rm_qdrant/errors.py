@@ -61,3 +61,17 @@ class SourceError(RmqError):
 
 class MigrationError(RmqError):
     """A migration cannot start or go on (bad state, too many failures, refused cutover)."""
+
+
+class InvalidPayload(ConfigError):
+    """A payload no store holds as given (see :mod:`rm_qdrant.store.bounds`): too deep or too
+    large, a key that is not a string, a value JSON has no room for. Nothing was written."""
+
+
+class InvalidFilter(ConfigError):
+    """A filter a Qdrant server would refuse (see :mod:`rm_qdrant.store.bounds`): nested too deep,
+    a condition with nothing to match, a value no payload holds. Nothing was read or written."""
+
+
+class InvalidPointId(ConfigError):
+    """A point id that is neither an unsigned 64-bit integer nor a UUID."""

@@ -28,7 +28,8 @@ from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.store import Filter, ScoredRecord, Store, Where
-from rm_qdrant.store.base import MergedQuery
+from rm_qdrant.store.base import MergedQuery, as_floats
+from rm_qdrant.store.bounds import check_hits, check_payloads
 from rm_qdrant.store.filters import as_where
 from rm_qdrant.store.ids import normalize_ids
 from rm_qdrant.store.params import old_side_params
@@ -172,8 +173,8 @@ class DualIndex(PairPoints):
         self, new_vector: np.ndarray, old_vector: np.ndarray, *, limit: int = 10, **options: Any
     ) -> list[Hit]:
         """Search with ready-made vectors: ``new_vector`` for new, ``old_vector`` for old."""
-        new = np.asarray(new_vector, dtype=np.float32).reshape(1, -1)
-        old = np.asarray(old_vector, dtype=np.float32).reshape(1, -1)
+        new = as_floats(new_vector, "new_vector").reshape(1, -1)
+        old = as_floats(old_vector, "old_vector").reshape(1, -1)
         return self.search_vectors_batch(new, old, limit=limit, **options)[0]
 
     def search_vectors_batch(
@@ -224,6 +225,7 @@ class DualIndex(PairPoints):
         opts = SearchOptions(score_threshold, offset, with_payload, with_vectors, exact, hnsw_ef, **extra)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ConfigError(f"limit must be an integer >= 0, got {limit!r}")
+        check_hits(limit, offset)
         merged = self._search(new_vectors, old_vectors, limit + offset, as_where(filter), opts)
         rows = [opts.finish(hits, limit, self.pair.distance) for hits in merged]
         return with_vectors_of(self.store, self.pair, rows) if with_vectors else rows
@@ -327,7 +329,7 @@ class DualIndex(PairPoints):
     def _check(self, vectors: np.ndarray | None, dim: int | None, side: str) -> np.ndarray:
         if vectors is None or dim is None:
             raise ConfigError(f"pair {self.pair.name!r} is {self.pair.state}: it needs {side} query vectors")
-        array = np.asarray(vectors, dtype=np.float32)
+        array = as_floats(vectors, f"{side} vectors")
         if array.ndim == 1:
             array = array.reshape(1, -1)
         if array.ndim != 2 or array.shape[1] != dim:
@@ -429,9 +431,12 @@ class DualIndex(PairPoints):
             others = check_others(pair.new_collection, self._others(), other_vectors, rows, managed=managed)
         # one spelling of each id (a UUID given upper case, or as uuid.UUID, is what the store
         # gives back lower case): a payload kept is looked up by it
-        write = Write(
-            normalize_ids(ids), new, user_bodies(payloads, rows), old, others, self._old_dim is not None
-        )
+        # every payload and vector checked before anything is written (the store checks vectors
+        # too, but only at its own write: one to the other collection may be done by then)
+        bodies = check_payloads(user_bodies(payloads, rows))
+        if not all(np.isfinite(a).all() for a in (new, old) if a is not None):
+            raise ConfigError(f"vectors for pair {pair.name!r} contain NaN or infinity")
+        write = Write(normalize_ids(ids), new, bodies, old, others, self._old_dim is not None)
         self.layout.write(self.store, write, self._others())
 
     def _rows(self, vectors: np.ndarray, dim: int, rows: int, side: str) -> np.ndarray:

@@ -283,6 +283,17 @@ class Migrator:
         return result
 
 
+def check_workers(workers: int, options: MigrateOptions) -> None:
+    """Refuse ``workers`` below 1, or above 1 with ``options.shard`` (``rmq migrate --dry-run``
+    checks it as the run does).
+
+    Raises:
+        ConfigError: as :func:`run_migration` would.
+    """
+    if workers < 1 or (workers > 1 and options.shard is not None):
+        raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
+
+
 def run_migration(
     index: DualIndex,
     options: MigrateOptions,
@@ -304,8 +315,7 @@ def run_migration(
         ConfigError: ``workers`` is below 1, or combined with ``options.shard``.
         MigrationError: see :meth:`Migrator.run`.
     """
-    if workers < 1 or (workers > 1 and options.shard is not None):
-        raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
+    check_workers(workers, options)
     if options.optimize_every is not None and not options.optimize_every >= 0:
         raise ConfigError(f"optimize_every must be seconds >= 0 or None, got {options.optimize_every}")
     Migrator(index, options).ensure_order()

@@ -21,6 +21,7 @@ from rm_qdrant.core.merge import PointId, Source
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Filter, Where
+from rm_qdrant.store.bounds import check_payload
 from rm_qdrant.store.filters import as_where, with_ids
 from rm_qdrant.store.ids import normalize_id
 from rm_qdrant.store.points import every_id
@@ -105,6 +106,7 @@ class PairPoints:
             raise ConfigError(
                 f"a payload is a mapping of field names to values, not {type(payload).__name__}"
             )
+        payload = check_payload(payload)  # before anything is written
         ours = sorted(set(payload) & set(INTERNAL_FIELDS))
         if ours:
             raise ConfigError(
@@ -219,6 +221,10 @@ class PairPoints:
 
 def id_list(ids: Any) -> list[Any]:
     """``ids`` as a list, refused in one line where it is not a collection of ids."""
+    if isinstance(ids, (models.Filter, models.FilterSelector, Where)):  # iterable: its fields
+        raise ConfigError(f"this call takes a list of point ids, not a filter ({type(ids).__name__})")
+    if isinstance(ids, models.PointIdsList):
+        return list(ids.points)
     if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
         raise ConfigError(f"points are a list of ids or a filter, not {type(ids).__name__}")
     return list(ids)

@@ -17,6 +17,7 @@ from rm_qdrant.core.planning import MOVING
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Store, Where
 from rm_qdrant.store.base import ScoredRecord
+from rm_qdrant.store.bounds import MAX_HITS
 from rm_qdrant.store.filters import with_ids
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
 
@@ -86,9 +87,11 @@ class SearchOptions:
         if self.exact is not None and not isinstance(self.exact, bool):
             raise ConfigError(f"exact is True or False, got {self.exact!r}")
         if self.hnsw_ef is not None and (
-            not isinstance(self.hnsw_ef, int) or isinstance(self.hnsw_ef, bool) or self.hnsw_ef <= 0
+            not isinstance(self.hnsw_ef, int)
+            or isinstance(self.hnsw_ef, bool)
+            or not 0 < self.hnsw_ef <= MAX_HITS
         ):
-            raise ConfigError(f"hnsw_ef must be a positive integer, got {self.hnsw_ef!r}")
+            raise ConfigError(f"hnsw_ef must be an integer from 1 to {MAX_HITS}, got {self.hnsw_ef!r}")
         check_timeout(self.timeout)
         check_consistency(self.consistency)
 

@@ -18,7 +18,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.failures import finalize_dropping_failed
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.loading import preflight
-from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
+from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, check_workers, run_migration
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.backfill.ranking import budget, order_ready
 from rm_qdrant.backfill.ray_engine import RayOptions, import_ray
@@ -249,6 +249,7 @@ def migrate(
         source=source,
         optimize_every=_seconds_or_end(optimize_every),
     )
+    check_workers(workers, options)  # before --dry-run too: it plans what the run would do
     index = DualIndex.open(store, name, encoder=encoder)
     if dry_run:
         planned = plan_summary(store, index, options)

@@ -33,10 +33,11 @@ from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, InvalidFilter
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Where, qfilter
+from rm_qdrant.store.bounds import MAX_FILTER_DEPTH, MAX_HITS
 
 
 def parse_filter(given: tuple[str, ...]) -> Where | dict[str, Any] | None:
@@ -79,6 +80,13 @@ def _check_plain_value(item: str, key: str, value: str) -> None:
     match only the string of that spelling, and silently find nothing where the payload holds
     the number, the boolean or the null."""
     lowered = value.lower()
+    digits = value.removeprefix("-")
+    if digits.isdigit() and digits.isascii() and digits[0] != "0" and integer_text(value) is None:
+        shown = value if len(value) <= 30 else f"{value[:12]}...{value[-6:]} ({len(digits)} digits)"
+        raise InvalidFilter(
+            f"bad --filter {key}={shown}: outside the 64-bit integers a filter matches "
+            f'(-2**63 to 2**63 - 1); for the string, quote it: {key}="..."'
+        )
     if lowered in ("true", "false"):
         what = "a true/false field (on a Qdrant server or qdrant-client's local mode)"
         condition = {"key": key, "match": {"value": lowered == "true"}}
@@ -102,6 +110,8 @@ def _json_filter(item: str) -> Any:
         raw = json.loads(item)
     except ValueError as exc:
         raise ConfigError(f"bad --filter: not valid JSON ({exc})") from None
+    except RecursionError:  # thousands of levels: Python's parser gives up before the bound below
+        raise InvalidFilter(f"bad --filter: nested deeper than {MAX_FILTER_DEPTH} filter levels") from None
     if not isinstance(raw, dict):
         raise ConfigError("bad --filter: a JSON filter is a JSON object, as Qdrant's filter")
     return qfilter.parse_filter(raw)
@@ -305,7 +315,9 @@ def _check_index_into_old(store: Any, pair: PairRecord) -> None:
 @click.command()
 @name_option
 @click.argument("image", type=click.Path())
-@click.option("--limit", default=10, show_default=True, type=click.IntRange(min=1), help="Number of hits.")
+@click.option(
+    "--limit", default=10, show_default=True, type=click.IntRange(min=1, max=MAX_HITS), help="Number of hits."
+)
 @click.option(
     "--filter",
     "filters",
@@ -321,7 +333,9 @@ def _check_index_into_old(store: Any, pair: PairRecord) -> None:
     "euclid, manhattan: score <= T); on a calibrated pair an old hit's mapped distance decides, "
     "not the old model's score the table shows.",
 )
-@click.option("--offset", default=0, type=click.IntRange(min=0), help="Skip this many merged hits first.")
+@click.option(
+    "--offset", default=0, type=click.IntRange(min=0, max=MAX_HITS), help="Skip this many merged hits first."
+)
 @click.option("--exact", is_flag=True, help="Exact search instead of the HNSW index.")
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")

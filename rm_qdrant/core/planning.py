@@ -136,8 +136,10 @@ def user_bodies(
     migration may delete."""
     if payloads is None:
         return [None] * rows
-    if isinstance(payloads, (Mapping, str, bytes)) or not all(
-        p is None or isinstance(p, Mapping) for p in payloads
+    if (
+        isinstance(payloads, (Mapping, str, bytes))
+        or not isinstance(payloads, Sequence)
+        or not all(p is None or isinstance(p, Mapping) for p in payloads)
     ):
         raise ConfigError("payloads are a list of one dict (or None) a point, in the order of the ids")
     if len(payloads) != rows:

@@ -357,7 +357,7 @@ def check_collection_name(name: str) -> str:
 
 def check_vectors(spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None = None) -> np.ndarray:
     """Return ``vectors`` as a float32 matrix, or raise if its shape does not fit ``spec``."""
-    array = np.asarray(vectors, dtype=np.float32)
+    array = as_floats(vectors, f"vectors for {spec.name!r}")
     if array.ndim != 2 or array.shape[1] != spec.dim:
         raise DimensionMismatch(
             f"collection {spec.name!r} holds {spec.dim}-d vectors, got shape {array.shape}"
@@ -367,6 +367,16 @@ def check_vectors(spec: CollectionSpec, vectors: np.ndarray, *, rows: int | None
     if not np.isfinite(array).all():
         raise ConfigError(f"vectors for {spec.name!r} contain NaN or infinity")
     return array
+
+
+def as_floats(vectors: Any, what: str) -> np.ndarray:
+    """``vectors`` as a float32 array, or a ConfigError in one line where they are not numbers
+    (strings, ragged rows, objects: numpy's ValueError / TypeError)."""
+    try:
+        with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused as such
+            return np.asarray(vectors, dtype=np.float32)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ConfigError(f"{what}: not a matrix of numbers ({str(exc).splitlines()[0][:80]})") from None
 
 
 def check_spec(

@@ -32,6 +32,7 @@ from rm_qdrant.store.base import (
     check_vectors,
     pick_vector,
 )
+from rm_qdrant.store.bounds import check_payloads, check_stored
 from rm_qdrant.store.client_query import (
     DISTANCES,
     client_filter,
@@ -208,7 +209,7 @@ class ClientStore:
         mode = models.UpdateMode.INSERT_ONLY if insert_only else None
         # the unnamed vector beside named ones goes by name
         named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
-        bodies = payloads if payloads is not None else [{}] * len(ids)
+        bodies = check_payloads(payloads, store=True) if payloads is not None else [{}] * len(ids)
         points = [
             models.PointStruct(id=normalize_id(i), vector=v, payload=dict(p))
             for i, v, p in zip(ids, named, bodies, strict=True)
@@ -235,9 +236,9 @@ class ClientStore:
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            selector = models.FilterSelector(filter=client_filter(None, ids))
+            selector, checked = models.FilterSelector(filter=client_filter(None, ids)), check_stored(payload)
             with self._errors(f"payload update in {name!r}", name):
-                self._client.set_payload(name, dict(payload), points=selector, wait=True)
+                self._client.set_payload(name, dict(checked), points=selector, wait=True)
 
     def clear_fields(self, name: str, fields: Sequence[str]) -> None:
         if fields:
@@ -249,6 +250,7 @@ class ClientStore:
                 )
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
+        items = [(normalize_id(i), check_stored(p)) for i, p in items]  # all, before any write
         if self._remote and items:
             ops = [
                 models.SetPayloadOperation(

@@ -44,6 +44,7 @@ from rm_qdrant.store.base import (
     check_vectors,
     pick_vector,
 )
+from rm_qdrant.store.bounds import check_payloads, check_stored
 from rm_qdrant.store.edge_folder import (
     acquire_lock,
     is_collection,
@@ -231,7 +232,7 @@ class EdgeStore:
     ) -> None:
         spec = self.collection(name, vector)
         matrix = check_vectors(spec, vectors, rows=len(ids))
-        bodies = payloads if payloads is not None else [{}] * len(ids)
+        bodies = check_payloads(payloads, store=True) if payloads is not None else [{}] * len(ids)
         named = point_vectors(vector, matrix.tolist(), others, sparse, named=bool(vector or spec.extra))
         try:
             points = [
@@ -258,9 +259,9 @@ class EdgeStore:
 
     def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
         if ids:
-            by_id = edge_filter(None, ids)
+            by_id, checked = edge_filter(None, ids), check_stored(payload)
             try:
-                operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(payload))
+                operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(checked))
             except (ValueError, TypeError) as exc:
                 raise _unstorable(exc) from None
             self._update(name, operation)
@@ -273,10 +274,11 @@ class EdgeStore:
 
     def set_payload(self, name: str, items: Sequence[tuple[PointId, Mapping[str, Any]]]) -> int:
         shard = self._open(name)[1]
+        checked = [(normalize_id(i), check_stored(p)) for i, p in items]  # all, before any write
         done = 0
-        for point_id, payload in items:
+        for point_id, payload in checked:
             try:
-                shard.update(qe.UpdateOperation.set_payload([normalize_id(point_id)], dict(payload)))
+                shard.update(qe.UpdateOperation.set_payload([point_id], dict(payload)))
                 done += 1
             except Exception as exc:
                 if not is_missing_point(exc):

@@ -10,7 +10,8 @@ from qdrant_client import models
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.paths import fits_int64
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, InvalidFilter
+from rm_qdrant.store.bounds import check_key_path
 from rm_qdrant.store.qfilter import check_filter, range_condition
 
 
@@ -92,6 +93,8 @@ def as_where(filter: Filter | None) -> Where | None:
         where = Where(clauses=(check_filter(filter),))
     elif isinstance(filter, Where):
         where = filter
+        for clause in filter.clauses:
+            check_filter(clause)
     elif isinstance(filter, Mapping):
         where = _from_mapping(filter)
     else:
@@ -150,7 +153,10 @@ def _check_value(key: str, value: Any) -> None:
     if isinstance(value, bool | str) or (isinstance(value, int) and fits_int64(value)):
         return
     if isinstance(value, int):
-        raise ConfigError(f"filter on {key!r}: {value} is outside the 64-bit integers a payload holds")
+        raise InvalidFilter(
+            f"filter on {key!r}: {value} is outside the 64-bit integers a filter matches "
+            "(-2**63 to 2**63 - 1)"
+        )
     if isinstance(value, float):
         raise ConfigError(
             f"filter on {key!r}: a plain value matches a string, an integer or true/false; for the "
@@ -169,13 +175,18 @@ def _check_value(key: str, value: Any) -> None:
 
 def _from_mapping(filter: Mapping[str, Any]) -> Where:
     for key, value in filter.items():
+        if not isinstance(key, str):
+            raise InvalidFilter(
+                f"a filter's keys are field names (strings), not {type(key).__name__} {key!r:.40}"
+            )
+        check_key_path(key)
         if not isinstance(value, Mapping):
             _check_value(key, value)
     ranges = {k: v for k, v in filter.items() if isinstance(v, Mapping)}
     if not ranges:
         return Where(must=dict(filter))
     equal = {k: v for k, v in filter.items() if k not in ranges}
-    clause = models.Filter(must=[range_condition(k, v) for k, v in ranges.items()])
+    clause = check_filter(models.Filter(must=[range_condition(k, v) for k, v in ranges.items()]))
     return Where(must=equal, clauses=(clause,))
 
 

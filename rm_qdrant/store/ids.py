@@ -9,12 +9,15 @@ from collections.abc import Iterable
 import numpy as np
 
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import InvalidPointId
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _CANONICAL_UUID = re.compile(_UUID)
 #: Canonical UUIDs joined by newlines: a batch of them checked in one regex pass.
 _CANONICAL_UUIDS = re.compile(rf"{_UUID}(?:\n{_UUID})*")
+#: One past the largest integer id: Qdrant's ids are unsigned 64-bit (qdrant-client's local
+#: mode stored 2**64 where the embedded store refused it; both refuse it here).
+ID_END = 2**64
 
 
 def normalize_id(point_id: object) -> PointId:
@@ -23,13 +26,15 @@ def normalize_id(point_id: object) -> PointId:
     Qdrant ids are unsigned integers or UUIDs; UUIDs are returned as their
     canonical lower-case string whatever form they came in.
     """
-    if type(point_id) is int and point_id >= 0:  # the hot path: what a backend returns
+    if type(point_id) is int and 0 <= point_id < ID_END:  # the hot path: what a backend returns
         return point_id
     if isinstance(point_id, bool):
-        raise ConfigError(f"invalid point id {point_id!r}")
+        raise InvalidPointId(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
     if isinstance(point_id, (int, np.integer)):
-        if point_id < 0:
-            raise ConfigError(f"invalid point id {point_id}: ids are unsigned integers or UUIDs")
+        if not 0 <= point_id < ID_END:
+            raise InvalidPointId(
+                f"invalid point id {point_id}: ids are unsigned 64-bit integers (0 to 2**64 - 1) or UUIDs"
+            )
         return int(point_id)
     if isinstance(point_id, uuid.UUID):
         return str(point_id)
@@ -39,8 +44,10 @@ def normalize_id(point_id: object) -> PointId:
         try:
             return str(uuid.UUID(point_id))
         except ValueError:
-            raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs") from None
-    raise ConfigError(f"invalid point id {point_id!r}: ids are unsigned integers or UUIDs")
+            shown = f"{point_id[:40]!r}..." if len(point_id) > 40 else repr(point_id)
+            raise InvalidPointId(f"invalid point id {shown}: ids are unsigned integers or UUIDs") from None
+    shown = f"{type(point_id).__name__} {point_id!r:.40}"
+    raise InvalidPointId(f"invalid point id ({shown}): ids are unsigned integers or UUIDs")
 
 
 def normalize_ids(ids: Iterable[object]) -> list[PointId]:
@@ -50,7 +57,7 @@ def normalize_ids(ids: Iterable[object]) -> list[PointId]:
     if not listed:
         return []
     kinds = set(map(type, listed))
-    if kinds == {int} and min(listed) >= 0:  # type: ignore[type-var]
+    if kinds == {int} and min(listed) >= 0 and max(listed) < ID_END:  # type: ignore[type-var]
         return listed  # type: ignore[return-value]
     if kinds == {str}:
         joined = "\n".join(listed)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.store.bounds import MAX_HITS
 from rm_qdrant.store.qfilter import json_path
 
 _CONSISTENCIES = ", ".join(repr(t.value) for t in models.ReadConsistencyType)
@@ -84,8 +85,10 @@ def _as_params(given: Any) -> models.SearchParams | None:
             raise ConfigError(f"bad search_params: {json_path(first['loc'])}: {first['msg']}") from None
     if not isinstance(given, models.SearchParams):
         raise ConfigError(f"search_params is a qdrant_client.models.SearchParams, got {type(given).__name__}")
-    if given.hnsw_ef is not None and given.hnsw_ef <= 0:
-        raise ConfigError(f"search_params.hnsw_ef must be a positive integer, got {given.hnsw_ef!r}")
+    if given.hnsw_ef is not None and not 0 < given.hnsw_ef <= MAX_HITS:
+        raise ConfigError(
+            f"search_params.hnsw_ef must be an integer from 1 to {MAX_HITS}, got {given.hnsw_ef!r}"
+        )
     quantization = given.quantization
     if quantization is not None and quantization.oversampling is not None and quantization.oversampling < 1:
         raise ConfigError(

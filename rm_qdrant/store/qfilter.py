@@ -8,6 +8,7 @@ condition it cannot express is refused with a :class:`ConfigError` that names it
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,7 +19,8 @@ import qdrant_edge as qe
 from pydantic import ValidationError
 from qdrant_client import models
 
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, InvalidFilter
+from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, check_json_depth, check_key_path
 from rm_qdrant.store.ids import normalize_ids
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
@@ -53,6 +55,7 @@ def parse_filter(raw: Mapping[str, Any]) -> models.Filter:
     Raises:
         ConfigError: the mapping is not a valid Qdrant filter (the first problem, in one line).
     """
+    check_json_depth(raw, 3 * MAX_FILTER_DEPTH + 8, f"a filter nested deeper than {MAX_FILTER_DEPTH} levels")
     try:
         return models.Filter.model_validate(dict(raw))
     except ValidationError as exc:
@@ -106,32 +109,89 @@ def _number(value: Any) -> int | float | None:
 
 
 def check_filter(filter: models.Filter) -> models.Filter:
-    """``filter`` as it is, once its geo points are checked (Qdrant refuses a longitude outside
-    [-180, 180] or a latitude outside [-90, 90]; qdrant-client's local mode matches nothing).
+    """``filter`` as it is, once checked as a Qdrant server checks it, so both stores answer
+    alike: nested at most :data:`~rm_qdrant.store.bounds.MAX_FILTER_DEPTH` levels, every
+    ``FieldCondition`` with a condition, no NaN range bound, no empty ``min_should``, integers
+    and ids within 64 bits, geo points within range (local mode matched nothing for these).
 
     Raises:
-        ConfigError: a geo point out of range, named with its key.
+        InvalidFilter: the first such problem, named with its key.
     """
-    for condition in _every_condition(filter):
+    for condition in _every_condition(filter, 1):
         if isinstance(condition, models.FieldCondition):
-            for p in _geo_points(condition):
-                if not (-180 <= p.lon <= 180 and -90 <= p.lat <= 90):
-                    raise ConfigError(
-                        f"filter on {condition.key!r}: a geo point needs lon within [-180, 180] and "
-                        f"lat within [-90, 90], got lon={p.lon:g}, lat={p.lat:g}"
-                    )
+            check_key_path(condition.key)
+            _check_field(condition)
+        elif isinstance(condition, models.IsEmptyCondition | models.IsNullCondition):
+            field = (
+                condition.is_empty if isinstance(condition, models.IsEmptyCondition) else condition.is_null
+            )
+            check_key_path(field.key)
+        elif isinstance(condition, models.HasIdCondition):
+            try:
+                normalize_ids(condition.has_id)
+            except ConfigError as exc:
+                raise InvalidFilter(f"filter by id: {exc}") from None
     return filter
 
 
-def _every_condition(filter: models.Filter) -> Iterator[Any]:
+def _check_field(c: models.FieldCondition) -> None:
+    if all(getattr(c, name) is None for name in _FIELD_CONDITIONS):
+        raise InvalidFilter(
+            f"filter on {c.key!r}: a FieldCondition needs a condition ({', '.join(_FIELD_CONDITIONS)})"
+        )
+    for p in _geo_points(c):
+        if not (-180 <= p.lon <= 180 and -90 <= p.lat <= 90):
+            raise InvalidFilter(
+                f"filter on {c.key!r}: a geo point needs lon within [-180, 180] and "
+                f"lat within [-90, 90], got lon={p.lon:g}, lat={p.lat:g}"
+            )
+    if isinstance(c.range, models.Range):
+        for end in ("gt", "gte", "lt", "lte"):
+            bound = getattr(c.range, end)
+            if isinstance(bound, float) and math.isnan(bound):
+                raise InvalidFilter(f"filter on {c.key!r}: range bound {end} is NaN (give a number, or None)")
+    match = c.match
+    given = [getattr(match, "value", None)] + list(getattr(match, "any", None) or [])
+    given += list(getattr(match, "except_", None) or [])
+    for value in given:
+        if type(value) is int and not INT64[0] <= value <= INT64[1]:
+            raise InvalidFilter(
+                f"filter on {c.key!r}: {value} is outside the 64-bit integers a filter matches "
+                "(-2**63 to 2**63 - 1)"
+            )
+
+
+#: The conditions a ``FieldCondition`` may carry: a server refuses one with none of them.
+_FIELD_CONDITIONS = (
+    "match",
+    "range",
+    "geo_bounding_box",
+    "geo_radius",
+    "geo_polygon",
+    "values_count",
+    "is_empty",
+    "is_null",
+)
+
+
+def _every_condition(filter: models.Filter, depth: int) -> Iterator[Any]:
+    if depth > MAX_FILTER_DEPTH:
+        raise InvalidFilter(f"a filter nested deeper than the {MAX_FILTER_DEPTH} levels a filter may have")
+    if filter.min_should is not None and filter.min_should.min_count < 1:
+        raise InvalidFilter(f"min_should.min_count is at least 1, got {filter.min_should.min_count}")
+    if filter.min_should is not None and not filter.min_should.conditions:
+        raise InvalidFilter(
+            f"min_should asks for {filter.min_should.min_count} of no conditions: give its conditions"
+        )
     groups = [filter.must, filter.should, filter.must_not]
     groups.append(None if filter.min_should is None else filter.min_should.conditions)
     for group in groups:
         for c in group if isinstance(group, list) else [] if group is None else [group]:
             if isinstance(c, models.Filter):
-                yield from _every_condition(c)
+                yield from _every_condition(c, depth + 1)
             elif isinstance(c, models.NestedCondition):
-                yield from _every_condition(c.nested.filter)
+                check_key_path(c.nested.key)
+                yield from _every_condition(c.nested.filter, depth + 1)
             else:
                 yield c
 

@@ -271,7 +271,7 @@ def test_cli_init_pairs_drop_pair_and_bad_input(models, tmp_path):
     text = rmq("search", "--name", "p", next((tmp_path / "images").glob("a/*")), "--limit", "3").output
     assert "category" in text.splitlines()[0] and str(tmp_path / "images") in text
     for args, message in [
-        (["search", "--name", "p", "x.jpg", "--limit", "-5"], "-5 is not in the range x>=1"),
+        (["search", "--name", "p", "x.jpg", "--limit", "-5"], "-5 is not in the range 1<=x<=2147483647"),
         (["init", "--name", "q", "--old-collection", "products", "--encoder", models.rm], "already belongs"),
         (
             [
