@@ -12,7 +12,6 @@ WRITES = frozenset(
         "mark",
         "set_payload",
         "set_vectors",
-        "update_points",
         "clear_fields",
         "create_collection",
         "delete_collection",

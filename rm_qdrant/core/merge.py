@@ -148,13 +148,6 @@ def merge(old: Iterable[Hit], new: Iterable[Hit], limit: int) -> list[Hit]:
     return merged
 
 
-def merge_batches(old: Sequence[Sequence[Hit]], new: Sequence[Sequence[Hit]], limit: int) -> list[list[Hit]]:
-    """:func:`merge` applied query by query to two equally long batches."""
-    if len(old) != len(new):
-        raise ConfigError(f"batch sizes differ: {len(old)} old vs {len(new)} new result lists")
-    return [merge(o, n, limit) for o, n in zip(old, new, strict=True)]
-
-
 def settled(
     sides: Sequence[Sequence[Hit]], asked: int, merged: Sequence[Hit], want: int, bound: float = math.inf
 ) -> bool:

@@ -18,7 +18,7 @@ from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
 from tests.faults import Recording
 
-WRITES = {"upsert", "delete", "mark", "set_payload", "set_vectors", "update_points", "clear_fields"}
+WRITES = {"upsert", "delete", "mark", "set_payload", "set_vectors", "clear_fields"}
 LAYOUTS = [("paired", False), ("paired", True), ("single-collection", False)]
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import ConfigError, Hit, merge, score_to_distance
-from rm_qdrant.core.merge import id_key, merge_batches, settled
+from rm_qdrant.core.merge import id_key, settled
 
 
 def hit(pid, distance, source="old"):
@@ -91,9 +91,3 @@ def test_score_to_distance(score, distance, expected):
 def test_unknown_distance_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown distance 'hamming'"):
         score_to_distance(0.1, "hamming")
-
-
-def test_merge_batches_requires_equal_lengths():
-    assert merge_batches([[hit(1, 0.1)]], [[hit(2, 0.0, "new")]], 1)[0][0].id == 2
-    with pytest.raises(ConfigError, match="batch sizes differ"):
-        merge_batches([[]], [], 1)
