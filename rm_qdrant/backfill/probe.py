@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,10 @@ from rm_qdrant.core.forecast import (
     DIP_TOLERANCE,
     ModeForecast,
     OldDistance,
+    crowding,
     forecast,
     merged_agreement,
+    merged_top_k,
     reference_top_k,
 )
 from rm_qdrant.core.merge import PointId
@@ -223,10 +225,17 @@ def load_sample(path: Path) -> tuple[ProbeSample, int] | None:
         return None
 
 
-def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int) -> dict[str, Any]:
+def estimate_now(
+    store: Store, pair: PairRecord, sample: ProbeSample, *, k: int, fraction: float | None = None
+) -> dict[str, Any]:
     """The label-free quality of the pair's query mode now: the sample's migrated points as they are.
 
-    A sampled point counts as migrated when the new collection holds it.
+    A sampled point counts as migrated when the new collection holds it. ``crowded_out`` lists
+    the side (old or new) whose share of the merged top k is far below its share of the gallery
+    at ``fraction``, the pair's share migrated now (:func:`~rm_qdrant.core.forecast.crowding`,
+    the rule ``rmq probe`` applies at each t): a probe samples the points still in old, so where
+    fewer of the sample than ``fraction`` have migrated, sampled points still in old (in a seeded
+    order) stand in for the migrated points the sample could not draw.
     """
     migrated_ids = ids_in_new(store, pair, list(sample.ids))
     migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
@@ -238,6 +247,9 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
         merged_agreement(sample.new, query_old, sample.old, mask, reference, calibration, pair.distance)
         for mask in (migrated, np.zeros_like(migrated))
     )
+    served = _at_fraction(migrated, fraction)
+    found = merged_top_k(sample.new, query_old, sample.old, served, k, calibration, pair.distance)
+    old_share, old_gallery = float((~served)[found].mean()), float((~served).mean())
     return {
         "mode": "rm" if rm else "naive",
         "sample": len(sample.ids),
@@ -246,5 +258,20 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
         f"ndcg@{k}": now[1],
         f"recall@{k}_start": start[0],
         "below_start": now[0] < start[0] - DIP_TOLERANCE,
+        "old_share_top_k": old_share,
+        "old_share_gallery": old_gallery,
+        "crowded_out": [asdict(c) for c in crowding(1.0 - old_gallery, old_share, old_gallery)],
+        "calibrated": calibration is not None,
         "k": k,
     }
+
+
+def _at_fraction(migrated: np.ndarray, fraction: float | None, seed: int = 0) -> np.ndarray:
+    """``migrated``, with sampled points still in old marked migrated (seeded) up to ``fraction``."""
+    extra = 0 if fraction is None else round(fraction * len(migrated)) - int(migrated.sum())
+    if extra <= 0:
+        return migrated
+    waiting = np.flatnonzero(~migrated)
+    served = migrated.copy()
+    served[np.random.default_rng(seed).permutation(waiting)[:extra]] = True
+    return served

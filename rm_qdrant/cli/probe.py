@@ -33,7 +33,7 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.forecast import ModeForecast, crowding_text, recommend
+from rm_qdrant.core.forecast import Crowding, ModeForecast, crowding_fix, crowding_text, recommend
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
@@ -269,12 +269,29 @@ def _whose(forecasts: list[ModeForecast]) -> str:
     return "; the plain new model's" if "naive" in modes else "; here this graph's new output's"
 
 
-def status_estimate(store: Store, pair: PairRecord, location: str) -> dict[str, Any] | None:
-    """The label-free estimate for the current state, from the last probe's sample (None without one)."""
+def status_estimate(
+    store: Store, pair: PairRecord, location: str, *, fraction: float | None = None
+) -> dict[str, Any] | None:
+    """The label-free estimate for the current state (``fraction`` of the gallery migrated), from
+    the last probe's sample (None without one)."""
     loaded = load_sample(cache_path(location, pair.name))
     if loaded is None:
         return None
     sample, k = loaded
     if sample.encoder != pair.encoder.fingerprint:
         return None  # probed with another model: not this pair's forecast
-    return estimate_now(store, pair, sample, k=k)
+    return estimate_now(store, pair, sample, k=k, fraction=fraction)
+
+
+def crowding_advice(estimate: dict[str, Any]) -> str:
+    """``rmq status``'s warning on a crowded merge, in ``rmq probe``'s words (t: the sample's share
+    migrated now), with probe's advice for the pair's mode."""
+    crowded = [Crowding(**c) for c in estimate["crowded_out"]]
+    text = crowding_text(crowded, estimate["k"])
+    if estimate["mode"] != "naive":
+        return text
+    return (
+        text
+        + (" even calibrated; " if estimate["calibrated"] else "; ")
+        + crowding_fix(not estimate["calibrated"])
+    )

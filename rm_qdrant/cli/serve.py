@@ -28,7 +28,7 @@ from rm_qdrant.cli.common import (
     quiet,
     store_location,
 )
-from rm_qdrant.cli.probe import status_estimate
+from rm_qdrant.cli.probe import crowding_advice, status_estimate
 from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
@@ -415,7 +415,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
     state = pair_status(store, pair)
-    estimate = status_estimate(store, pair, store_location(ctx))
+    estimate = status_estimate(store, pair, store_location(ctx), fraction=state.fraction)
     calibrated = pair.old_distance is not None
     data = {
         **dataclasses.asdict(state),
@@ -467,4 +467,5 @@ def _estimate_line(e: dict[str, Any] | None) -> str:
         f"{e['mode']}: recall@{k} {e[f'recall@{k}']:.3f} now, {e[f'recall@{k}_start']:.3f} at the start "
         f"(label-free, {e['sample']}-point probe sample, {e['sample_migrated']:.0%} of it migrated)"
         + ("  BELOW THE START: the merge is dipping" if e["below_start"] else "")
+        + (f"\n              CROWDED OUT: {crowding_advice(e)}" if e.get("crowded_out") else "")
     )

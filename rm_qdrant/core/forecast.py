@@ -87,12 +87,11 @@ class ModeForecast:
         (a share of CROWDED_MIN_SHARE or more): the merge is decided by the models' scales."""
         if self.old_share is None or self.old_gallery is None:
             return []
-        found = []
-        for t, top, gallery in zip(self.fractions, self.old_share, self.old_gallery, strict=True):
-            for side, g, s in (("old", gallery, top), ("new", 1.0 - gallery, 1.0 - top)):
-                if g >= CROWDED_MIN_SHARE and s < CROWDED_RATIO * g:
-                    found.append(Crowding(t, side, g, s))
-        return found
+        return [
+            c
+            for t, top, gallery in zip(self.fractions, self.old_share, self.old_gallery, strict=True)
+            for c in crowding(t, top, gallery)
+        ]
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -107,6 +106,15 @@ class ModeForecast:
             "crowded_out": [dataclasses.asdict(c) for c in self.crowded()],
             **({"map": list(self.maps), "top1": list(self.top1s or ())} if self.maps is not None else {}),
         }
+
+
+def crowding(t: float, old_share: float, old_gallery: float) -> list[Crowding]:
+    """The sides crowded out at ``t``: a side holding ``g`` >= CROWDED_MIN_SHARE of the gallery and
+    less than CROWDED_RATIO × ``g`` of the merged top k (``old_share``: the old side's share there)."""
+    sides = (("old", old_gallery, old_share), ("new", 1.0 - old_gallery, 1.0 - old_share))
+    return [
+        Crowding(t, side, g, s) for side, g, s in sides if g >= CROWDED_MIN_SHARE and s < CROWDED_RATIO * g
+    ]
 
 
 def row_chunks(n: int) -> Iterator[np.ndarray]:
@@ -171,12 +179,25 @@ def merged_agreement(
     metric: str = "cosine",
 ) -> tuple[float, float]:
     """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
-    k = reference.shape[1]
+    found = merged_top_k(new, query_old, old, migrated, reference.shape[1], old_distance, metric)
+    return agreement(found, reference)
+
+
+def merged_top_k(
+    new: np.ndarray,
+    query_old: np.ndarray,
+    old: np.ndarray,
+    migrated: np.ndarray,
+    k: int,
+    old_distance: OldDistance | None = None,
+    metric: str = "cosine",
+) -> np.ndarray:
+    """Each sample item's merged top k over the rest (``migrated`` items served from new)."""
     found = [
         top_k(merged_distances(new[rows], query_old[rows], new, old, migrated, old_distance, metric), k, rows)
         for rows in row_chunks(len(new))
     ]
-    return agreement(np.concatenate(found), reference)
+    return np.concatenate(found)
 
 
 def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
@@ -378,6 +399,11 @@ def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:
     )
 
 
+def crowding_fix(calibrate: bool) -> str:
+    """What a crowded (or dipping) naive merge needs: ``calibrate`` where it has no map yet."""
+    return "run rmq calibrate, or train ψ/ρ heads (rm mode)" if calibrate else "train ψ/ρ heads (rm mode)"
+
+
 def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
     problems = []
     if naive.dips():
@@ -408,7 +434,7 @@ def recommend(forecasts: Sequence[ModeForecast], *, calibrated: bool = False, k:
     if rm is None:
         if not unsafe:
             return f"serve naive; {safety}."
-        fix = "run rmq calibrate, or train ψ/ρ heads (rm mode)" if calibrate else "train ψ/ρ heads (rm mode)"
+        fix = crowding_fix(calibrate)
         return f"do not serve the naive merge as it is: {fix}; {safety}."
     candidates = [f for f in (rm, naive) if not (f.dips() or f.crowded())] or [rm, naive]
     best = max(candidates, key=lambda f: f.area)

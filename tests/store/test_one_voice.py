@@ -3,7 +3,8 @@
 names the map the guard would take.
 
 The pairs are :mod:`tests.store.test_eval_probe_ends`'s (a naive pair and an rm pair over the
-same small gallery), and a crowded dot-product pair built below.
+same small gallery), and :mod:`tests.store.test_merge_metrics`'s dot-product pair, half migrated,
+whose new vectors are ten times longer: old hits never reach the merged top k.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.store import open_store
 from tests.store import test_eval_probe_ends as ends
+from tests.store import test_merge_metrics as crowded
 
 pairs = ends.pairs  # the fixture: pairs 'rm' and 'naive', the images, the plain new model
+deployment = crowded.deployment  # naive pair 'p', raw vectors, new ten times longer, half migrated
+dot_only = pytest.mark.parametrize("deployment", ["dot"], indirect=True)  # old is crowded out under dot
 
 
 def _calibration(tmp_path: Path, name: str) -> dict | None:
@@ -49,3 +55,22 @@ def test_switch_encoder_to_another_naive_graph_says_it_keeps_the_calibration(rmq
     assert "calibration kept" in text
     assert _calibration(tmp_path, "naive") == kept
     assert "calibrated" in _merge_line(rmq, "naive")
+
+
+@dot_only
+def test_status_warns_with_the_share_when_old_is_crowded_out(deployment):
+    rmq = deployment.rmq
+    assert "CROWDED" not in rmq("status", "--name", "p").output  # no probe sample yet: nothing to say
+    rmq("probe", "--name", "p", "--sample", "30", "--k", "3")  # its sample: the half still in old
+    status = json.loads(rmq("status", "--name", "p", "--json").output)
+    estimate = status["estimate"]
+    assert status["fraction"] == pytest.approx(0.5) and estimate["old_share_gallery"] == pytest.approx(0.5)
+    assert estimate["old_share_top_k"] < 0.05
+    assert [c["side"] for c in estimate["crowded_out"]] == ["old"]
+    line = next(s for s in rmq("status", "--name", "p").output.splitlines() if "CROWDED OUT" in s)
+    # probe's words and probe's advice, with the shares
+    assert "old hits are crowded out of the merged top 3" in line and "old holds 50% of the sample" in line
+    assert "run rmq calibrate" in line
+    rmq("calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3")  # quantile: kept
+    after = json.loads(rmq("status", "--name", "p", "--json").output)["estimate"]
+    assert after["calibrated"] and not after["crowded_out"] and after["old_share_top_k"] > 0.25
