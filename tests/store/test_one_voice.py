@@ -74,3 +74,20 @@ def test_status_warns_with_the_share_when_old_is_crowded_out(deployment):
     rmq("calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3")  # quantile: kept
     after = json.loads(rmq("status", "--name", "p", "--json").output)["estimate"]
     assert after["calibrated"] and not after["crowded_out"] and after["old_share_top_k"] > 0.25
+
+
+@dot_only
+def test_a_refused_calibrate_reports_each_other_map_it_tried(deployment):
+    rmq = deployment.rmq
+    calibrate = ["calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3"]
+    kept = json.loads(rmq(*calibrate, "--map", "isotonic", "--json").output)
+    assert kept["kept"] and kept["alternatives"] == []  # nothing else is tried when the map is kept
+    refused = rmq(*calibrate, "--map", "quantile", "--json", code=3)
+    report = json.loads(refused.stdout)
+    assert not report["kept"] and report["refused"].startswith("it forecasts no better than the map in use")
+    # The other map, tried on the same held-out points: the same isotonic fit as the one in use.
+    [isotonic] = report["alternatives"]
+    assert isotonic["map"] == "isotonic" and isotonic["refused"].startswith("it forecasts no better")
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "the quantile map is refused" in line and "keeps the map it had" in line
+    assert "no map this command knows would be kept" in line and "--map isotonic: also refused" in line
