@@ -27,6 +27,7 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
+from rm_qdrant.cli.instead import calibrate_options, instead_text, loss_options
 from rm_qdrant.cli.probe import curve_table, sample_with_progress
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.cli.training import apply_threads, choose_threads, needs_torch, threads_option
@@ -219,6 +220,14 @@ def fit_command(
         **(fitted.selection.as_dict() if fitted.selection else {"winner": fitted.recipe, "candidates": []}),
     }
     if not ok and not force:
+        # What the guard would take instead, cheapest first, on the same split (issue 38).
+        split = (sample.old[train_idx], sample.new[train_idx]), (sample.old[held_idx], sample.new[held_idx])
+        data["instead"] = [
+            *calibrate_options(pair, encoder, split, k=k, seed=seed),
+            *loss_options(
+                chosen, split, rows(labels, train_idx), rows(labels, held_idx), settings, served, pair
+            ),
+        ]
         if as_json:
             emit(data, True, "")
         elif not silent:
@@ -229,9 +238,9 @@ def fit_command(
             else f"is refused by the guard: {measure}"
         )
         raise Refused(
-            f"on the {len(held_idx)} held-out points the fitted graph {worse}; "
+            f"on the {len(held_idx)} held-out points the fitted graph ({chosen}) {worse}; "
             f"the naive merge is kept, not written to {out} "
-            "(try another --loss, a larger --sample, or --force)",
+            "(try another --loss, a larger --sample, or --force); " + instead_text(data["instead"]),
             measured=verdict,
         )
     try:

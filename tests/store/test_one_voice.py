@@ -91,3 +91,21 @@ def test_a_refused_calibrate_reports_each_other_map_it_tried(deployment):
     line = refused.stderr.strip().splitlines()[-1]
     assert "the quantile map is refused" in line and "keeps the map it had" in line
     assert "no map this command knows would be kept" in line and "--map isotonic: also refused" in line
+
+
+@dot_only
+def test_a_refused_fit_names_what_would_pass_cheapest_first(deployment, tmp_path):
+    pytest.importorskip("torch")
+    rmq = deployment.rmq
+    out = tmp_path / "fitted.onnx"
+    args = ["fit", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3", "--json"]
+    args += ["--backbone", deployment.new, "--out", out, "--loss", "rqt", "--steps", "1", "--lr", "1e-9"]
+    refused = rmq(*args, code=3)
+    tried = [(o["option"], o["passes"]) for o in json.loads(refused.stdout)["instead"]]
+    assert [o for o, _ in tried] == [
+        "rmq calibrate --map quantile",
+        "rmq calibrate --map isotonic",
+        "rmq fit --loss procrustes",
+    ]
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "rmq calibrate --map quantile would pass" in line and not out.exists()
