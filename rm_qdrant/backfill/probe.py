@@ -59,6 +59,16 @@ class ProbeSample:
     failed: int  # sampled points whose image could not be fetched or decoded
     gallery: int = 0  # points the sample was drawn from
 
+    @property
+    def key(self) -> str:
+        """A short digest of the sampled ids and vectors: two runs whose verdicts differ on
+        samples with different keys were judged on different points (the points still in old
+        change as the backfill goes on; an image that could not be read drops out)."""
+        digest = hashlib.sha256(json.dumps([str(i) for i in self.ids]).encode())
+        for rows in (self.old, self.new):
+            digest.update(np.ascontiguousarray(rows, dtype=np.float32).tobytes())
+        return digest.hexdigest()[:10]
+
     def labels(self, field: str = "label") -> list[Any] | None:
         """Each point's payload label (``field``, a payload path such as ``meta.dept``), or None
         unless every sampled point has one that names a class: a string or a number (a list,
@@ -120,6 +130,10 @@ def draw_sample(
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
+    # In id order, as chosen: a server hands points back in its segments' order, which an
+    # optimizer run changes, and the holdout split and the forecast's order are by row.
+    by_id = {r.id: r for r in records}
+    records = [by_id[i] for i in chosen if i in by_id]
     usable = [r for r in records if r.vector is not None]
     if on_plan is not None:
         on_plan(len(usable))

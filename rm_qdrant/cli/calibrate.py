@@ -26,7 +26,7 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
-from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
+from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress, share_table
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.calibration import MAPS, default_map
 from rm_qdrant.core.calibration_check import alternatives_text, judge_map, other_maps
@@ -124,6 +124,7 @@ def calibrate_command(
     data: dict[str, Any] = {
         "pair": name,
         "sample": len(sample.ids),
+        "sample_key": sample.key,  # the same key, --seed and map in use: the same verdict
         "unreadable": sample.failed,
         "fitted_on": len(fit_idx),
         "held_out": len(held_idx),
@@ -161,6 +162,7 @@ def calibrate_command(
             *share_table(forecasts, k),
             "",
             f"area {areas}; guard: " + ("passed" if verdict.passed else "refused"),
+            sample_line(sample, seed, "the map in use" if in_use else "the plain merge"),
             outcome,
         ]
     )

@@ -28,7 +28,7 @@ from rm_qdrant.cli.common import (
     quiet,
 )
 from rm_qdrant.cli.instead import calibrate_options, instead_text, loss_options
-from rm_qdrant.cli.probe import curve_table, sample_with_progress
+from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.cli.training import apply_threads, choose_threads, needs_torch, threads_option
 from rm_qdrant.core.forecast import holdout_split
@@ -203,6 +203,10 @@ def fit_command(
         "pair": name,
         "loss": chosen,
         "sample": len(sample.ids),
+        "sample_key": sample.key,  # the same key, --seed, threads and baseline: the same verdict
+        "judged_on": sample_line(
+            sample, seed, "the calibrated naive merge" if pair.old_distance else "the plain naive merge"
+        ),
         "unreadable": sample.failed,
         "trained_on": len(train_idx),
         "held_out": len(held_idx),
@@ -285,10 +289,12 @@ def reproducible(threads: int, reason: str) -> str:
 
 
 def selection_lines(data: dict[str, Any]) -> list[str]:
-    """Each candidate's holdout evidence, one line each, and which won and why (label-free only)."""
+    """What was judged on, each candidate's holdout evidence, one line each, and which won and why
+    (label-free only)."""
     if not data["candidates"]:
-        return [f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")]
-    lines = ["label-free candidates, on a holdout of the training pairs:"]
+        recipe = f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")
+        return [data["judged_on"], recipe]
+    lines = [data["judged_on"], "label-free candidates, on a holdout of the training pairs:"]
     for c in data["candidates"]:
         guard = c["guard"]
         if guard is None:

@@ -295,3 +295,13 @@ def crowding_advice(estimate: dict[str, Any]) -> str:
         + (" even calibrated; " if estimate["calibrated"] else "; ")
         + crowding_fix(not estimate["calibrated"])
     )
+
+
+def sample_line(sample: ProbeSample, seed: int, baseline: str) -> str:
+    """What a guard's verdict was judged on, so two runs can be compared: the same key, seed and
+    baseline give the same verdict (the points still in old change as the backfill goes on)."""
+    unread = f", {sample.failed} unreadable left out" if sample.failed else ""
+    return (
+        f"sample {sample.key}: {len(sample.ids)} points drawn with --seed {seed} from the {sample.gallery} "
+        f"still in old{unread}; judged against {baseline}"
+    )

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from rm_qdrant.backfill.pair import load_pair
+from rm_qdrant.backfill.probe import draw_sample
+from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import open_store
 from tests.store import test_eval_probe_ends as ends
 from tests.store import test_merge_metrics as crowded
@@ -109,3 +111,30 @@ def test_a_refused_fit_names_what_would_pass_cheapest_first(deployment, tmp_path
     ]
     line = refused.stderr.strip().splitlines()[-1]
     assert "rmq calibrate --map quantile would pass" in line and not out.exists()
+
+
+@dot_only
+def test_the_guards_verdict_is_the_same_on_the_same_sample_and_says_when_the_sample_moved(deployment):
+    rmq = deployment.rmq
+    calibrate = ["calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3", "--json"]
+    first = json.loads(rmq(*calibrate).output)
+    again = json.loads(rmq(*calibrate, code=3).stdout)  # refused now only for the map in use
+    assert again["sample_key"] == first["sample_key"] and again["guard"] == first["guard"]
+    rmq("migrate", "--name", "p", "--until", "0.75")  # the sample is drawn from the points still in old
+    text = rmq(*calibrate[:-1], code=3).output
+    line = next(s for s in text.splitlines() if s.startswith("sample "))
+    assert first["sample_key"] not in line and "from the 15 still in old" in line
+    assert "judged against the map in use" in line
+
+
+@dot_only
+def test_a_sample_is_the_same_whatever_order_the_store_hands_the_points_back_in(
+    deployment, tmp_path, monkeypatch
+):
+    with open_store(tmp_path / "q") as store:
+        pair, encoder = load_pair(store, "p"), OnnxEncoder(deployment.new)
+        as_stored = draw_sample(store, pair, encoder, 12, seed=0)
+        retrieve = store.retrieve
+        monkeypatch.setattr(store, "retrieve", lambda *a, **kw: retrieve(*a, **kw)[::-1])  # a server's order
+        reversed_ = draw_sample(store, pair, encoder, 12, seed=0)
+    assert reversed_.ids == as_stored.ids and reversed_.key == as_stored.key
