@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import click
+import numpy as np
 
 from rm_qdrant.backfill.baseline import forecast_with_plain, plain_new_model
 from rm_qdrant.backfill.dual import DualIndex
@@ -33,7 +34,15 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.forecast import Crowding, ModeForecast, crowding_fix, crowding_text, recommend
+from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
+from rm_qdrant.core.forecast import (
+    Crowding,
+    ModeForecast,
+    crowding_fix,
+    crowding_text,
+    holdout_split,
+    recommend,
+)
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
@@ -162,9 +171,39 @@ def _curves(
         metric=pair.distance,
     )
     if sample.rev is None:
-        return forecasts, recommend(forecasts, calibrated=pair.old_distance is not None, k=k)
+        calibrated = pair.old_distance is not None
+        naive = forecasts[0]
+        maps = (
+            () if calibrated or not naive.crowded() else calibrate_maps(sample, pair.distance, k=k, seed=seed)
+        )
+        return forecasts, recommend(forecasts, calibrated=calibrated, k=k, maps=maps)
     forecasts = [dataclasses.replace(f, mode=NO_PSI) if f.mode == "naive" else f for f in forecasts]
     return forecasts, without_plain_advice(forecasts, k)
+
+
+def calibrate_maps(sample: ProbeSample, metric: str, *, k: int, seed: int) -> tuple[tuple[str, bool], ...]:
+    """Whether ``rmq calibrate``'s guard would keep each of its maps, cheapest first, judged on
+    this sample as calibrate judges its own (its default holdout, else half; () when too few)."""
+    for holdout in (0.1, 0.5):
+        try:
+            fit, held = holdout_split(len(sample.ids), holdout, seed, k=k)
+        except ValueError:
+            continue
+        order = np.random.default_rng(seed).permutation(len(held))
+        split = {"order": order, "k": k, "metric": metric, "seed": seed}
+        try:
+            return tuple(
+                (
+                    m,
+                    judge_map(
+                        m, (sample.old[fit], sample.new[fit]), (sample.old[held], sample.new[held]), **split
+                    ).kept,
+                )
+                for m in CHEAPEST_FIRST
+            )
+        except ValueError:
+            return ()
+    return ()
 
 
 def without_plain_advice(forecasts: list[ModeForecast], k: int) -> str:

@@ -399,9 +399,21 @@ def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:
     )
 
 
-def crowding_fix(calibrate: bool) -> str:
-    """What a crowded (or dipping) naive merge needs: ``calibrate`` where it has no map yet."""
-    return "run rmq calibrate, or train ψ/ρ heads (rm mode)" if calibrate else "train ψ/ρ heads (rm mode)"
+def crowding_fix(calibrate: bool, maps: Sequence[tuple[str, bool]] = ()) -> str:
+    """What a crowded (or dipping) naive merge needs: ``calibrate`` where it has no map yet;
+    ``maps``: each of calibrate's maps, cheapest first, and whether its guard would keep it on
+    the sample (none given: not tried)."""
+    if not calibrate:
+        return "train ψ/ρ heads (rm mode)"
+    if not maps:
+        return "run rmq calibrate, or train ψ/ρ heads (rm mode)"
+    kept = [m for m, ok in maps if ok]
+    each = ", ".join(f"{m} {'kept' if ok else 'refused'}" for m, ok in maps)
+    if kept:
+        return (
+            f"run rmq calibrate --map {kept[0]} (tried on this sample: {each}), or train ψ/ρ heads (rm mode)"
+        )
+    return f"train ψ/ρ heads (rm mode): on this sample rmq calibrate would keep none of its maps ({each})"
 
 
 def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
@@ -419,12 +431,18 @@ def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
     return f"{merge} is not safe: " + "; ".join(problems)
 
 
-def recommend(forecasts: Sequence[ModeForecast], *, calibrated: bool = False, k: int | None = None) -> str:
+def recommend(
+    forecasts: Sequence[ModeForecast],
+    *,
+    calibrated: bool = False,
+    k: int | None = None,
+    maps: Sequence[tuple[str, bool]] = (),
+) -> str:
     """A plain recommendation: which mode to serve, and whether the naive merge is safe.
 
     A merge is unsafe where its recall@k dips below its start, or where one side is crowded out
     of the merged top k (:meth:`ModeForecast.crowded`); ``calibrated``: the naive curve is
-    a calibrated pair's.
+    a calibrated pair's; ``maps``: calibrate's maps tried on the sample (:func:`crowding_fix`).
     """
     by_mode = {f.mode: f for f in forecasts}
     naive, rm = by_mode["naive"], by_mode.get("rm")
@@ -434,7 +452,7 @@ def recommend(forecasts: Sequence[ModeForecast], *, calibrated: bool = False, k:
     if rm is None:
         if not unsafe:
             return f"serve naive; {safety}."
-        fix = crowding_fix(calibrate)
+        fix = crowding_fix(calibrate, maps)
         return f"do not serve the naive merge as it is: {fix}; {safety}."
     candidates = [f for f in (rm, naive) if not (f.dips() or f.crowded())] or [rm, naive]
     best = max(candidates, key=lambda f: f.area)

@@ -138,3 +138,15 @@ def test_a_sample_is_the_same_whatever_order_the_store_hands_the_points_back_in(
         monkeypatch.setattr(store, "retrieve", lambda *a, **kw: retrieve(*a, **kw)[::-1])  # a server's order
         reversed_ = draw_sample(store, pair, encoder, 12, seed=0)
     assert reversed_.ids == as_stored.ids and reversed_.key == as_stored.key
+
+
+@dot_only
+def test_probe_names_the_map_calibrate_would_keep(deployment):
+    rmq = deployment.rmq
+    advice = json.loads(rmq("probe", "--name", "p", "--sample", "30", "--k", "3", "--json").output)[
+        "recommendation"
+    ]
+    assert "run rmq calibrate --map quantile (tried on this sample: quantile kept, isotonic kept)" in advice
+    # and calibrate, on its own sample, agrees
+    calibrate = ["calibrate", "--name", "p", "--sample", "30", "--holdout", "0.5", "--k", "3", "--json"]
+    assert json.loads(rmq(*calibrate, "--map", "quantile").output)["kept"]
