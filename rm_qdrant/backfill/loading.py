@@ -240,12 +240,12 @@ def preflight(
             )
             if all(reasons) and not (stop is not None and stop.is_set()):  # a stop: the run ends at once
                 raise SourceError(
-                    f"none of {len(page)} sampled images{kind} could be read, so nothing was started and no "
+                    f"none of {len(page)} sampled images could be read{kind}, so nothing was started and no "
                     f"point was marked failed: {reasons[0]} (the source options: see 'rmq status --name "
                     f"{pair.name}')"
                 )
 
-        first = _by_kind(store, pair, where, sample, lambda kind, page: check(f" from {kind}", page))
+        first = _by_kind(store, pair, where, sample, lambda kind, page: check(f" from {_shown(kind)}", page))
         if first:  # no kind filled a sample: a small gallery, or no point has a uri
             check("", first)
 
@@ -256,6 +256,10 @@ PREFLIGHT_KINDS = 16
 _TRACKED_KINDS = 1024
 #: Points a pre-flight reads a page (payloads only).
 _PAGE = 1024
+
+
+def _shown(kind: str) -> str:
+    return "local files" if kind == "file" else kind
 
 
 def _by_kind(

@@ -185,9 +185,8 @@ def test_preflight_tries_each_kind_of_source_the_run_will_meet(rmq, models, gall
     result = rmq("migrate", "--name", "demo", ok=False)
     assert result.exit_code == 1 and "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
-    assert (
-        len(lines) == 1 and "images from http://127.0.0.1 could be read" in lines[0] and "private" in lines[0]
-    )
+    assert len(lines) == 1 and "private" in lines[0]
+    assert "images could be read from http://127.0.0.1," in lines[0]
     status = json.loads(rmq("status", "--name", "demo", "--json").output)
     assert status["failed"] == 0 and status["new_count"] == 0  # nothing started, no point marked failed
     assert served.seen() == []  # refused by its address: no request was sent
