@@ -28,6 +28,7 @@ from rm_qdrant.cli.common import (
     quiet,
     store_location,
 )
+from rm_qdrant.cli.linked import linked_at_init
 from rm_qdrant.cli.probe import status_estimate
 from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
@@ -239,6 +240,8 @@ def init(
     layout = layout_of(record)
     images = record.uri_rule.describe()
     text = f"pair {record.name!r} ({record.mode}): {plain(layout.created)}; images from {plain(images)}"
+    linked = linked_at_init(open_cli_store(ctx), record)
+    text += f"\n{plain(linked)}" if linked else ""
     emit(dataclasses.asdict(record), as_json, text)
 
 

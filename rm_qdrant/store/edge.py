@@ -115,6 +115,18 @@ class EdgeStore:
     def has_collection(self, name: str) -> bool:
         return is_collection(self._dir(name))
 
+    def linked_shard(self, name: str) -> Path | None:
+        """Where collection ``name``'s shard is, when it is a team's shard adopted through a
+        symbolic link (``collections/NAME/shard`` or ``collections/NAME``); None otherwise."""
+        folder = self._dir(name)
+        if not is_collection(folder) or not (folder.is_symlink() or (folder / "shard").is_symlink()):
+            return None
+        return (folder / "shard").resolve()
+
+    def shard_path(self, name: str) -> Path:
+        """The folder of collection ``name``'s shard, in this store."""
+        return self._dir(name) / "shard"
+
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
         dense, sparse = self._open(name)[0]
         return pick_vector(name, dense, vector, sparse)
