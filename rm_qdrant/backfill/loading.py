@@ -245,7 +245,9 @@ def preflight(
                     f"{pair.name}')"
                 )
 
-        first = _by_kind(store, pair, where, sample, lambda kind, page: check(f" from {_shown(kind)}", page))
+        first = _by_kind(
+            store, pair, where, sample, lambda kind, page: check(f" from {_shown(kind)}", page), stop
+        )
         if first:  # no kind filled a sample: a small gallery, or no point has a uri
             check("", first)
 
@@ -263,14 +265,19 @@ def _shown(kind: str) -> str:
 
 
 def _by_kind(
-    store: Store, pair: PairRecord, where: Where, sample: int, check: Callable[[str, list[Record]], None]
+    store: Store,
+    pair: PairRecord,
+    where: Where,
+    sample: int,
+    check: Callable[[str, list[Record]], None],
+    stop: threading.Event | None,
 ) -> list[Record]:
     """Read the payloads of the old points ``where`` selects; ``check`` each source kind's first
     ``sample`` points as soon as it has them. The first ``sample`` points if no kind was checked."""
     groups: dict[str, list[Record]] = {}
     first: list[Record] = []
     checked, offset = 0, None
-    while checked < PREFLIGHT_KINDS:
+    while checked < PREFLIGHT_KINDS and not (stop is not None and stop.is_set()):
         page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
         for record in page:
             if len(first) < sample:
