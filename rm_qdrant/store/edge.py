@@ -157,7 +157,8 @@ class EdgeStore:
             self._shards[name] = (read_specs(folder, name), shard)
 
     def delete_collection(self, name: str) -> None:
-        """Delete a collection. An adopted shard that is a symlink loses the link, not its data."""
+        """Delete a collection. An adopted shard (or collection folder) that is a symlink loses the
+        link, not its data."""
         with self._mutex:
             opened = self._shards.pop(name, None)
             if opened is not None:
@@ -165,6 +166,9 @@ class EdgeStore:
             folder = self._dir(name)
             if not is_collection(folder):
                 raise CollectionNotFound(f"collection {name!r} not found in {self.path}")
+            if folder.is_symlink():  # a team's collection folder adopted through a link: the link goes
+                folder.unlink()  # at once, and nothing is written in the team's folder
+                return
             (folder / ".creating").touch()  # from here on it no longer counts as a collection
             (folder / "spec.json").unlink(missing_ok=True)
             shutil.rmtree(folder)
