@@ -37,11 +37,12 @@ from rm_qdrant.core.forecast import (
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.core.paths import payload_value
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Store
+from rm_qdrant.store import Store, Where
 
 _BATCH = 256
 
@@ -98,6 +99,23 @@ def check_probe(store: Store, pair: PairRecord) -> None:
         )
 
 
+def _nothing_to_sample(pair: PairRecord, left: int, failed: int) -> str:
+    """Why a pair has no sample to draw: what is left in old, and what a sample needs."""
+    name = pair.name
+    left_text = f"{left} point(s) left to migrate" if left else "no point left to migrate"
+    failed_text = (
+        f" and {failed} whose image a migration could not read ('rmq failures --name {name}' lists them; "
+        "they count for nothing here)"
+        if failed
+        else ""
+    )
+    return (
+        f"pair {name!r} has {left_text}{failed_text}: a sample is drawn from the points still served "
+        "from old (their stored old vectors beside their re-embedded images) and needs at least 2; "
+        f"nothing is left to forecast or fit heads for: 'rmq finalize --name {name}' ends the backfill"
+    )
+
+
 def draw_sample(
     store: Store,
     pair: PairRecord,
@@ -125,8 +143,9 @@ def draw_sample(
         raise ConfigError("probe needs the pair's encoder to re-embed the sample")
     model: OnnxEncoder = encoder
     ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False, with_payloads=False)
-    if len(ids) < 2:
-        raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
+    readable = store.count(pair.old_collection, active_where(pair) & Where(empty=(ERROR,)))
+    if readable < 2:
+        raise ConfigError(_nothing_to_sample(pair, readable, len(ids) - readable))
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)

@@ -34,6 +34,7 @@ from rm_qdrant.cli.common import (
     quiet,
 )
 from rm_qdrant.cli.failures import default_list_path
+from rm_qdrant.cli.linked import linked_after_finalize, linked_before_finalize
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
@@ -334,9 +335,15 @@ def finalize_command(
         raise ConfigError("--out is the list of --drop-failed: give both, or neither")
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
+    linked = linked_before_finalize(store, pair)
     if not drop_failed:
         record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
-        emit(dataclasses.asdict(record), as_json, layout_of(record).finalized_text(record, drop_old))
+        text = layout_of(record).finalized_text(record, drop_old)
+        emit(
+            dataclasses.asdict(record),
+            as_json,
+            text + linked_after_finalize(store, record, linked, dropped_old=drop_old),
+        )
         return
     path = Path(out) if out is not None else default_list_path(name)
     record, dropped = finalize_dropping_failed(
@@ -347,6 +354,7 @@ def finalize_command(
         text = f"removed {dropped.removed} failed points (listed in {dropped.path}); {text}"
     else:
         text = f"no failed points to remove; {text}"
+    text += linked_after_finalize(store, record, linked, dropped_old=drop_old, removed=dropped.removed)
     data = {**dataclasses.asdict(record), "dropped_failed": dropped.removed, "failures_list": dropped.path}
     emit(data, as_json, text)
 

@@ -28,6 +28,7 @@ from rm_qdrant.cli.common import (
     quiet,
     store_location,
 )
+from rm_qdrant.cli.linked import linked_at_init
 from rm_qdrant.cli.probe import crowding_advice, status_estimate
 from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
 from rm_qdrant.core.merge import Hit
@@ -239,6 +240,8 @@ def init(
     layout = layout_of(record)
     images = record.uri_rule.describe()
     text = f"pair {record.name!r} ({record.mode}): {plain(layout.created)}; images from {plain(images)}"
+    linked = linked_at_init(open_cli_store(ctx), record)
+    text += f"\n{plain(linked)}" if linked else ""
     emit(dataclasses.asdict(record), as_json, text)
 
 
@@ -415,7 +418,9 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
     state = pair_status(store, pair)
-    estimate = status_estimate(store, pair, store_location(ctx), fraction=state.fraction)
+    # a forecast of the merge a backfill serves: none after a rollback (old serves all) or a cutover
+    backfilling = pair.state == "backfilling"
+    estimate = status_estimate(store, pair, store_location(ctx), fraction=state.fraction) if backfilling else None
     calibrated = pair.old_distance is not None
     data = {
         **dataclasses.asdict(state),
@@ -447,7 +452,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {plain(state.alias or '-')}",
             f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
-            f"estimate      {_estimate_line(estimate)}",
+            f"estimate      {_estimate_line(estimate, pair.state)}",
         ]
     )
     emit(data, as_json, text)
@@ -459,7 +464,11 @@ def _order(pair: PairRecord) -> str:
     return pair.order if pair.order_ready else f"{pair.order}, ranks half-written: the next run ranks again"
 
 
-def _estimate_line(e: dict[str, Any] | None) -> str:
+def _estimate_line(e: dict[str, Any] | None, state: str) -> str:
+    if state == "rolled_back":
+        return "- (rolled back: the old model serves every point, there is no merge to estimate)"
+    if state != "backfilling":
+        return f"- ({state}: the backfill is over, there is no merge to estimate)"
     if e is None:
         return "- (run rmq probe for a label-free quality estimate)"
     k = e["k"]
