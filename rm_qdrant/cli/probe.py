@@ -34,15 +34,9 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
+from rm_qdrant.core.advice import crowding_fix, crowding_text, recommend
 from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
-from rm_qdrant.core.forecast import (
-    Crowding,
-    ModeForecast,
-    crowding_fix,
-    crowding_text,
-    holdout_split,
-    recommend,
-)
+from rm_qdrant.core.forecast import Crowding, ModeForecast, holdout_split
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
