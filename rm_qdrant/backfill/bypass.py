@@ -168,13 +168,14 @@ def unseen_writes(pair: PairRecord) -> str | None:
     old = pair.old_collection
     if pair.keep_old:
         return (
-            f"a plain qdrant-client set_payload on {old!r} of a point already migrated is not seen (the "
-            "new copy keeps the old payload): write through DualIndex, or use --mode single-collection"
+            f"a plain qdrant-client set_payload on {old!r} of a point migrated (or migrating) is not "
+            "seen: its new copy keeps the previous payload; write through DualIndex, or use --mode "
+            "single-collection"
         )
     return (
-        f"a plain qdrant-client delete or set_payload on {old!r} of a point already migrated is not "
-        "seen (old keeps nothing of it): write through DualIndex, or use --keep-old (sees deletes) "
-        "or --mode single-collection (sees both)"
+        f"a plain qdrant-client delete or set_payload on {old!r} of a point migrated (or migrating) "
+        "is not seen: old keeps nothing of it; write through DualIndex, or use --keep-old (sees "
+        "deletes) or --mode single-collection (sees both)"
     )
 
 

@@ -147,3 +147,72 @@ def test_bypassing_writes_between_every_migration_step(store, models, tmp_path, 
     _served_equals_reference(store, team, models)
     finalize(store, DualIndex.open(store, "p").pair)
     _served_equals_reference(store, team, models)
+
+
+def _migrated(store, count):
+    return [r.id for r in store.scroll("p-new", limit=100)[0]][:count]
+
+
+@pytest.mark.parametrize("layout", ["paired", "keep-old"])
+def test_a_rewrite_of_migrated_points_serves_from_old_at_once(store, models, tmp_path, layout):
+    """Issue 38, problem 2: the team's job rewrites three migrated points in old (a new photo, a new
+    payload): they serve from old at once, each once, and the next migrate moves them again."""
+    record, items = _pair(store, models, tmp_path, layout)
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(until=0.5, batch=4))
+    rewritten, photo = _migrated(store, 3), items[-1].uri
+    body = {"uri": photo, "label": "re-shot"}
+    vectors = OnnxEncoder(models.old).encode([photo] * 3)["embedding"]
+    store.upsert("old", rewritten, vectors, [body] * 3)
+    index = DualIndex.open(store, "p", exact=True)
+    assert {(p.source, p.payload["label"]) for p in index.retrieve(rewritten)} == {("old", "re-shot")}
+    assert index.count() == len(items) and index.count({"label": "re-shot"}) == 3
+    for query in (photo, *[i.uri for i in items if i.point_id in rewritten]):
+        hits = index.search(query, limit=len(items) + 3)
+        assert sorted(h.id for h in hits) == sorted(i.point_id for i in items)  # each point once
+        assert {(h.source, h.payload["label"]) for h in hits if h.id in rewritten} == {("old", "re-shot")}
+    status = pair_status(store, index.pair)
+    assert (status.stale_copies, status.old_count + status.new_count) == (3, len(items))
+    report = run_migration(index, MigrateOptions(batch=4))
+    assert (report.stale_dropped, report.remigrated, report.writer_deleted) == (3, 3, 0)
+    assert {(p.source, p.payload["label"]) for p in index.retrieve(rewritten)} == {("new", "re-shot")}
+    assert pair_status(store, index.pair).stale_copies == 0
+
+
+def test_a_delete_of_migrated_points_goes_from_new_too_with_keep_old(store, models, tmp_path):
+    """Issue 38, problem 1, with --keep-old: the job deletes migrated points from old; the next
+    migrate (or finalize) deletes them from new; status counts them meanwhile."""
+    record, items = _pair(store, models, tmp_path, "keep-old")
+    run_migration(DualIndex.open(store, "p"), MigrateOptions(until=0.5, batch=4))
+    gone = _migrated(store, 3)
+    store.delete("old", gone)
+    index = DualIndex.open(store, "p", exact=True)
+    assert pair_status(store, index.pair).writer_deleted == 3
+    report = run_migration(index, MigrateOptions(batch=4))
+    assert report.writer_deleted == 3 and not index.retrieve(gone)
+    store.delete("old", _migrated(store, 1))  # after the last run: finalize deletes it
+    finalize(store, index.pair)
+    index.refresh()
+    assert index.count() == len(items) - 4
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_init_says_what_a_layout_cannot_see(store, models, tmp_path, layout, caplog):
+    with caplog.at_level("WARNING"):
+        _pair(store, models, tmp_path, layout)
+    said = [r.getMessage() for r in caplog.records if "not seen" in r.getMessage()]
+    if layout == "single":
+        assert not said
+    else:
+        assert len(said) == 1 and "single-collection" in said[0]
+        assert ("--keep-old" in said[0]) == (layout == "paired")
+
+
+def test_migrate_summary_explains_bypassing_writes_and_points_left_in_old():
+    from rm_qdrant.backfill.outcome import MigrationReport
+    from rm_qdrant.cli.migrate import _summary
+
+    text = _summary(
+        MigrationReport(stale_dropped=5, remigrated=4, writer_deleted=3, unconfirmed=2, rewritten=1), "p"
+    )
+    assert "5 migrated points rewritten in old" in text and "4 migrated again" in text
+    assert "3 migrated points deleted from old" in text and "2 points stay in old" in text
