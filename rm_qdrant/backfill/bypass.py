@@ -109,10 +109,11 @@ def drop_stale(store: Store, pair: PairRecord, serving: Where) -> list[PointId]:
     still = stale_among(store, pair, serving, ids)
     if still:
         store.delete(new, sorted(still, key=str), where=Where(must={STALE: token}))
-    kept = [i for i in ids if i not in still] + list(_present(store, new, list(still)))
+    spared = _present(store, new, list(still))  # a user's write replaced the copy meanwhile
+    kept = [i for i in ids if i not in still or i in spared]
     if kept:
         store.mark(new, kept, {STALE: None})
-    dropped = [i for i in ids if i in still and i not in set(kept)]
+    dropped = [i for i in ids if i in still and i not in spared]
     if dropped:
         log.warning(
             "pair %r: %d points were rewritten in %r by a writer that bypasses rm-qdrant after they "

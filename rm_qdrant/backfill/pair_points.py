@@ -186,7 +186,10 @@ class PairPoints:
         where = as_where(filter) or Where()
         sides = self._sides()
         total = sum(self.store.count(s.collection, s.where & where) for s in sides)
-        stale = stale_copies(self.store, self.pair, sides[0].where) if len(sides) == 2 else []
+        # Before the first ranking every old point is unmarked: the check would read all of the
+        # smaller side's ids each count, for points no migration moved yet; the run's sweep drops them.
+        ranked = len(sides) == 2 and self.pair.order_ready
+        stale = stale_copies(self.store, self.pair, sides[0].where) if ranked else []
         if stale:  # served from old: their copies in new do not count (see bypass.py)
             total -= self.store.count(self.pair.new_collection, sides[1].where & where & with_ids(stale))
         return total - len(self._served_twice(where))
