@@ -56,11 +56,10 @@ def main() -> None:
         for name in ("old", "p-new"):
             store.optimize(name)
         index = DualIndex.open(store, "p")
-        print(
-            f"{args.n} points, {args.stale} stale copies; count {index.count()}; load {os.getloadavg()[0]:.1f}"
-        )
+        load = os.getloadavg()[0]
+        print(f"{args.n} points, {args.stale} stale copies; count {index.count()}; load {load:.1f}")
         real = (pair_search.without_stale, pair_points.stale_copies)
-        off = (lambda store, pair, serving, found, *rest: found, lambda *a, **k: [])
+        off = (lambda store, pair, found, *rest: found, lambda *a, **k: [])
         calls = {
             "search": lambda q: index.search_vectors(q, q, limit=10),
             "count": lambda q: index.count(),

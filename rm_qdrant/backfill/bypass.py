@@ -9,9 +9,10 @@ each point ``rmq_rank``; a migration batch and a DualIndex write mark the old co
 - **stale copy** (both paired layouts): an old copy that serves (not hidden), carries neither
   ``rmq_moving`` nor ``rmq_rank``, and whose id new holds too was written by such a writer
   after the copy in new: old's is the newer. It is served from old (search, retrieve, count:
-  see :func:`stale_among` and pair_points.py) and the next ``rmq migrate`` drops the new copy
-  (:func:`drop_stale`) and migrates the point again. A migration's or a DualIndex write's own
-  in-flight states always carry ``rmq_moving`` (or ``rmq_migrated``), so they are never taken for one.
+  :func:`stale_among`, search_options.py, pair_points.py) and the next ``rmq migrate`` drops
+  the new copy (:func:`drop_stale`) and migrates the point again. A migration's or a DualIndex
+  write's own in-flight states always carry ``rmq_moving`` (or ``rmq_migrated``), so they are
+  never taken for one.
 - **orphaned copy** (--keep-old only): a migration's copy in new (``rmq_origin``) whose hidden
   old copy is gone was deleted by such a writer: the next ``rmq migrate`` (and ``rmq finalize``)
   deletes it from new too (:func:`drop_orphans`), only while it is still the migration's copy.
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rm_qdrant.backfill.pair import SINGLE
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.planning import MOVING, ORIGIN, ORIGIN_MIGRATE, RANK, STALE, chunks
+from rm_qdrant.core.planning import MIGRATED, MOVING, ORIGIN, ORIGIN_MIGRATE, RANK, STALE, chunks
 from rm_qdrant.store import Where
 from rm_qdrant.store.filters import with_ids
 from rm_qdrant.store.points import every_id
@@ -87,11 +88,19 @@ def stale_copies(store: Store, pair: PairRecord, serving: Where, where: Where | 
     return found
 
 
-def stale_among(store: Store, pair: PairRecord, serving: Where, ids: Sequence[PointId]) -> set[PointId]:
-    """Of ``ids`` (new's hits, say), those whose old copy is unmarked and serves: new's copy is stale."""
+def unmarked(payload: Mapping[str, Any]) -> bool:
+    """Whether an old copy's payload carries no mark of rm-qdrant's writers (a --keep-old pair's
+    hidden copies carry ``rmq_migrated``: an unmarked copy serves in either paired layout)."""
+    return not {MOVING, RANK, MIGRATED} & payload.keys()
+
+
+def stale_among(store: Store, pair: PairRecord, ids: Sequence[PointId]) -> set[PointId]:
+    """Of ``ids`` (new's hits, say), those whose old copy is unmarked: new's copy is stale. One
+    retrieve of old by id (a filtered scroll of the same ids costs a search about 8 times as
+    much: benchmarks/bypass_cost.py)."""
     if not ids or not _watched(pair):
         return set()
-    return set(every_id(store, pair.old_collection, _unmarked(serving) & with_ids(list(ids))))
+    return {r.id for r in store.retrieve(pair.old_collection, list(ids)) if unmarked(r.payload)}
 
 
 def drop_stale(store: Store, pair: PairRecord, serving: Where) -> list[PointId]:
@@ -106,7 +115,7 @@ def drop_stale(store: Store, pair: PairRecord, serving: Where) -> list[PointId]:
         return []
     new, token = pair.new_collection, uuid.uuid4().hex
     store.mark(new, ids, {STALE: token})
-    still = stale_among(store, pair, serving, ids)
+    still = stale_among(store, pair, ids)
     if still:
         store.delete(new, sorted(still, key=str), where=Where(must={STALE: token}))
     spared = _present(store, new, list(still))  # a user's write replaced the copy meanwhile

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from qdrant_client import models
 
-from rm_qdrant.backfill.bypass import stale_copies
+from rm_qdrant.backfill.bypass import stale_copies, unmarked
 from rm_qdrant.backfill.pair import SINGLE
 from rm_qdrant.backfill.search_options import SearchOptions, selector
 from rm_qdrant.core.merge import PointId, Source
-from rm_qdrant.core.planning import INTERNAL_FIELDS, MOVING, RANK, user_payload
+from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.store import Filter, Where
 from rm_qdrant.store.bounds import check_payload
@@ -164,7 +164,7 @@ class PairPoints:
                 with_payload=with_payload is not False or (paired and side.source == "old"),
             )
             if paired and side.source == "old" and self.pair.state == "backfilling":
-                newer = {r.id for r in records if not {MOVING, RANK} & r.payload.keys()}
+                newer = {r.id for r in records if unmarked(r.payload)}
             for r in records:
                 if side.source == "new" and r.id in newer:
                     continue

@@ -140,7 +140,7 @@ class PairSearch:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
         if new_raw is not None and old_q is not None and not self.layout.one_query:  # see bypass.py
-            new_raw = without_stale(self.store, pair, self.layout.old_where(), new_raw, new_q, new_args)
+            new_raw = without_stale(self.store, pair, new_raw, new_q, new_args)
         sides = zip(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), strict=True)
         return list(sides), False
 

@@ -259,18 +259,13 @@ def without_copies(
 
 
 def without_stale(
-    store: Store,
-    pair: PairRecord,
-    serving: Where,
-    found: list[list[ScoredRecord]],
-    queries: Any,
-    args: dict[str, Any],
+    store: Store, pair: PairRecord, found: list[list[ScoredRecord]], queries: Any, args: dict[str, Any]
 ) -> list[list[ScoredRecord]]:
     """New's hits ``found`` (searched with ``args``) less the stale copies: points whose old copy
-    a writer that bypasses rm-qdrant rewrote after they migrated serve from old (see bypass.py;
-    ``serving``: the old points that serve). One read of old for every row's hits; a row that
-    lost hits is searched again, twice as deep each time, so it still holds ``limit`` points."""
-    stale = stale_among(store, pair, serving, list({r.id for hits in found for r in hits}))
+    a writer that bypasses rm-qdrant rewrote after they migrated serve from old (see bypass.py).
+    One read of old for every row's hits; a row that lost hits is searched again, twice as deep
+    each time, so it still holds ``limit`` points."""
+    stale = stale_among(store, pair, list({r.id for hits in found for r in hits}))
     if not stale:
         return found
     limit, rows = args["limit"], list(found)
@@ -283,7 +278,7 @@ def without_stale(
                 break
             asked *= 2
             hits = store.search(pair.new_collection, queries[row : row + 1], **{**args, "limit": asked})[0]
-            stale |= stale_among(store, pair, serving, [r.id for r in hits if r.id not in stale])
+            stale |= stale_among(store, pair, [r.id for r in hits if r.id not in stale])
             rows[row] = [r for r in hits if r.id not in stale][:limit]
     return rows
 
