@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rm_qdrant.backfill.bypass import orphaned_copies, stale_copies
+from rm_qdrant.backfill.bypass import stale_copies
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
@@ -35,9 +35,10 @@ class PairStatus:
         failure_sample: up to five of them as (id, uri, reason).
         new_model: the plain new model the pair records (New for ``rmq eval`` and ``rmq probe``).
         stale_copies: migrated points a writer that bypasses rm-qdrant rewrote in old since:
-            they serve from old, and the next ``rmq migrate`` drops their copies in new.
-        writer_deleted: --keep-old: migrated points such a writer deleted from old since: the
-            next ``rmq migrate`` (or ``rmq finalize``) deletes them from new (see bypass.py).
+            they serve from old, and the next ``rmq migrate`` drops their copies in new (see
+            bypass.py). The migrated points such a writer deleted from a --keep-old pair's old
+            collection are not counted here: finding them reads every migrated id (about 1 s
+            per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
     """
 
     name: str
@@ -62,7 +63,6 @@ class PairStatus:
     new_place: str = ""
     new_model: str | None = None
     stale_copies: int = 0
-    writer_deleted: int = 0
 
     @property
     def fraction(self) -> float:
@@ -93,7 +93,6 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         sample = [(r.id, shown(_uri(pair, r.id, r.payload)), str(r.payload.get(ERROR))) for r in page]
     kept = layout.kept_count(store) if has_old and pair.state == "backfilling" else 0
     stale = len(stale_copies(store, pair, layout.old_where()))  # served from old, not new
-    orphans = len(orphaned_copies(store, pair))
     new_count = layout.count_new(store) - stale if store.has_collection(pair.new_collection) else 0
     return PairStatus(
         name=pair.name,
@@ -118,5 +117,4 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         new_place=layout.new_place,
         new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
         stale_copies=stale,
-        writer_deleted=orphans,
     )

@@ -180,13 +180,12 @@ def test_a_rewrite_of_migrated_points_serves_from_old_at_once(store, models, tmp
 
 def test_a_delete_of_migrated_points_goes_from_new_too_with_keep_old(store, models, tmp_path):
     """Issue 38, problem 1, with --keep-old: the job deletes migrated points from old; the next
-    migrate (or finalize) deletes them from new; status counts them meanwhile."""
+    migrate (or finalize) deletes them from new."""
     record, items = _pair(store, models, tmp_path, "keep-old")
     run_migration(DualIndex.open(store, "p"), MigrateOptions(until=0.5, batch=4))
     gone = _migrated(store, 3)
     store.delete("old", gone)
     index = DualIndex.open(store, "p", exact=True)
-    assert pair_status(store, index.pair).writer_deleted == 3
     report = run_migration(index, MigrateOptions(batch=4))
     assert report.writer_deleted == 3 and not index.retrieve(gone)
     store.delete("old", _migrated(store, 1))  # after the last run: finalize deletes it
@@ -216,3 +215,13 @@ def test_migrate_summary_explains_bypassing_writes_and_points_left_in_old():
     )
     assert "5 migrated points rewritten in old" in text and "4 migrated again" in text
     assert "3 migrated points deleted from old" in text and "2 points stay in old" in text
+
+
+def test_status_says_what_bypassing_writers_left_for_the_next_run():
+    from types import SimpleNamespace
+
+    from rm_qdrant.cli.serve import _bypass_lines
+
+    assert _bypass_lines(SimpleNamespace(stale_copies=0)) == []
+    (line,) = _bypass_lines(SimpleNamespace(stale_copies=3))
+    assert "3 migrated points rewritten in old" in line and "next rmq migrate" in line
