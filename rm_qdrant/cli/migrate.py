@@ -121,6 +121,25 @@ def _ray_options(
     return RayOptions(address, encoders or 1, gpus or 0.0, decoders or 2)
 
 
+def _bypassed(report: MigrationReport) -> str:
+    """What writers that bypass rm-qdrant did (see backfill/bypass.py), and why points the run
+    took stay in old; empty if nothing."""
+    text = ""
+    if report.stale_dropped or report.writer_deleted:
+        text += (
+            f"\nwriters that bypass rm-qdrant: {report.stale_dropped} migrated points rewritten in old "
+            f"(stale copies dropped from new, {report.remigrated} migrated again, the rest serve from "
+            f"old), {report.writer_deleted} migrated points deleted from old (deleted from new too)"
+        )
+    if report.unconfirmed:
+        text += (
+            f"\n{report.unconfirmed} points stay in old for the next run: their copy in new could not be "
+            f"confirmed ({report.rewritten} of them rewritten in old meanwhile by a writer that "
+            "bypasses rm-qdrant, the others rewritten meanwhile or their image changed)"
+        )
+    return text
+
+
 def _summary(report: MigrationReport, name: str) -> str:
     rate = report.moved / report.seconds if report.seconds else 0.0
     text = (
@@ -129,6 +148,7 @@ def _summary(report: MigrationReport, name: str) -> str:
     )
     if report.failure_sample:
         text += f"\nfirst failure: {report.failure_sample[0][1]}"
+    text += _bypassed(report)
     if report.skipped_failed:
         text += (
             f"\n{report.skipped_failed} points that failed before were not tried again (rmq failures "

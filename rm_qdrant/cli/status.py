@@ -60,6 +60,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
+            *_bypass_lines(state),
             f"encoder       {plain(state.encoder)}",
             f"old encoder   {plain(state.old_encoder or '-')}",
             f"plain new     {plain(state.new_model or '-')}",
@@ -70,6 +71,16 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         ]
     )
     emit(data, as_json, text)
+
+
+def _bypass_lines(state: Any) -> list[str]:
+    """What writers that bypass rm-qdrant did since the last migrate run (none: no line)."""
+    if not state.stale_copies:
+        return []
+    return [
+        f"bypassed      {state.stale_copies} migrated points rewritten in old by another writer: "
+        "served from old; the next rmq migrate drops their stale copies from new"
+    ]
 
 
 def _order(pair: PairRecord) -> str:

@@ -273,9 +273,11 @@ class EdgeStore:
         else:
             self._update(name, qe.UpdateOperation.delete_points_by_filter(edge_filter(where, ids)))
 
-    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
+    def mark(
+        self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any], *, where: Where | None = None
+    ) -> None:
         if ids:
-            by_id, checked = edge_filter(None, ids), check_stored(payload)
+            by_id, checked = edge_filter(where, ids), check_stored(payload)
             try:
                 operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(checked))
             except (ValueError, TypeError) as exc:
