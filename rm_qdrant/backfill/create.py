@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.backfill.bypass import unseen_writes
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import (
     LAYOUTS,
@@ -194,6 +195,9 @@ def create_pair(
         source=source or None,
     )
     save_pair(store, record)
+    unseen = unseen_writes(record)
+    if unseen:
+        log.warning("pair %r: %s", name, unseen)
     record_collection_model(store, layout_of(record).new_model_key, record.encoder)
     return record
 

@@ -27,8 +27,8 @@ from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ImageError, SourceError, TooLarge
 from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
-from rm_qdrant.sources import ImageSource, SourceConfig, shown
-from rm_qdrant.store import Store, Where
+from rm_qdrant.sources import ImageSource, SourceConfig, shown, source_kind
+from rm_qdrant.store import Record, Store, Where
 
 log = logging.getLogger(__name__)
 #: Most points one task decodes: small enough for slow network fetches to spread over the pool.
@@ -210,35 +210,90 @@ def preflight(
     sample: int = 5,
     stop: threading.Event | None = None,
 ) -> None:
-    """Fetch a few old points' images before a long step; refuse at once if none can be fetched
-    (``stop`` set: the fetches give up, and nothing is refused).
+    """Fetch a few images of each kind of source the run will meet (scheme and host: local
+    files, ``http://cdn.example.com``, ``s3://bucket``) before a long step; refuse at once if
+    none of a kind's can be fetched (``stop`` set: the fetches give up, and nothing is refused).
 
     A wrong source setting (a private network refused, a missing header, a wrong root, a
-    wrong --uri-field) fails every point; found here it costs five fetches, not a ranking
-    pass and a batch of points marked failed. What was fetched but does not decode (a
-    broken file) says the settings work: that point fails on its own, as in any run.
+    wrong --uri-field) fails every point of a kind; found here it costs a few fetches and a
+    read of the old points' payloads, not a ranking pass and a batch of points marked failed,
+    whatever the run's order meets first. Each kind with at least ``sample`` points is tried
+    (the first :data:`PREFLIGHT_KINDS` of them); a gallery with no such kind has its first
+    ``sample`` points tried. What was fetched but does not decode (a broken file) says the
+    settings work: that point fails on its own, as in any run.
 
     Raises:
-        SourceError: not one of the sampled images could be fetched.
+        SourceError: not one of a kind's sampled images could be fetched.
     """
     if encoder is None or not pair.serves_old:
         return
     old = layout_of(pair).old_where()
-    page, _ = store.scroll(pair.old_collection, limit=sample, where=old & Where(empty=(ERROR,)))
-    if not page and retry_failed:
-        page, _ = store.scroll(pair.old_collection, limit=sample, where=old)
-    if not page:
-        return
-    with ImageSource(source, stop=stop) as images, ThreadPoolExecutor(len(page), "rmq-preflight") as pool:
-        # side by side: a slow source costs one fetch deadline, not one per sampled point
-        reasons = list(
-            pool.map(lambda p: _setting_error(encoder, images, pair.uri_rule, p.id, p.payload or {}), page)
+    where = old if retry_failed else old & Where(empty=(ERROR,))  # the points the run will meet
+    with ImageSource(source, stop=stop) as images, ThreadPoolExecutor(sample, "rmq-preflight") as pool:
+
+        def check(kind: str, page: list[Record]) -> None:
+            # side by side: a slow source costs one fetch deadline, not one per sampled point
+            reasons = list(
+                pool.map(
+                    lambda p: _setting_error(encoder, images, pair.uri_rule, p.id, p.payload or {}), page
+                )
+            )
+            if all(reasons) and not (stop is not None and stop.is_set()):  # a stop: the run ends at once
+                raise SourceError(
+                    f"none of {len(page)} sampled images could be read{kind}, so nothing was started and no "
+                    f"point was marked failed: {reasons[0]} (the source options: see 'rmq status --name "
+                    f"{pair.name}')"
+                )
+
+        first = _by_kind(
+            store, pair, where, sample, lambda kind, page: check(f" from {_shown(kind)}", page), stop
         )
-    if all(reasons) and not (stop is not None and stop.is_set()):  # a stop: the run ends at once
-        raise SourceError(
-            f"none of {len(page)} sampled images could be read, so nothing was started and no point "
-            f"was marked failed: {reasons[0]} (the source options: see 'rmq status --name {pair.name}')"
-        )
+        if first:  # no kind filled a sample: a small gallery, or no point has a uri
+            check("", first)
+
+
+#: Source kinds a pre-flight tries at most (a gallery spread over many hosts: the run finds the rest).
+PREFLIGHT_KINDS = 16
+#: Kinds a pre-flight keeps samples of while it reads (bounds its memory on a gallery of many hosts).
+_TRACKED_KINDS = 1024
+#: Points a pre-flight reads a page (payloads only).
+_PAGE = 1024
+
+
+def _shown(kind: str) -> str:
+    return "local files" if kind == "file" else kind
+
+
+def _by_kind(
+    store: Store,
+    pair: PairRecord,
+    where: Where,
+    sample: int,
+    check: Callable[[str, list[Record]], None],
+    stop: threading.Event | None,
+) -> list[Record]:
+    """Read the payloads of the old points ``where`` selects; ``check`` each source kind's first
+    ``sample`` points as soon as it has them. The first ``sample`` points if no kind was checked."""
+    groups: dict[str, list[Record]] = {}
+    first: list[Record] = []
+    checked, offset = 0, None
+    while checked < PREFLIGHT_KINDS and not (stop is not None and stop.is_set()):
+        page, offset = store.scroll(pair.old_collection, limit=_PAGE, offset=offset, where=where)
+        for record in page:
+            if len(first) < sample:
+                first.append(record)
+            kind = source_kind(_uri(pair.uri_rule, record.id, record.payload or {})[0])
+            if kind is None or (kind not in groups and len(groups) >= _TRACKED_KINDS):
+                continue  # no uri: that point fails on its own; too many kinds: the run finds the rest
+            group = groups.setdefault(kind, [])
+            if len(group) < sample:
+                group.append(record)
+                if len(group) == sample and checked < PREFLIGHT_KINDS:
+                    check(kind, group)
+                    checked += 1
+        if offset is None:
+            break
+    return [] if checked else first
 
 
 def _setting_error(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rm_qdrant.backfill.bypass import Swept, sweep
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
 from rm_qdrant.backfill.loading import NETWORK_WORKERS, FetchPace, load_batch
@@ -318,6 +319,9 @@ def run_migration(
     check_workers(workers, options)
     if options.optimize_every is not None and not options.optimize_every >= 0:
         raise ConfigError(f"optimize_every must be seconds >= 0 or None, got {options.optimize_every}")
+    swept = Swept([], [])
+    if index.pair.state == "backfilling":  # before the ranking: a writer's rewrite has no rank
+        swept = sweep(index.store, index.pair, layout_of(index.pair).old_where())
     Migrator(index, options).ensure_order()
     skipped = 0
     if not options.retry_failed:
@@ -330,7 +334,7 @@ def run_migration(
         index.store, [pair.new_collection, pair.old_collection], every=options.optimize_every
     )
     migrators = [Migrator(index, shard, upkeep=upkeep) for shard in shards]
-    plans = [plan(index.store, index.pair, m.options) for m in migrators]
+    plans = [plan(index.store, index.pair, m.options, swept.stale) for m in migrators]
     if on_plan is not None:
         on_plan(sum(map(len, plans)))
     halt = stop or threading.Event()
@@ -341,10 +345,17 @@ def run_migration(
             on_ray = ray_migrators(stack, migrators, ray, halt)
             if on_ray is None:  # stopped while Ray started: nothing was claimed
                 return MigrationReport(
-                    planned=sum(map(len, plans)), skipped_failed=skipped, stopped_early=True
+                    planned=sum(map(len, plans)),
+                    skipped_failed=skipped,
+                    stopped_early=True,
+                    stale_dropped=len(swept.stale),
+                    writer_deleted=len(swept.deleted),
                 )
             migrators = on_ray
-        return _run_shards(migrators, plans, skipped, upkeep, halt, on_batch)
+        report = _run_shards(migrators, plans, skipped, upkeep, halt, on_batch)
+    report.stale_dropped, report.writer_deleted = len(swept.stale), len(swept.deleted)
+    report.remigrated = len(layout_of(index.pair).ids_in_new(index.store, swept.stale)) if swept.stale else 0
+    return report
 
 
 def _run_shards(

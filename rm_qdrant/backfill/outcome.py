@@ -132,6 +132,7 @@ class BatchResult:
     gone: int
     unconfirmed: int
     failed_again: int = 0  # of ``failed``: points whose last attempt had failed too
+    rewritten: int = 0  # of ``unconfirmed``: rewritten in old meanwhile by a writer that bypasses rm-qdrant
 
     @property
     def points(self) -> int:
@@ -141,7 +142,15 @@ class BatchResult:
 
 @dataclass
 class MigrationReport:
-    """What a run did, summed over its batches."""
+    """What a run did, summed over its batches.
+
+    ``stale_dropped``, ``remigrated`` and ``writer_deleted`` are what a writer that bypasses
+    rm-qdrant did, as the run's sweep found it (see bypass.py): new copies dropped because the
+    writer rewrote the point in old after it migrated, how many of those points this run
+    migrated again, and migrated points the writer deleted from old (--keep-old) that the run
+    deleted from new too. ``unconfirmed``: points left in old because their copy could not be
+    confirmed (rewritten meanwhile, in old by such a writer too): the next run takes them again.
+    """
 
     planned: int = 0
     skipped_failed: int = 0
@@ -150,10 +159,14 @@ class MigrationReport:
     failed: int = 0
     gone: int = 0
     unconfirmed: int = 0
+    rewritten: int = 0  # of ``unconfirmed``: see BatchResult
     seconds: float = 0.0
     optimize_seconds: float = 0.0  # of ``seconds``: building the embedded store's indexes
     stopped_early: bool = False
     failure_sample: list[tuple[PointId, str]] = field(default_factory=list)
+    stale_dropped: int = 0
+    remigrated: int = 0
+    writer_deleted: int = 0
 
     def add(self, result: BatchResult) -> None:
         self.moved += result.moved
@@ -161,6 +174,7 @@ class MigrationReport:
         self.failed += len(result.failed)
         self.gone += result.gone
         self.unconfirmed += result.unconfirmed
+        self.rewritten += result.rewritten
         self.failure_sample = (self.failure_sample + result.failed)[:5]
 
     def merge(self, part: MigrationReport) -> None:
@@ -171,6 +185,7 @@ class MigrationReport:
         self.failed += part.failed
         self.gone += part.gone
         self.unconfirmed += part.unconfirmed
+        self.rewritten += part.rewritten
         self.stopped_early |= part.stopped_early
         self.failure_sample = (self.failure_sample + part.failure_sample)[:5]
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from qdrant_client import models
 
+from rm_qdrant.backfill.bypass import stale_copies, unmarked
+from rm_qdrant.backfill.pair import SINGLE
 from rm_qdrant.backfill.search_options import SearchOptions, selector
 from rm_qdrant.core.merge import PointId, Source
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
@@ -135,7 +137,9 @@ class PairPoints:
         not serve are skipped (as qdrant-client's ``retrieve``).
 
         A point serves from new once it is there (a point caught in both collections too),
-        otherwise from old; a keep-old pair's hidden copies only after a rollback.
+        otherwise from old; a keep-old pair's hidden copies only after a rollback. A point whose
+        old copy a writer that bypasses rm-qdrant rewrote after it migrated serves from old (its
+        copy in new is stale: see bypass.py).
 
         Args:
             with_payload: True, False (empty payloads) or the field names to return.
@@ -148,17 +152,22 @@ class PairPoints:
         SearchOptions(with_payload=with_payload, with_vectors=with_vectors)  # checks both
         wanted = list(dict.fromkeys(normalize_id(i) for i in id_list(ids)))
         found: dict[PointId, PairPoint] = {}
-        has_id, kept = with_ids(wanted), selector(with_payload)
-        for side in self._sides() if wanted else []:  # old first: new's copy wins
+        has_id, kept, newer = with_ids(wanted), selector(with_payload), set()
+        paired = self.pair.layout != SINGLE
+        for side in self._sides() if wanted else []:  # old first: new's copy wins, unless stale
             records, _ = self.store.scroll(
                 side.collection,
                 limit=len(wanted),
                 where=side.where & has_id,
                 with_vectors=with_vectors,
                 vector=side.vector,
-                with_payload=with_payload is not False,
+                with_payload=with_payload is not False or (paired and side.source == "old"),
             )
+            if paired and side.source == "old" and self.pair.state == "backfilling":
+                newer = {r.id for r in records if unmarked(r.payload)}
             for r in records:
+                if side.source == "new" and r.id in newer:
+                    continue
                 found[r.id] = PairPoint(r.id, kept(user_payload(r.payload)), side.source, r.vector)
         return [found[i] for i in wanted if i in found]
 
@@ -175,7 +184,14 @@ class PairPoints:
         if not isinstance(exact, bool):
             raise ConfigError(f"exact is True or False, got {exact!r}")
         where = as_where(filter) or Where()
-        total = sum(self.store.count(s.collection, s.where & where) for s in self._sides())
+        sides = self._sides()
+        total = sum(self.store.count(s.collection, s.where & where) for s in sides)
+        # Before the first ranking every old point is unmarked: the check would read all of the
+        # smaller side's ids each count, for points no migration moved yet; the run's sweep drops them.
+        ranked = len(sides) == 2 and self.pair.order_ready
+        stale = stale_copies(self.store, self.pair, sides[0].where) if ranked else []
+        if stale:  # served from old: their copies in new do not count (see bypass.py)
+            total -= self.store.count(self.pair.new_collection, sides[1].where & where & with_ids(stale))
         return total - len(self._served_twice(where))
 
     # -- where the pair serves ---------------------------------------------------------

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rm_qdrant.backfill.search_options import SearchOptions, with_late_copies, without_copies
+from rm_qdrant.backfill.search_options import (
+    SearchOptions,
+    with_late_copies,
+    without_copies,
+    without_stale,
+)
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, Source, merge, settled
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
@@ -134,6 +139,8 @@ class PairSearch:
         if pending is not None and new_raw is not None:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)
+        if new_raw is not None and old_q is not None and not self.layout.one_query:  # see bypass.py
+            new_raw = without_stale(self.store, pair, new_raw, new_q, new_args)
         sides = zip(self._hits(old_raw, "old", rows), self._hits(new_raw, "new", rows), strict=True)
         return list(sides), False
 

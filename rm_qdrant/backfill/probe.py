@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,21 @@ from rm_qdrant.core.forecast import (
     DIP_TOLERANCE,
     ModeForecast,
     OldDistance,
+    crowding,
     forecast,
     merged_agreement,
+    merged_top_k,
     reference_top_k,
 )
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.ordering import order_keys
 from rm_qdrant.core.paths import payload_value
+from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Store
+from rm_qdrant.store import Store, Where
 
 _BATCH = 256
 
@@ -56,6 +59,16 @@ class ProbeSample:
     encoder: str  # the encoder's fingerprint
     failed: int  # sampled points whose image could not be fetched or decoded
     gallery: int = 0  # points the sample was drawn from
+
+    @property
+    def key(self) -> str:
+        """A short digest of the sampled ids and vectors: two runs whose verdicts differ on
+        samples with different keys were judged on different points (the points still in old
+        change as the backfill goes on; an image that could not be read drops out)."""
+        digest = hashlib.sha256(json.dumps([str(i) for i in self.ids]).encode())
+        for rows in (self.old, self.new):
+            digest.update(np.ascontiguousarray(rows, dtype=np.float32).tobytes())
+        return digest.hexdigest()[:10]
 
     def labels(self, field: str = "label") -> list[Any] | None:
         """Each point's payload label (``field``, a payload path such as ``meta.dept``), or None
@@ -86,6 +99,23 @@ def check_probe(store: Store, pair: PairRecord) -> None:
         )
 
 
+def _nothing_to_sample(pair: PairRecord, left: int, failed: int) -> str:
+    """Why a pair has no sample to draw: what is left in old, and what a sample needs."""
+    name = pair.name
+    left_text = f"{left} point(s) left to migrate" if left else "no point left to migrate"
+    failed_text = (
+        f" and {failed} whose image a migration could not read ('rmq failures --name {name}' lists them; "
+        "they count for nothing here)"
+        if failed
+        else ""
+    )
+    return (
+        f"pair {name!r} has {left_text}{failed_text}: a sample is drawn from the points still served "
+        "from old (their stored old vectors beside their re-embedded images) and needs at least 2; "
+        f"nothing is left to forecast or fit heads for: 'rmq finalize --name {name}' ends the backfill"
+    )
+
+
 def draw_sample(
     store: Store,
     pair: PairRecord,
@@ -113,11 +143,16 @@ def draw_sample(
         raise ConfigError("probe needs the pair's encoder to re-embed the sample")
     model: OnnxEncoder = encoder
     ids, _, _ = read_all(store, pair.old_collection, active_where(pair), False, with_payloads=False)
-    if len(ids) < 2:
-        raise ConfigError(f"collection {pair.old_collection!r} holds {len(ids)} point(s): nothing to probe")
+    readable = store.count(pair.old_collection, active_where(pair) & Where(empty=(ERROR,)))
+    if readable < 2:
+        raise ConfigError(_nothing_to_sample(pair, readable, len(ids) - readable))
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(size, len(ids)), replace=False))]
     records = store.retrieve(pair.old_collection, chosen, with_vectors=True, vector=pair.vector)
+    # In id order, as chosen: a server hands points back in its segments' order, which an
+    # optimizer run changes, and the holdout split and the forecast's order are by row.
+    by_id = {r.id: r for r in records}
+    records = [by_id[i] for i in chosen if i in by_id]
     usable = [r for r in records if r.vector is not None]
     if on_plan is not None:
         on_plan(len(usable))
@@ -223,10 +258,17 @@ def load_sample(path: Path) -> tuple[ProbeSample, int] | None:
         return None
 
 
-def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int) -> dict[str, Any]:
+def estimate_now(
+    store: Store, pair: PairRecord, sample: ProbeSample, *, k: int, fraction: float | None = None
+) -> dict[str, Any]:
     """The label-free quality of the pair's query mode now: the sample's migrated points as they are.
 
-    A sampled point counts as migrated when the new collection holds it.
+    A sampled point counts as migrated when the new collection holds it. ``crowded_out`` lists
+    the side (old or new) whose share of the merged top k is far below its share of the gallery
+    at ``fraction``, the pair's share migrated now (:func:`~rm_qdrant.core.forecast.crowding`,
+    the rule ``rmq probe`` applies at each t): a probe samples the points still in old, so where
+    fewer of the sample than ``fraction`` have migrated, sampled points still in old (in a seeded
+    order) stand in for the migrated points the sample could not draw.
     """
     migrated_ids = ids_in_new(store, pair, list(sample.ids))
     migrated = np.array([i in migrated_ids for i in sample.ids], dtype=bool)
@@ -238,6 +280,9 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
         merged_agreement(sample.new, query_old, sample.old, mask, reference, calibration, pair.distance)
         for mask in (migrated, np.zeros_like(migrated))
     )
+    served = _at_fraction(migrated, fraction)
+    found = merged_top_k(sample.new, query_old, sample.old, served, k, calibration, pair.distance)
+    old_share, old_gallery = float((~served)[found].mean()), float((~served).mean())
     return {
         "mode": "rm" if rm else "naive",
         "sample": len(sample.ids),
@@ -246,5 +291,20 @@ def estimate_now(store: Store, pair: PairRecord, sample: ProbeSample, *, k: int)
         f"ndcg@{k}": now[1],
         f"recall@{k}_start": start[0],
         "below_start": now[0] < start[0] - DIP_TOLERANCE,
+        "old_share_top_k": old_share,
+        "old_share_gallery": old_gallery,
+        "crowded_out": [asdict(c) for c in crowding(1.0 - old_gallery, old_share, old_gallery)],
+        "calibrated": calibration is not None,
         "k": k,
     }
+
+
+def _at_fraction(migrated: np.ndarray, fraction: float | None, seed: int = 0) -> np.ndarray:
+    """``migrated``, with sampled points still in old marked migrated (seeded) up to ``fraction``."""
+    extra = 0 if fraction is None else round(fraction * len(migrated)) - int(migrated.sum())
+    if extra <= 0:
+        return migrated
+    waiting = np.flatnonzero(~migrated)
+    served = migrated.copy()
+    served[np.random.default_rng(seed).permutation(waiting)[:extra]] = True
+    return served

@@ -8,6 +8,7 @@ remain; the order's name is kept in the pair record.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -125,20 +126,25 @@ def budget(store: Store, pair: PairRecord, options: MigrateOptions) -> Budget:
     return Budget(old_only, new, moves, repairs)
 
 
-def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointId]:
+def plan(
+    store: Store, pair: PairRecord, options: MigrateOptions, first: Sequence[PointId] = ()
+) -> list[PointId]:
     """The ids this run will attempt, in backfill order (the order must be prepared).
 
     Points left in both collections by an interrupted step come first (finishing
-    them moves nothing new), then up to the budget of ``--until``/``--limit`` more.
+    them moves nothing new), then ``first`` (points whose stale copy a sweep dropped from new:
+    see bypass.py), then up to the budget of ``--until``/``--limit`` more (``first`` included).
     """
     if options.limit == 0:
         return []
     start = budget(store, pair, options)
     repairs, old_only, moves = start.repairs, start.old_only, start.moves
     where = active_where(pair)
+    first = [i for i in dict.fromkeys(first) if i not in set(repairs)]
     if options.shard is not None:
         owned = set(shard_buckets(*options.shard))
         repairs = [i for i in repairs if bucket(i) in owned]
+        first = [i for i in first if bucket(i) in owned]
         where = where & layout_of(pair).shard_where(store, options.shard, Where(must={BUCKET: sorted(owned)}))
         if moves < old_only:  # --until/--limit: each worker takes its share, rounded up
             moves = -(-moves // options.shard[1])
@@ -146,11 +152,12 @@ def plan(store: Store, pair: PairRecord, options: MigrateOptions) -> list[PointI
         where = where & Where(empty=(ERROR,))
     if moves == 0:
         return repairs
+    first = first[:moves]
+    skip = set(repairs) | set(first)
     page, _ = store.scroll(
-        pair.old_collection, limit=moves + len(repairs), where=where, order_by=RANK, with_payload=False
+        pair.old_collection, limit=moves + len(skip), where=where, order_by=RANK, with_payload=False
     )
-    skip = set(repairs)
-    return repairs + [r.id for r in page if r.id not in skip][:moves]
+    return repairs + first + [r.id for r in page if r.id not in skip][: moves - len(first)]
 
 
 def order_ready(store: Store, pair: PairRecord, wanted: str | None) -> bool:

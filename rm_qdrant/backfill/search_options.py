@@ -11,6 +11,7 @@ from typing import Any
 
 from qdrant_client import models
 
+from rm_qdrant.backfill.bypass import stale_among
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import Hit, PointId, score_to_distance
 from rm_qdrant.core.planning import MOVING
@@ -255,6 +256,31 @@ def without_copies(
             asked *= 2
             hits = store.search(pair.old_collection, queries[row : row + 1], **{**args, "limit": asked})[0]
     return rows, dropped
+
+
+def without_stale(
+    store: Store, pair: PairRecord, found: list[list[ScoredRecord]], queries: Any, args: dict[str, Any]
+) -> list[list[ScoredRecord]]:
+    """New's hits ``found`` (searched with ``args``) less the stale copies: points whose old copy
+    a writer that bypasses rm-qdrant rewrote after they migrated serve from old (see bypass.py).
+    One read of old for every row's hits; a row that lost hits is searched again, twice as deep
+    each time, so it still holds ``limit`` points."""
+    stale = stale_among(store, pair, list({r.id for hits in found for r in hits}))
+    if not stale:
+        return found
+    limit, rows = args["limit"], list(found)
+    for row, hits in enumerate(found):
+        asked = limit
+        while any(r.id in stale for r in hits):
+            kept = [r for r in hits if r.id not in stale]
+            rows[row] = kept[:limit]
+            if len(kept) >= limit or len(hits) < asked:  # enough, or new has no more
+                break
+            asked *= 2
+            hits = store.search(pair.new_collection, queries[row : row + 1], **{**args, "limit": asked})[0]
+            stale |= stale_among(store, pair, [r.id for r in hits if r.id not in stale])
+            rows[row] = [r for r in hits if r.id not in stale][:limit]
+    return rows
 
 
 def with_late_copies(

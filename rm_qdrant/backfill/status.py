@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rm_qdrant.backfill.bypass import stale_copies
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.merge import PointId
@@ -33,6 +34,11 @@ class PairStatus:
         failed: old points whose last migration attempt failed.
         failure_sample: up to five of them as (id, uri, reason).
         new_model: the plain new model the pair records (New for ``rmq eval`` and ``rmq probe``).
+        stale_copies: migrated points a writer that bypasses rm-qdrant rewrote in old since:
+            they serve from old, and the next ``rmq migrate`` drops their copies in new (see
+            bypass.py). The migrated points such a writer deleted from a --keep-old pair's old
+            collection are not counted here: finding them reads every migrated id (about 1 s
+            per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
     """
 
     name: str
@@ -56,6 +62,7 @@ class PairStatus:
     old_place: str = ""
     new_place: str = ""
     new_model: str | None = None
+    stale_copies: int = 0
 
     @property
     def fraction(self) -> float:
@@ -85,6 +92,8 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         page, _ = store.scroll(pair.old_collection, limit=SAMPLE, where=failed_where)
         sample = [(r.id, shown(_uri(pair, r.id, r.payload)), str(r.payload.get(ERROR))) for r in page]
     kept = layout.kept_count(store) if has_old and pair.state == "backfilling" else 0
+    stale = len(stale_copies(store, pair, layout.old_where()))  # served from old, not new
+    new_count = layout.count_new(store) - stale if store.has_collection(pair.new_collection) else 0
     return PairStatus(
         name=pair.name,
         mode=pair.mode,
@@ -92,7 +101,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         old_collection=pair.old_collection,
         new_collection=pair.new_collection,
         old_count=old_count,
-        new_count=layout.count_new(store) if store.has_collection(pair.new_collection) else 0,
+        new_count=new_count,
         encoder=f"{pair.encoder.name} ({pair.encoder.fingerprint})",
         old_encoder=f"{pair.old_encoder.name} ({pair.old_encoder.fingerprint})" if pair.old_encoder else None,
         keep_old=pair.keep_old,
@@ -107,4 +116,5 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         old_place=layout.old_place,
         new_place=layout.new_place,
         new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
+        stale_copies=stale,
     )

@@ -11,6 +11,12 @@ is refused with the measured reason.
 The graph a naive pair served until it switches to ψ is the plain new model that ψ's graph was
 trained from: the pair records it (unless it records one already), as ``rmq eval``'s and
 ``rmq probe``'s New.
+
+A calibration (``rmq calibrate``) maps the old model's own distances for the naive merge: it
+stays with a naive pair moving to another naive graph (the new vectors and the old ones are
+unchanged, so the map still fits them), and goes with a move to an rm graph, whose old half is
+searched through ρ on another scale; :func:`calibration_after` names what happened, and
+``rmq switch-encoder`` says it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
-__all__ = ["SAME_OUTPUT", "switch_encoder"]
+__all__ = ["SAME_OUTPUT", "calibration_after", "switch_encoder"]
+
+
+def calibration_after(before: PairRecord, after: PairRecord) -> str | None:
+    """What a switch did to the pair's calibration: "kept", "dropped", or None (it had none)."""
+    if before.calibration is None:
+        return None
+    return "kept" if after.calibration is not None else "dropped"
 
 
 def switch_encoder(
@@ -45,6 +58,9 @@ def switch_encoder(
     (with the pair's old model, or ``old_encoder``). The plain new model the record keeps is
     ``new_model`` if given, else the one recorded, else (a naive pair moving to ``rm``) the
     graph the pair served until now.
+
+    A naive pair's calibration is kept by a naive graph and dropped by an rm graph (module
+    docstring).
 
     Returns:
         The updated record, and the agreement measured on new (None when new is empty).
@@ -102,7 +118,12 @@ def switch_encoder(
                 measured=measured,
             )
     updated = replace(
-        pair, encoder=ModelRef.of(encoder, gallery), mode=mode, old_encoder=old_model, new_model=plain
+        pair,
+        encoder=ModelRef.of(encoder, gallery),
+        mode=mode,
+        old_encoder=old_model,
+        new_model=plain,
+        calibration=pair.calibration if mode == "naive" else None,  # module docstring
     )
     save_pair(store, updated)
     record_collection_model(store, layout_of(pair).new_model_key, updated.encoder)

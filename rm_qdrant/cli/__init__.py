@@ -17,7 +17,8 @@ from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
 from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
 from rm_qdrant.cli.probe import probe_command
-from rm_qdrant.cli.serve import index, init, search, status
+from rm_qdrant.cli.serve import index, init, search
+from rm_qdrant.cli.status import status
 from rm_qdrant.cli.training import TrainGroup, demo, export_command
 
 __all__ = ["cli", "main"]
@@ -68,6 +69,42 @@ def _logging(level: int) -> None:
             handler.setFormatter(RedactingFormatter(handler.formatter))
 
 
+def _late_quiet(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    """``rmq COMMAND -q``: as ``rmq -q COMMAND`` (the root has run; its record is updated)."""
+    if value:
+        ctx.find_root().obj["quiet"] = True
+
+
+def _late_verbose(ctx: click.Context, _: click.Parameter, value: int) -> None:
+    """``rmq COMMAND -v``: as ``rmq -v COMMAND``; counts add up (``rmq -v migrate -v`` is -vv)."""
+    if value:
+        obj = ctx.find_root().obj
+        obj["verbose"] += value
+        level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(obj["verbose"], 2)]
+        _logging(level)
+        root = logging.getLogger()  # basicConfig leaves a configured level as it is: lower it here
+        root.setLevel(min(level, root.level))
+
+
+def _accept_flags_after(command: click.Command) -> None:
+    """Give ``command`` (and, in a group, its commands) rmq's ``-q`` and ``-v``, unless it has its own
+    (``rmq train``'s commands): a flag is taken after the subcommand as before it."""
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    if "-q" not in taken:
+        command.params.append(
+            click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_late_quiet,
+                         help="As 'rmq -q': no progress bars or progress lines.")
+        )  # fmt: skip
+    if "-v" not in taken:
+        command.params.append(
+            click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_late_verbose,
+                         help="As 'rmq -v': log what happens (-vv: every batch's ids).")
+        )  # fmt: skip
+    if isinstance(command, click.Group) and not isinstance(command, TrainGroup):
+        for sub in command.commands.values():
+            _accept_flags_after(sub)
+
+
 cli.add_command(
     TrainGroup(name="train", help="Train backbones, heads, adapters and baselines (needs PyTorch).")
 )
@@ -89,6 +126,9 @@ cli.add_command(model)
 cli.add_command(pairs_command)
 cli.add_command(drop_pair_command)
 cli.add_command(switch_encoder_command)
+for _command in cli.commands.values():
+    if not isinstance(_command, TrainGroup):  # its commands have their own -q and -v
+        _accept_flags_after(_command)
 
 
 def main() -> None:

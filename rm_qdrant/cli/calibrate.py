@@ -26,11 +26,11 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
-from rm_qdrant.cli.probe import curve_table, sample_with_progress, share_table
+from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress, share_table
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.calibration import MAPS, default_map, fit_calibration
-from rm_qdrant.core.forecast import compare_calibrated, holdout_split
-from rm_qdrant.core.guard import calibration_refusal, guard
+from rm_qdrant.core.calibration import MAPS, default_map
+from rm_qdrant.core.calibration_check import alternatives_text, judge_map, other_maps
+from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.sources import SourceConfig
 
@@ -94,38 +94,37 @@ def calibrate_command(
     try:
         fit_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
         method = mapping if mapping != "auto" else default_map(pair.distance)
-        calibration = fit_calibration(
-            sample.old[fit_idx], sample.new[fit_idx], metric=pair.distance, method=method, seed=seed
-        )
+        order = np.random.default_rng(seed).permutation(len(held_idx))
+        split = {
+            "fit": (sample.old[fit_idx], sample.new[fit_idx]),
+            "held": (sample.old[held_idx], sample.new[held_idx]),
+            "order": order,
+            "k": k,
+            "metric": pair.distance,
+            "seed": seed,
+            "in_use": pair.old_distance,
+        }
+        judged = judge_map(method, **split)
+        # A refusal says which map the guard would take, each tried on the same split, cheapest first.
+        others = other_maps(method, **split) if not judged.kept and not force else []
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    order = np.random.default_rng(seed).permutation(len(held_idx))
-    old, new = sample.old[held_idx], sample.new[held_idx]
-    forecasts = compare_calibrated(
-        old, new, calibration, order=order, k=k, metric=pair.distance, in_use=pair.old_distance
+    calibration, forecasts, verdict, why = (
+        judged.calibration,
+        judged.forecasts,
+        judged.verdict,
+        judged.refused,
     )
     plain, calibrated, *in_use = forecasts
-    # The calibrated merge against the plain one, each hit judged by both models (see calibration_refusal).
-    verdict = guard(
-        old,
-        new,
-        new,
-        old,
-        order=order,
-        k=k,
-        metric=pair.distance,
-        fitted_distance=calibration,
-        subject="the calibrated merge",
-        baseline="the plain merge",
-    )
     areas = f"{calibrated.area:.3f} calibrated, {plain.area:.3f} plain" + (
         f", {in_use[0].area:.3f} the map in use" if in_use else ""
     )
-    why = calibration_refusal(calibrated.area, plain.area, verdict, in_use[0].area if in_use else None)
     better = not why
+    instead = alternatives_text(others)
     data: dict[str, Any] = {
         "pair": name,
         "sample": len(sample.ids),
+        "sample_key": sample.key,  # the same key, --seed and map in use: the same verdict
         "unreadable": sample.failed,
         "fitted_on": len(fit_idx),
         "held_out": len(held_idx),
@@ -139,6 +138,7 @@ def calibrate_command(
         "guard": verdict.as_dict(),
         "refused": why or None,  # why the map is not kept (without --force), else null
         "kept": better or force,
+        "alternatives": [j.as_dict() for j in others],  # the other maps, tried after a refusal
     }
     if data["kept"]:
         save_pair(store, dataclasses.replace(pair, calibration=calibration.as_dict()))
@@ -147,7 +147,7 @@ def calibrate_command(
         ("kept" if better else f"kept with --force, although {why}")
         + f": searches of pair {name!r} now merge calibrated distances (--clear undoes it)"
         if data["kept"]
-        else f"not kept: {why} (--force keeps it anyway)"
+        else f"not kept: {why} (--force keeps it anyway)" + (f"\n{instead}" if instead else "")
     )
     text = "\n".join(
         [
@@ -162,13 +162,16 @@ def calibrate_command(
             *share_table(forecasts, k),
             "",
             f"area {areas}; guard: " + ("passed" if verdict.passed else "refused"),
+            sample_line(sample, seed, "the map in use" if in_use else "the plain merge"),
             outcome,
         ]
     )
     emit(data, as_json, text)
     if not data["kept"]:
         raise Refused(
-            f"on the {len(held_idx)} held-out points {why} (area {areas}); pair {name!r} "
+            f"on the {len(held_idx)} held-out points the {method} map is refused: {why} (area {areas}); "
+            f"pair {name!r} "
             + ("keeps the map it had" if pair.calibration else "still merges plain distances")
             + " (--force keeps the new map anyway)"
+            + (f"; {instead}" if instead else "")
         )

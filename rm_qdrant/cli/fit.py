@@ -27,7 +27,8 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
-from rm_qdrant.cli.probe import curve_table, sample_with_progress
+from rm_qdrant.cli.instead import calibrate_options, instead_text, loss_options
+from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.cli.training import apply_threads, choose_threads, needs_torch, threads_option
 from rm_qdrant.core.forecast import holdout_split
@@ -202,6 +203,10 @@ def fit_command(
         "pair": name,
         "loss": chosen,
         "sample": len(sample.ids),
+        "sample_key": sample.key,  # the same key, --seed, threads and baseline: the same verdict
+        "judged_on": sample_line(
+            sample, seed, "the calibrated naive merge" if pair.old_distance else "the plain naive merge"
+        ),
         "unreadable": sample.failed,
         "trained_on": len(train_idx),
         "held_out": len(held_idx),
@@ -219,6 +224,14 @@ def fit_command(
         **(fitted.selection.as_dict() if fitted.selection else {"winner": fitted.recipe, "candidates": []}),
     }
     if not ok and not force:
+        # What the guard would take instead, cheapest first, on the same split (issue 38).
+        split = (sample.old[train_idx], sample.new[train_idx]), (sample.old[held_idx], sample.new[held_idx])
+        data["instead"] = [
+            *calibrate_options(pair, encoder, split, k=k, seed=seed),
+            *loss_options(
+                chosen, split, rows(labels, train_idx), rows(labels, held_idx), settings, served, pair
+            ),
+        ]
         if as_json:
             emit(data, True, "")
         elif not silent:
@@ -229,9 +242,9 @@ def fit_command(
             else f"is refused by the guard: {measure}"
         )
         raise Refused(
-            f"on the {len(held_idx)} held-out points the fitted graph {worse}; "
+            f"on the {len(held_idx)} held-out points the fitted graph ({chosen}) {worse}; "
             f"the naive merge is kept, not written to {out} "
-            "(try another --loss, a larger --sample, or --force)",
+            "(try another --loss, a larger --sample, or --force); " + instead_text(data["instead"]),
             measured=verdict,
         )
     try:
@@ -276,10 +289,12 @@ def reproducible(threads: int, reason: str) -> str:
 
 
 def selection_lines(data: dict[str, Any]) -> list[str]:
-    """Each candidate's holdout evidence, one line each, and which won and why (label-free only)."""
+    """What was judged on, each candidate's holdout evidence, one line each, and which won and why
+    (label-free only)."""
     if not data["candidates"]:
-        return [f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")]
-    lines = ["label-free candidates, on a holdout of the training pairs:"]
+        recipe = f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")
+        return [data["judged_on"], recipe]
+    lines = [data["judged_on"], "label-free candidates, on a holdout of the training pairs:"]
     for c in data["candidates"]:
         guard = c["guard"]
         if guard is None:

@@ -34,6 +34,7 @@ from rm_qdrant.cli.common import (
     quiet,
 )
 from rm_qdrant.cli.failures import default_list_path
+from rm_qdrant.cli.linked import linked_after_finalize, linked_before_finalize
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
@@ -120,6 +121,25 @@ def _ray_options(
     return RayOptions(address, encoders or 1, gpus or 0.0, decoders or 2)
 
 
+def _bypassed(report: MigrationReport) -> str:
+    """What writers that bypass rm-qdrant did (see backfill/bypass.py), and why points the run
+    took stay in old; empty if nothing."""
+    text = ""
+    if report.stale_dropped or report.writer_deleted:
+        text += (
+            f"\nwriters that bypass rm-qdrant: {report.stale_dropped} migrated points rewritten in old "
+            f"(stale copies dropped from new, {report.remigrated} migrated again, the rest serve from "
+            f"old), {report.writer_deleted} migrated points deleted from old (deleted from new too)"
+        )
+    if report.unconfirmed:
+        text += (
+            f"\n{report.unconfirmed} points stay in old for the next run: their copy in new could not be "
+            f"confirmed ({report.rewritten} of them rewritten in old meanwhile by a writer that "
+            "bypasses rm-qdrant, the others rewritten meanwhile or their image changed)"
+        )
+    return text
+
+
 def _summary(report: MigrationReport, name: str) -> str:
     rate = report.moved / report.seconds if report.seconds else 0.0
     text = (
@@ -128,6 +148,7 @@ def _summary(report: MigrationReport, name: str) -> str:
     )
     if report.failure_sample:
         text += f"\nfirst failure: {report.failure_sample[0][1]}"
+    text += _bypassed(report)
     if report.skipped_failed:
         text += (
             f"\n{report.skipped_failed} points that failed before were not tried again (rmq failures "
@@ -334,9 +355,15 @@ def finalize_command(
         raise ConfigError("--out is the list of --drop-failed: give both, or neither")
     store = open_cli_store(ctx)
     pair = load_pair(store, name)
+    linked = linked_before_finalize(store, pair)
     if not drop_failed:
         record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
-        emit(dataclasses.asdict(record), as_json, layout_of(record).finalized_text(record, drop_old))
+        text = layout_of(record).finalized_text(record, drop_old)
+        emit(
+            dataclasses.asdict(record),
+            as_json,
+            text + linked_after_finalize(store, record, linked, dropped_old=drop_old),
+        )
         return
     path = Path(out) if out is not None else default_list_path(name)
     record, dropped = finalize_dropping_failed(
@@ -347,6 +374,7 @@ def finalize_command(
         text = f"removed {dropped.removed} failed points (listed in {dropped.path}); {text}"
     else:
         text = f"no failed points to remove; {text}"
+    text += linked_after_finalize(store, record, linked, dropped_old=drop_old, removed=dropped.removed)
     data = {**dataclasses.asdict(record), "dropped_failed": dropped.removed, "failures_list": dropped.path}
     emit(data, as_json, text)
 

@@ -9,7 +9,7 @@ import click
 from rm_qdrant.backfill.drop import drop_pair
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import list_pairs, load_pair
-from rm_qdrant.backfill.switch import switch_encoder
+from rm_qdrant.backfill.switch import calibration_after, switch_encoder
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     emit,
@@ -112,6 +112,9 @@ def switch_encoder_command(
         else "; new was empty"
     )
     text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
+    calibration = calibration_after(before, updated)
+    if calibration is not None:
+        text += "\n" + _calibration_line(name, calibration)
     recorded = updated.new_model
     if recorded is not None and recorded != before.new_model:
         how = "as given" if new_model else f"the graph pair {name!r} served until now"
@@ -124,7 +127,20 @@ def switch_encoder_command(
             "pair": dataclasses.asdict(updated),
             "switched": True,
             "check": measured and dataclasses.asdict(measured),
+            "calibration": calibration,  # kept | dropped | null (the pair had none)
         },
         as_json,
         text,
+    )
+
+
+def _calibration_line(name: str, what: str) -> str:
+    if what == "kept":
+        return (
+            f"calibration kept: pair {name!r} still merges calibrated distances (the old and new vectors "
+            "it was fitted on are unchanged; rmq calibrate --clear removes it)"
+        )
+    return (
+        f"calibration dropped: pair {name!r} now merges the rm graph's own distances (its ψ puts old hits on "
+        "the new scale; the old model's map no longer applies)"
     )

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import click
+import numpy as np
 
 from rm_qdrant.backfill.baseline import forecast_with_plain, plain_new_model
 from rm_qdrant.backfill.dual import DualIndex
@@ -33,7 +34,9 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.forecast import ModeForecast, crowding_text, recommend
+from rm_qdrant.core.advice import crowding_fix, crowding_text, recommend
+from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
+from rm_qdrant.core.forecast import Crowding, ModeForecast, holdout_split
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
@@ -162,9 +165,39 @@ def _curves(
         metric=pair.distance,
     )
     if sample.rev is None:
-        return forecasts, recommend(forecasts, calibrated=pair.old_distance is not None, k=k)
+        calibrated = pair.old_distance is not None
+        naive = forecasts[0]
+        maps = (
+            () if calibrated or not naive.crowded() else calibrate_maps(sample, pair.distance, k=k, seed=seed)
+        )
+        return forecasts, recommend(forecasts, calibrated=calibrated, k=k, maps=maps)
     forecasts = [dataclasses.replace(f, mode=NO_PSI) if f.mode == "naive" else f for f in forecasts]
     return forecasts, without_plain_advice(forecasts, k)
+
+
+def calibrate_maps(sample: ProbeSample, metric: str, *, k: int, seed: int) -> tuple[tuple[str, bool], ...]:
+    """Whether ``rmq calibrate``'s guard would keep each of its maps, cheapest first, judged on
+    this sample as calibrate judges its own (its default holdout, else half; () when too few)."""
+    for holdout in (0.1, 0.5):
+        try:
+            fit, held = holdout_split(len(sample.ids), holdout, seed, k=k)
+        except ValueError:
+            continue
+        order = np.random.default_rng(seed).permutation(len(held))
+        split = {"order": order, "k": k, "metric": metric, "seed": seed}
+        try:
+            return tuple(
+                (
+                    m,
+                    judge_map(
+                        m, (sample.old[fit], sample.new[fit]), (sample.old[held], sample.new[held]), **split
+                    ).kept,
+                )
+                for m in CHEAPEST_FIRST
+            )
+        except ValueError:
+            return ()
+    return ()
 
 
 def without_plain_advice(forecasts: list[ModeForecast], k: int) -> str:
@@ -269,12 +302,39 @@ def _whose(forecasts: list[ModeForecast]) -> str:
     return "; the plain new model's" if "naive" in modes else "; here this graph's new output's"
 
 
-def status_estimate(store: Store, pair: PairRecord, location: str) -> dict[str, Any] | None:
-    """The label-free estimate for the current state, from the last probe's sample (None without one)."""
+def status_estimate(
+    store: Store, pair: PairRecord, location: str, *, fraction: float | None = None
+) -> dict[str, Any] | None:
+    """The label-free estimate for the current state (``fraction`` of the gallery migrated), from
+    the last probe's sample (None without one)."""
     loaded = load_sample(cache_path(location, pair.name))
     if loaded is None:
         return None
     sample, k = loaded
     if sample.encoder != pair.encoder.fingerprint:
         return None  # probed with another model: not this pair's forecast
-    return estimate_now(store, pair, sample, k=k)
+    return estimate_now(store, pair, sample, k=k, fraction=fraction)
+
+
+def crowding_advice(estimate: dict[str, Any]) -> str:
+    """``rmq status``'s warning on a crowded merge, in ``rmq probe``'s words (t: the sample's share
+    migrated now), with probe's advice for the pair's mode."""
+    crowded = [Crowding(**c) for c in estimate["crowded_out"]]
+    text = crowding_text(crowded, estimate["k"])
+    if estimate["mode"] != "naive":
+        return text
+    return (
+        text
+        + (" even calibrated; " if estimate["calibrated"] else "; ")
+        + crowding_fix(not estimate["calibrated"])
+    )
+
+
+def sample_line(sample: ProbeSample, seed: int, baseline: str) -> str:
+    """What a guard's verdict was judged on, so two runs can be compared: the same key, seed and
+    baseline give the same verdict (the points still in old change as the backfill goes on)."""
+    unread = f", {sample.failed} unreadable left out" if sample.failed else ""
+    return (
+        f"sample {sample.key}: {len(sample.ids)} points drawn with --seed {seed} from the {sample.gallery} "
+        f"still in old{unread}; judged against {baseline}"
+    )

@@ -15,7 +15,6 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.indexing import index_images, scan_image_folder
 from rm_qdrant.backfill.layouts import layout_of
 from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
     COLLECTION,
     FiniteFloat,
@@ -26,10 +25,9 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     plain,
     quiet,
-    store_location,
 )
-from rm_qdrant.cli.probe import status_estimate
-from rm_qdrant.cli.sourceopts import recorded_source_options, source_lines
+from rm_qdrant.cli.linked import linked_at_init
+from rm_qdrant.cli.sourceopts import recorded_source_options
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.core.uris import UriRule
@@ -239,6 +237,8 @@ def init(
     layout = layout_of(record)
     images = record.uri_rule.describe()
     text = f"pair {record.name!r} ({record.mode}): {plain(layout.created)}; images from {plain(images)}"
+    linked = linked_at_init(open_cli_store(ctx), record)
+    text += f"\n{plain(linked)}" if linked else ""
     emit(dataclasses.asdict(record), as_json, text)
 
 
@@ -404,67 +404,3 @@ def _hit_lines(hits: list[Hit], pair: PairRecord, *, first: int = 1) -> list[str
             "(old hits' scores are the old model's; the calibrated merge ranks them on the new scale)"
         )
     return lines
-
-
-@click.command()
-@name_option
-@json_option
-@click.pass_context
-def status(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Both collections' sizes, the fraction migrated, the query mode and the models."""
-    store = open_cli_store(ctx)
-    pair = load_pair(store, name)
-    state = pair_status(store, pair)
-    estimate = status_estimate(store, pair, store_location(ctx))
-    calibrated = pair.old_distance is not None
-    data = {
-        **dataclasses.asdict(state),
-        "fraction": state.fraction,
-        "estimate": estimate,
-        "calibrated": calibrated,
-        "source": pair.source or {},
-    }
-    rolled_back = state.state == "rolled_back"
-    old_where, new_where = plain(state.old_place), plain(state.new_place)
-    text = "\n".join(
-        [
-            f"pair          {plain(state.name)} ({state.mode}, {state.layout}, {state.state})",
-            f"old           {old_where}: {state.old_count} points"
-            + (
-                f" (+{state.kept_count} migrated, kept for rollback)"
-                if state.keep_old and not rolled_back
-                else ""
-            )
-            + (" (all served, by the old model)" if rolled_back else ""),
-            f"new           {new_where}: {state.new_count} points"
-            + (" (not served since the rollback)" if rolled_back else ""),
-            f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
-            f"failed        {state.failed}",
-            *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
-            f"encoder       {plain(state.encoder)}",
-            f"old encoder   {plain(state.old_encoder or '-')}",
-            f"plain new     {plain(state.new_model or '-')}",
-            f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
-            f"alias         {plain(state.alias or '-')}",
-            f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
-            f"estimate      {_estimate_line(estimate)}",
-        ]
-    )
-    emit(data, as_json, text)
-
-
-def _order(pair: PairRecord) -> str:
-    if pair.order is None:
-        return "not prepared"
-    return pair.order if pair.order_ready else f"{pair.order}, ranks half-written: the next run ranks again"
-
-
-def _estimate_line(e: dict[str, Any] | None) -> str:
-    if e is None:
-        return "- (run rmq probe for a label-free quality estimate)"
-    k = e["k"]
-    return (
-        f"{e['mode']}: recall@{k} {e[f'recall@{k}']:.3f} now, {e[f'recall@{k}_start']:.3f} at the start "
-        f"(label-free, {e['sample']}-point probe sample, {e['sample_migrated']:.0%} of it migrated)"
-        + ("  BELOW THE START: the merge is dipping" if e["below_start"] else "")
-    )

@@ -87,12 +87,11 @@ class ModeForecast:
         (a share of CROWDED_MIN_SHARE or more): the merge is decided by the models' scales."""
         if self.old_share is None or self.old_gallery is None:
             return []
-        found = []
-        for t, top, gallery in zip(self.fractions, self.old_share, self.old_gallery, strict=True):
-            for side, g, s in (("old", gallery, top), ("new", 1.0 - gallery, 1.0 - top)):
-                if g >= CROWDED_MIN_SHARE and s < CROWDED_RATIO * g:
-                    found.append(Crowding(t, side, g, s))
-        return found
+        return [
+            c
+            for t, top, gallery in zip(self.fractions, self.old_share, self.old_gallery, strict=True)
+            for c in crowding(t, top, gallery)
+        ]
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -107,6 +106,15 @@ class ModeForecast:
             "crowded_out": [dataclasses.asdict(c) for c in self.crowded()],
             **({"map": list(self.maps), "top1": list(self.top1s or ())} if self.maps is not None else {}),
         }
+
+
+def crowding(t: float, old_share: float, old_gallery: float) -> list[Crowding]:
+    """The sides crowded out at ``t``: a side holding ``g`` >= CROWDED_MIN_SHARE of the gallery and
+    less than CROWDED_RATIO × ``g`` of the merged top k (``old_share``: the old side's share there)."""
+    sides = (("old", old_gallery, old_share), ("new", 1.0 - old_gallery, 1.0 - old_share))
+    return [
+        Crowding(t, side, g, s) for side, g, s in sides if g >= CROWDED_MIN_SHARE and s < CROWDED_RATIO * g
+    ]
 
 
 def row_chunks(n: int) -> Iterator[np.ndarray]:
@@ -171,12 +179,25 @@ def merged_agreement(
     metric: str = "cosine",
 ) -> tuple[float, float]:
     """recall@k and nDCG@k of the merged top-k against ``reference`` (``migrated`` items served from new)."""
-    k = reference.shape[1]
+    found = merged_top_k(new, query_old, old, migrated, reference.shape[1], old_distance, metric)
+    return agreement(found, reference)
+
+
+def merged_top_k(
+    new: np.ndarray,
+    query_old: np.ndarray,
+    old: np.ndarray,
+    migrated: np.ndarray,
+    k: int,
+    old_distance: OldDistance | None = None,
+    metric: str = "cosine",
+) -> np.ndarray:
+    """Each sample item's merged top k over the rest (``migrated`` items served from new)."""
     found = [
         top_k(merged_distances(new[rows], query_old[rows], new, old, migrated, old_distance, metric), k, rows)
         for rows in row_chunks(len(new))
     ]
-    return agreement(np.concatenate(found), reference)
+    return np.concatenate(found)
 
 
 def label_codes(labels: Sequence[object] | None) -> np.ndarray | None:
@@ -363,60 +384,3 @@ def compare_calibrated(
         backfill.curve("calibrated", new, old, old, calibration),
     ]
     return curves + ([backfill.curve("in use", new, old, old, in_use)] if in_use is not None else [])
-
-
-def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:
-    """One clause: which side is crowded out of the merged top k, where, and how far."""
-    top = f"top {k}" if k else "top k"
-    worst = min(crowded, key=lambda c: c.top_k / c.gallery)
-    sides = " and ".join(sorted({c.side for c in crowded}))
-    at = ", ".join(f"{t:g}" for t in sorted({c.t for c in crowded}))
-    return (
-        f"{sides} hits are crowded out of the merged {top} at t = {at} (at t = {worst.t:g} {worst.side} "
-        f"holds {worst.gallery:.0%} of the sample but {worst.top_k:.0%} of the merged {top}): the two "
-        "models' distance scales differ"
-    )
-
-
-def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
-    problems = []
-    if naive.dips():
-        problems.append(
-            f"its recall@k falls below its start ({naive.recall[0]:.3f}) "
-            f"at t = {', '.join(f'{t:g}' for t in naive.dips())}"
-        )
-    if naive.crowded():
-        problems.append(crowding_text(naive.crowded(), k) + (" even calibrated" if calibrated else ""))
-    merge = "the calibrated naive merge" if calibrated else "the naive merge"
-    if not problems:
-        return f"{merge} is safe: its recall@k never falls below its start and neither side is crowded out"
-    return f"{merge} is not safe: " + "; ".join(problems)
-
-
-def recommend(forecasts: Sequence[ModeForecast], *, calibrated: bool = False, k: int | None = None) -> str:
-    """A plain recommendation: which mode to serve, and whether the naive merge is safe.
-
-    A merge is unsafe where its recall@k dips below its start, or where one side is crowded out
-    of the merged top k (:meth:`ModeForecast.crowded`); ``calibrated``: the naive curve is
-    a calibrated pair's.
-    """
-    by_mode = {f.mode: f for f in forecasts}
-    naive, rm = by_mode["naive"], by_mode.get("rm")
-    safety = _naive_safety(naive, calibrated, k)
-    unsafe = bool(naive.dips() or naive.crowded())
-    calibrate = bool(naive.crowded()) and not calibrated
-    if rm is None:
-        if not unsafe:
-            return f"serve naive; {safety}."
-        fix = "run rmq calibrate, or train ψ/ρ heads (rm mode)" if calibrate else "train ψ/ρ heads (rm mode)"
-        return f"do not serve the naive merge as it is: {fix}; {safety}."
-    candidates = [f for f in (rm, naive) if not (f.dips() or f.crowded())] or [rm, naive]
-    best = max(candidates, key=lambda f: f.area)
-    other = naive if best is rm else rm
-    return (
-        f"serve {best.mode} (area {best.area:.3f} vs {other.mode} {other.area:.3f}"
-        + (f"; rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}" if rm.dips() else "")
-        + (f"; in rm, {crowding_text(rm.crowded(), k)}" if rm.crowded() else "")
-        + f"); {safety}"
-        + ("; rmq calibrate puts its old distances on the new model's scale." if calibrate else ".")
-    )

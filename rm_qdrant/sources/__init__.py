@@ -26,7 +26,7 @@ from rm_qdrant.sources.http import HttpFetcher
 from rm_qdrant.sources.s3 import S3Fetcher
 from rm_qdrant.sources.settings import Header, header_values, parse_header
 
-__all__ = ["ImageSource", "SourceConfig", "shown"]
+__all__ = ["ImageSource", "SourceConfig", "shown", "source_kind"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _SHOWN_LENGTH = 300
@@ -98,6 +98,23 @@ def scheme_of(uri: str) -> tuple[str, bool]:
     match = _SCHEME.match(uri)
     explicit = match is not None and len(match.group(1)) > 1  # not a Windows drive letter
     return (match.group(1).lower() if match is not None and explicit else "file"), explicit
+
+
+def source_kind(uri: object) -> str | None:
+    """Where a URI's image comes from, as settings refuse or allow it: its scheme and host
+    (``http://cdn.example.com``, ``s3://bucket``; never a user name or password), ``file`` for
+    a local path, None for no URI. A refused private network, a missing header or a wrong
+    endpoint fails every image of one kind and none of another."""
+    if not isinstance(uri, str) or not uri:
+        return None
+    scheme, _ = scheme_of(uri)
+    if scheme == "file":
+        return "file"
+    try:
+        host = urlsplit(uri).hostname or ""
+    except ValueError:  # a malformed URI: its fetch says why
+        host = ""
+    return f"{scheme}://{host}"
 
 
 def shown(uri: object) -> str:

@@ -17,8 +17,10 @@ __all__ = [
     "ScoredRecord",
     "Store",
     "Where",
+    "linked_shard",
     "normalize_id",
     "open_store",
+    "shard_path",
 ]
 
 
@@ -75,3 +77,16 @@ def is_local_mode_folder(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and "collections" in meta
+
+
+def linked_shard(store: Store, name: str) -> Path | None:
+    """The real folder of collection ``name``'s shard when it is a team's shard adopted into an
+    embedded store through a symbolic link; None for any other collection or store."""
+    found = getattr(store, "linked_shard", None)
+    return found(name) if found is not None else None
+
+
+def shard_path(store: Store, name: str) -> Path | None:
+    """The folder of collection ``name``'s shard in an embedded store; None for other stores."""
+    found = getattr(store, "shard_path", None)
+    return found(name) if found is not None else None

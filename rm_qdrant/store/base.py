@@ -226,8 +226,11 @@ class Store(Protocol):
         With ``vectors``, delete only those named vectors of the points (missing ids skipped)."""
         ...
 
-    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
-        """Merge the same payload into every listed point, in one operation; missing ids are skipped."""
+    def mark(
+        self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any], *, where: Where | None = None
+    ) -> None:
+        """Merge the same payload into every listed point, in one operation; missing ids are skipped.
+        With ``where``, only into those that match it, checked in the same operation."""
         ...
 
     def clear_fields(self, name: str, fields: Sequence[str]) -> None:

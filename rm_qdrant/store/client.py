@@ -234,9 +234,11 @@ class ClientStore:
             else:
                 self._client.delete(name, points_selector=selector, wait=True)
 
-    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
+    def mark(
+        self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any], *, where: Where | None = None
+    ) -> None:
         if ids:
-            selector, checked = models.FilterSelector(filter=client_filter(None, ids)), check_stored(payload)
+            selector, checked = models.FilterSelector(filter=client_filter(where, ids)), check_stored(payload)
             with self._errors(f"payload update in {name!r}", name):
                 self._client.set_payload(name, dict(checked), points=selector, wait=True)
 

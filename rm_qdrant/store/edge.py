@@ -115,6 +115,18 @@ class EdgeStore:
     def has_collection(self, name: str) -> bool:
         return is_collection(self._dir(name))
 
+    def linked_shard(self, name: str) -> Path | None:
+        """Where collection ``name``'s shard is, when it is a team's shard adopted through a
+        symbolic link (``collections/NAME/shard`` or ``collections/NAME``); None otherwise."""
+        folder = self._dir(name)
+        if not is_collection(folder) or not (folder.is_symlink() or (folder / "shard").is_symlink()):
+            return None
+        return (folder / "shard").resolve()
+
+    def shard_path(self, name: str) -> Path:
+        """The folder of collection ``name``'s shard, in this store."""
+        return self._dir(name) / "shard"
+
     def collection(self, name: str, vector: str | None = None) -> CollectionSpec:
         dense, sparse = self._open(name)[0]
         return pick_vector(name, dense, vector, sparse)
@@ -145,7 +157,8 @@ class EdgeStore:
             self._shards[name] = (read_specs(folder, name), shard)
 
     def delete_collection(self, name: str) -> None:
-        """Delete a collection. An adopted shard that is a symlink loses the link, not its data."""
+        """Delete a collection. An adopted shard (or collection folder) that is a symlink loses the
+        link, not its data."""
         with self._mutex:
             opened = self._shards.pop(name, None)
             if opened is not None:
@@ -153,6 +166,9 @@ class EdgeStore:
             folder = self._dir(name)
             if not is_collection(folder):
                 raise CollectionNotFound(f"collection {name!r} not found in {self.path}")
+            if folder.is_symlink():  # a team's collection folder adopted through a link: the link goes
+                folder.unlink()  # at once, and nothing is written in the team's folder
+                return
             (folder / ".creating").touch()  # from here on it no longer counts as a collection
             (folder / "spec.json").unlink(missing_ok=True)
             shutil.rmtree(folder)
@@ -257,9 +273,11 @@ class EdgeStore:
         else:
             self._update(name, qe.UpdateOperation.delete_points_by_filter(edge_filter(where, ids)))
 
-    def mark(self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any]) -> None:
+    def mark(
+        self, name: str, ids: Sequence[PointId], payload: Mapping[str, Any], *, where: Where | None = None
+    ) -> None:
         if ids:
-            by_id, checked = edge_filter(None, ids), check_stored(payload)
+            by_id, checked = edge_filter(where, ids), check_stored(payload)
             try:
                 operation = qe.UpdateOperation.set_payload_by_filter(by_id, dict(checked))
             except (ValueError, TypeError) as exc:

@@ -409,3 +409,46 @@ def test_search_output_is_safe_for_a_terminal_and_filters_keep_strings(tmp_path,
         .output
     )
     assert "\x1b" not in out and "\x07" not in out and "\\x1b[31mred\\nFAKE row\\x07" in out
+
+
+@pytest.mark.parametrize("keep_old", [False, True])
+@pytest.mark.parametrize("link", ["shard", "collection folder"])
+def test_a_linked_shard_is_told_where_its_gallery_goes_and_loses_no_point(models, tmp_path, keep_old, link):
+    """A team's qdrant-edge shard adopted through a symbolic link (README "Stores"): a paired
+    migration moves each point into the new collection, in the store's folder; init says so
+    before, finalize says where the gallery is and what the team's shard still holds. The
+    link may be the shard's or its collection folder's: --drop-old removes the link alone."""
+    _, payloads = team_shard(tmp_path / "team", models, tmp_path)
+    shard = tmp_path / "team" / "collections" / "products" / "shard"
+    store = tmp_path / "store"
+    if link == "shard":
+        (store / "collections" / "products").mkdir(parents=True)
+        (store / "collections" / "products" / "shard").symlink_to(shard)
+    else:
+        (store / "collections").mkdir(parents=True)
+        (store / "collections" / "products").symlink_to(shard.parent)
+
+    def rmq(*args):
+        result = CliRunner().invoke(cli, ["--qdrant", str(store), *map(str, args)])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    kept = ["--keep-old", "--old-encoder", models.old] if keep_old else []
+    said = rmq("init", "--name", "up", "--old-collection", "products", "--encoder", models.rm,
+               "--uri-field", "image_url", *kept)  # fmt: skip
+    assert f"'products' is a shard adopted through a link ({shard})" in said
+    new = store / "collections" / "up-new" / "shard"
+    assert f"({new})" in said and "keep it" in said
+    rmq("migrate", "--name", "up")
+    said = rmq("finalize", "--name", "up", "--alias", "products", "--drop-old")
+    assert f"the gallery lives in 'up-new', in this store's folder ({new})" in said
+    assert f"the team's shard {shard} holds {N if keep_old else 0} point(s)" in said
+    assert "--drop-old removed the link to it, not the shard" in said
+    assert not (store / "collections" / "products").exists()
+    assert sorted(p.name for p in shard.parent.iterdir()) == ["shard"]  # nothing written beside it
+    team = qe.EdgeShard.load(str(shard))  # the team's shard is there, unlinked
+    assert team.count(qe.CountRequest(exact=True)) == (N if keep_old else 0)
+    team.close()
+    with open_store(store, create=False) as opened:  # every point the team wrote is served
+        served, _ = opened.scroll(opened.alias("products") or "", limit=2 * N)
+        assert sorted(r.payload["sku"] for r in served) == sorted(p["sku"] for p in payloads)

@@ -12,6 +12,7 @@ from urllib.parse import unquote
 
 import pytest
 
+from rm_qdrant.store import open_store
 from tests.conftest import QuietHandler
 
 SECRET = "s3cr3t-bearer-value"  # noqa: S105 - a test value
@@ -170,3 +171,24 @@ def test_probe_and_calibrate_read_a_few_images_before_their_sample(rmq, models, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "could be read" in lines[0] and "HTTP 401" in lines[0]
     assert len(served.seen()) <= 5  # a handful of fetches, not the whole sample
+
+
+def test_preflight_tries_each_kind_of_source_the_run_will_meet(rmq, models, gallery, served, tmp_path):
+    base = served().removesuffix("{uri}")  # http://127.0.0.1:PORT/img
+    with open_store(tmp_path / "q") as store:
+        records, _ = store.scroll("gallery", limit=100)
+        # the first points by id stay local files (all a five-image sample of the first points would
+        # see); the others come over HTTP, from an address refused without --allow-private-network
+        later = sorted(records, key=lambda r: r.id)[8:]
+        store.set_payload("gallery", [(r.id, {"uri": base + r.payload["uri"]}) for r in later])
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+    result = rmq("migrate", "--name", "demo", ok=False)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "private" in lines[0]
+    assert "images could be read from http://127.0.0.1," in lines[0]
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert status["failed"] == 0 and status["new_count"] == 0  # nothing started, no point marked failed
+    assert served.seen() == []  # refused by its address: no request was sent
+    rmq("migrate", "--name", "demo", "--allow-private-network")  # the settings that read both kinds
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 24

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rm_qdrant.errors import SourceError
-from rm_qdrant.sources import ImageSource, SourceConfig
+from rm_qdrant.sources import ImageSource, SourceConfig, source_kind
 
 
 def test_local_paths_file_uris_and_root(image_folder):
@@ -55,3 +55,20 @@ def test_refused_disallowed_missing_and_oversized(tmp_path, closed_port, image_f
         pytest.raises(SourceError, match="'http' is not allowed"),
     ):
         source.fetch("http://127.0.0.1/x.jpg")
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind"),
+    [
+        ("/data/a.jpg", "file"),
+        ("a/b.jpg", "file"),
+        ("file:///data/a.jpg", "file"),
+        ("https://user:s3cr3t@CDN.example.com:8443/a.jpg?sig=x", "https://cdn.example.com"),
+        ("s3://bucket/key.jpg", "s3://bucket"),
+        ("gs://bucket/key.jpg", "gs://bucket"),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_a_uri_s_source_kind_is_its_scheme_and_host_never_its_credentials(uri, kind):
+    assert source_kind(uri) == kind  # what a pre-flight samples a few images of, each

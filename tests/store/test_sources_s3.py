@@ -18,11 +18,13 @@ import pytest
 
 from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
 from rm_qdrant.backfill.dual import DualIndex
+from rm_qdrant.backfill.loading import preflight
 from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import SourceError
 from rm_qdrant.sources import ImageSource, SourceConfig, retry, shown
 from rm_qdrant.sources.s3 import GS_ENDPOINT, gs_endpoint
+from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 
 boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed")
@@ -228,3 +230,26 @@ def test_migration_records_s3_failures_per_point_and_moves_the_rest(store, model
     assert (report.moved, report.failed) == (len(items) - 2, 2)
     reasons = {r.id: r.payload[ERROR] for r in store.retrieve("old", list(broken))}
     assert all(reasons[i].startswith(uris[i] + ": " + code) for i, code in broken.items()), reasons
+
+
+def test_preflight_tries_the_http_points_behind_the_s3_ones(store, models, bucket, tmp_path, closed_port):
+    """The first points by id are on S3 (readable), the others on HTTP at a private address that
+    --allow-private-network would let through: the pre-flight refuses before any point is marked
+    failed, without a request (the address is refused before a connection; nothing listens)."""
+    name, put = bucket
+    items = sorted(
+        scan_image_folder(make_image_folder(tmp_path / "g", per_class=4)), key=lambda i: i.point_id
+    )
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    uris = {}
+    for item in items[:6]:
+        put(f"g/{item.point_id}.jpg", Path(item.uri).read_bytes())
+        uris[item.point_id] = f"s3://{name}/g/{item.point_id}.jpg"
+    for item in items[6:]:
+        uris[item.point_id] = f"http://127.0.0.1:{closed_port}/g/{item.point_id}.jpg"
+    store.set_payload("old", [(i, {"uri": uri}) for i, uri in uris.items()])
+    pair = create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm))
+    with pytest.raises(SourceError, match=r"could be read from http://127\.0\.0\.1, .*private") as refused:
+        preflight(store, pair, OnnxEncoder(models.rm), FAST)
+    assert str(refused.value).startswith("none of 5 sampled images")
+    assert store.count("old", Where(not_empty=(ERROR,))) == 0

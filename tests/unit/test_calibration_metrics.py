@@ -13,8 +13,9 @@ import math
 import numpy as np
 import pytest
 
+from rm_qdrant.core.advice import recommend
 from rm_qdrant.core.calibration import fit_calibration
-from rm_qdrant.core.forecast import forecast, merged_distances, recommend, top_k
+from rm_qdrant.core.forecast import forecast, merged_distances, top_k
 from rm_qdrant.core.merge import score_to_distance
 from rm_qdrant.core.metrics import migrated_at
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rm_qdrant.core.forecast import agreement, forecast, merged_distances, recommend, top_k
+from rm_qdrant.core.advice import recommend
+from rm_qdrant.core.forecast import agreement, forecast, merged_distances, top_k
 from rm_qdrant.core.metrics import migrated_at
 
 

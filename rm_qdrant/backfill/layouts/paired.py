@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.backfill.bypass import drop_orphans
 from rm_qdrant.backfill.confirm import having_vector
 from rm_qdrant.backfill.layouts.base import Claimed, DropPlan, EmbedLate, Layout, check_alias, check_all_moved
 from rm_qdrant.backfill.layouts.paired_writes import PairedWrites
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
 _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+_MARKED = Where(not_empty=(MOVING,))  # an old copy a batch or a DualIndex write is moving
 #: Rounds of bringing a batch's copies up to date with old (each needs a new update to land).
 _CATCH_UP = 3
 
@@ -101,6 +103,7 @@ class Paired(PairedWrites, Layout):
         batch = written + prepared.already_in_new
         shapes, in_new, in_old = self._confirm(store, prepared, batch, dim)
         outcome = settle(batch, in_new=shapes, still_in_old=in_old, dim=dim)
+        outcome, rewritten = self._rewritten(store, outcome, in_old)
         if self._behind(outcome.remove_from_old, in_new, in_old):
             outcome = self._catch_up(store, prepared, outcome, in_new, in_old, dim)
             acknowledged = time.monotonic()
@@ -111,8 +114,11 @@ class Paired(PairedWrites, Layout):
         self.retire(store, outcome.remove_from_old)
         failed = prepared.failed + encoded.failed
         record_failures(store, pair.old_collection, failed)
-        if outcome.unconfirmed:
-            log.warning("%d written points were not found in new; they stay in old", len(outcome.unconfirmed))
+        if len(outcome.unconfirmed) > rewritten:
+            log.warning(
+                "%d written points were not found in new; they stay in old",
+                len(outcome.unconfirmed) - rewritten,
+            )
         removed = set(outcome.remove_from_old)
         return BatchResult(
             moved=sum(i in removed for i in written),
@@ -121,7 +127,28 @@ class Paired(PairedWrites, Layout):
             gone=prepared.gone + len(batch) - len(in_old),
             unconfirmed=len(outcome.unconfirmed),
             failed_again=sum(prepared.payloads[i].get(ERROR) is not None for i, _ in failed),
+            rewritten=rewritten,
         )
+
+    def _rewritten(
+        self, store: Store, outcome: Settlement, in_old: dict[PointId, dict]
+    ) -> tuple[Settlement, int]:
+        """``outcome`` less the points rewritten in old by a writer that bypasses rm-qdrant since
+        the batch marked them ``rmq_moving`` (a plain upsert replaced the mark; rm-qdrant's own
+        writers keep ``rmq_moving`` or set ``rmq_migrated``): old's copy is the newer, so the
+        migration's copy goes (only while it is still ours) and the point stays in old, to
+        migrate again (see bypass.py); and how many there were."""
+        ids = [i for i in outcome.remove_from_old if not {MOVING, MIGRATED} & set(in_old[i])]
+        if not ids:
+            return outcome, 0
+        store.delete(self.pair.new_collection, ids, where=_OURS)
+        log.warning(
+            "%d points were rewritten in %r by a writer that bypasses rm-qdrant while they migrated; "
+            "they stay in old and migrate again",
+            len(ids),
+            self.pair.old_collection,
+        )
+        return _replace(outcome, ids, Settlement([], [], ids)), len(ids)
 
     def _copy(
         self,
@@ -231,8 +258,10 @@ class Paired(PairedWrites, Layout):
         return outcome
 
     def retire(self, store: Store, ids: list[PointId]) -> None:
-        """Take migrated points out of old's search."""
-        store.delete(self.pair.old_collection, ids)
+        """Take migrated points out of old's search: only the copies still marked ``rmq_moving``,
+        in the same operation, so a plain upsert that landed since the batch read old back (a
+        writer that bypasses rm-qdrant) stays, a stale copy's newer version (see bypass.py)."""
+        store.delete(self.pair.old_collection, ids, where=_MARKED)
 
     # -- cutover, rollback, drop ---------------------------------------------------
 
@@ -243,6 +272,7 @@ class Paired(PairedWrites, Layout):
             return self._complete_finalize(store, pair)
         if pair.state != "backfilling":
             raise MigrationError(f"pair {pair.name!r} is already {pair.state}")
+        drop_orphans(store, pair)  # --keep-old: migrated points a writer deleted from old (bypass.py)
         check_all_moved(store, pair, self.old_where())
         self.check_finalize(store, alias, drop_old)
         starting = replace(
@@ -318,7 +348,8 @@ class PairedKeepOld(Paired):
         return store.count(self.pair.old_collection, Where(must={MIGRATED: 1}))
 
     def retire(self, store: Store, ids: list[PointId]) -> None:
-        store.mark(self.pair.old_collection, ids, {MIGRATED: 1, ERROR: None, MOVING: None})
+        retired = {MIGRATED: 1, ERROR: None, MOVING: None}
+        store.mark(self.pair.old_collection, ids, retired, where=_MARKED)  # see Paired.retire
 
 
 def _shapes(in_new: dict[PointId, Record]) -> dict[PointId, tuple[int, dict[str, Any]]]:
