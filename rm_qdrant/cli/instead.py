@@ -32,23 +32,25 @@ def calibrate_options(
         return []
     (fit_old, fit_new), held = split
     order = np.random.default_rng(seed).permutation(len(held[0]))
-    judged = [
-        judge_map(
-            m,
-            (fit_old, fit_new),
-            held,
-            order=order,
-            k=k,
-            metric=pair.distance,
-            seed=seed,
-            in_use=pair.old_distance,
-        )
-        for m in CHEAPEST_FIRST
-    ]
-    return [
-        {"option": f"rmq calibrate --map {j.method}", "passes": j.kept, "why": j.refused or None}
-        for j in judged
-    ]
+    found = []
+    for method in CHEAPEST_FIRST:
+        try:
+            j = judge_map(
+                method,
+                (fit_old, fit_new),
+                held,
+                order=order,
+                k=k,
+                metric=pair.distance,
+                seed=seed,
+                in_use=pair.old_distance,
+            )
+        except ValueError as exc:  # a sample no map fits (all distances equal): reported, not raised
+            found.append({"option": f"rmq calibrate --map {method}", "passes": False, "why": str(exc)})
+            continue
+        why = j.refused or None
+        found.append({"option": f"rmq calibrate --map {j.method}", "passes": j.kept, "why": why})
+    return found
 
 
 def loss_options(

@@ -72,10 +72,13 @@ class Team:
             store.upsert(old, [point], image, [body], vector=vector)
             self.reference[point] = body
         elif kind == "delete":
-            store.delete(old, [point])
             paired = self.pair.layout != "single-collection" and not self.pair.keep_old
+            copy = store.retrieve(self.pair.new_collection, [point]) if paired else []
+            store.delete(old, [point])
             if paired and there and MOVING in there[0].payload:  # migrating: seen until the batch
                 self.either[point] = [None, self.reference[point]]  # read old back, not after
+            elif copy:  # paired, a rewrite in old of a migrated point: seen only if a sweep dropped
+                self.either[point] = [None, user_payload(copy[0].payload)]  # the stale copy first
             elif there or self.pair.layout == "single-collection":
                 del self.reference[point]
             else:
@@ -220,7 +223,7 @@ def test_migrate_summary_explains_bypassing_writes_and_points_left_in_old():
 def test_status_says_what_bypassing_writers_left_for_the_next_run():
     from types import SimpleNamespace
 
-    from rm_qdrant.cli.serve import _bypass_lines
+    from rm_qdrant.cli.status import _bypass_lines
 
     assert _bypass_lines(SimpleNamespace(stale_copies=0)) == []
     (line,) = _bypass_lines(SimpleNamespace(stale_copies=3))
