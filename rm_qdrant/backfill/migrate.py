@@ -45,6 +45,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
 from rm_qdrant.backfill.loading import NETWORK_WORKERS, FetchPace, load_batch
 from rm_qdrant.backfill.outcome import (
+    MAX_WORKERS,
     BatchResult,
     ClaimedBatch,
     Encoded,
@@ -285,13 +286,20 @@ class Migrator:
 
 
 def check_workers(workers: int, options: MigrateOptions) -> None:
-    """Refuse ``workers`` below 1, or above 1 with ``options.shard`` (``rmq migrate --dry-run``
-    checks it as the run does).
+    """Refuse ``workers`` below 1 or above :data:`MAX_WORKERS`, above 1 with ``options.shard``,
+    or ``options.fetch_workers`` outside 1..MAX_WORKERS (``rmq migrate --dry-run`` checks it as
+    the run does).
 
     Raises:
         ConfigError: as :func:`run_migration` would.
     """
-    if workers < 1 or (workers > 1 and options.shard is not None):
+    for name, value in (("workers", workers), ("fetch_workers", options.fetch_workers)):
+        if value is None and name == "fetch_workers":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{name} ({flag}) is a whole number from 1 to {MAX_WORKERS}, got {value!r}")
+    if workers > 1 and options.shard is not None:
         raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
 
 
@@ -313,7 +321,8 @@ def run_migration(
     cluster (see ray_engine.py); the shards still write from this process.
 
     Raises:
-        ConfigError: ``workers`` is below 1, or combined with ``options.shard``.
+        ConfigError: ``workers`` or ``options.fetch_workers`` is outside 1..MAX_WORKERS, or
+            ``workers`` is above 1 with ``options.shard``.
         MigrationError: see :meth:`Migrator.run`.
     """
     check_workers(workers, options)

@@ -17,6 +17,11 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
+# The most threads (--workers, --fetch-workers) or Ray actors and tasks (--encoders,
+# --decoders) a run takes: each is an entry built up front (a shard, a thread, an actor), so an
+# absurd count would exhaust memory before anything moved; more than this only contend anyway.
+MAX_WORKERS = 256
+
 
 @dataclass(frozen=True)
 class MigrateOptions:
