@@ -53,6 +53,7 @@ from rm_qdrant.backfill.outcome import (
     MigrateOptions,
     MigrationReport,
     Prepared,
+    uncopyable,
     unusable_rows,
 )
 from rm_qdrant.backfill.pair import PairRecord
@@ -265,14 +266,18 @@ class Migrator:
         present, done = claimed.present, claimed.done
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
+        refused = {}
+        if self.layout.copies_payload:  # one payload new cannot take fails its point, not the run
+            refused = uncopyable({i: payloads[i] for i in ids if i not in done})
         return ClaimedBatch(
             ids,
             payloads,
             [i for i in ids if i in done],
-            [(i, payloads[i]) for i in ids if i not in done],
+            [(i, payloads[i]) for i in ids if i not in done and i not in refused],
             len(batch) - len(ids),
             claimed.token,
             {r.id: r.others for r in present} if self.carried else {},
+            list(refused.items()),
         )
 
     def _encode(self, prepared: Prepared) -> Encoded:
