@@ -126,6 +126,8 @@ def check_filter(filter: models.Filter) -> models.Filter:
                 condition.is_empty if isinstance(condition, models.IsEmptyCondition) else condition.is_null
             )
             check_key_path(field.key)
+        elif isinstance(condition, models.HasVectorCondition):
+            check_text(condition.has_vector, condition.has_vector)
         elif isinstance(condition, models.HasIdCondition):
             try:
                 normalize_ids(condition.has_id)

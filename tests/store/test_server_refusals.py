@@ -69,6 +69,10 @@ BAD_FILTERS = {
     "a lone surrogate key": ({"\udcff": 1}, "UTF-8"),
     "a lone surrogate match": (_field(match=models.MatchAny(any=["\udcff"])), "UTF-8"),
     "a lone surrogate text": (_field(match=models.MatchText(text="a\udcff")), "UTF-8"),
+    "a lone surrogate vector name": (
+        models.Filter(must=[models.HasVectorCondition(has_vector="\udcff")]),
+        "UTF-8",
+    ),
     "a NaN geo radius": (_field(geo_radius=_circle(float("nan"))), "geo radius"),
     "a negative geo radius": (_field(geo_radius=_circle(-1.0)), "geo radius"),
     "a Where past 64 bits": (Where(must={"n": 2**64}), "64-bit"),
