@@ -120,7 +120,7 @@ def _checked(where: Where) -> Where:
             if isinstance(value, Mapping):
                 raise InvalidFilter(
                     f"filter on {key!r}: a Where matches a value or a list of them, not a dict; "
-                    "for a range give a dict filter, {key: {'gte': ...}}"
+                    f"for a range give a dict filter, {{{key!r}: {{'gte': ...}}}}"
                 )
             _check_value(key, value)
     for name in ("empty", "not_empty", "has_vector", "lacks_vector"):

@@ -163,8 +163,8 @@ def _column(name: Any, column: Any) -> list[Any]:
     """One vector's column of a mapping of name -> values: one entry per point."""
     if isinstance(column, (str, bytes, Mapping)) or not isinstance(column, Iterable):
         raise ConfigError(
-            f"other vectors: {name!r:.40} maps to a {type(column).__name__}; give one vector per point "
-            "(a matrix, or a list with None where a point gets none)"
+            f"other vectors: {name!r:.40} maps to {type(column).__name__} {column!r:.20}; give one "
+            "vector per point (a matrix, or a list with None where a point gets none)"
         )
     return list(column)
 
