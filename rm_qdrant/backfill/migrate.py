@@ -45,6 +45,7 @@ from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.layouts import REMOVAL_GRACE, Layout, layout_of
 from rm_qdrant.backfill.loading import NETWORK_WORKERS, FetchPace, load_batch
 from rm_qdrant.backfill.outcome import (
+    MAX_WORKERS,
     BatchResult,
     ClaimedBatch,
     Encoded,
@@ -52,6 +53,7 @@ from rm_qdrant.backfill.outcome import (
     MigrateOptions,
     MigrationReport,
     Prepared,
+    uncopyable,
     unusable_rows,
 )
 from rm_qdrant.backfill.pair import PairRecord
@@ -264,14 +266,18 @@ class Migrator:
         present, done = claimed.present, claimed.done
         payloads = {r.id: r.payload for r in present}
         ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
+        refused = {}
+        if self.layout.copies_payload:  # one payload new cannot take fails its point, not the run
+            refused = uncopyable({i: payloads[i] for i in ids if i not in done})
         return ClaimedBatch(
             ids,
             payloads,
             [i for i in ids if i in done],
-            [(i, payloads[i]) for i in ids if i not in done],
+            [(i, payloads[i]) for i in ids if i not in done and i not in refused],
             len(batch) - len(ids),
             claimed.token,
             {r.id: r.others for r in present} if self.carried else {},
+            list(refused.items()),
         )
 
     def _encode(self, prepared: Prepared) -> Encoded:
@@ -285,13 +291,20 @@ class Migrator:
 
 
 def check_workers(workers: int, options: MigrateOptions) -> None:
-    """Refuse ``workers`` below 1, or above 1 with ``options.shard`` (``rmq migrate --dry-run``
-    checks it as the run does).
+    """Refuse ``workers`` below 1 or above :data:`MAX_WORKERS`, above 1 with ``options.shard``,
+    or ``options.fetch_workers`` outside 1..MAX_WORKERS (``rmq migrate --dry-run`` checks it as
+    the run does).
 
     Raises:
         ConfigError: as :func:`run_migration` would.
     """
-    if workers < 1 or (workers > 1 and options.shard is not None):
+    for name, value in (("workers", workers), ("fetch_workers", options.fetch_workers)):
+        if value is None and name == "fetch_workers":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{name} ({flag}) is a whole number from 1 to {MAX_WORKERS}, got {value!r}")
+    if workers > 1 and options.shard is not None:
         raise ConfigError("use --workers N (threads) or --shard i/n (processes), not both; N >= 1")
 
 
@@ -313,7 +326,8 @@ def run_migration(
     cluster (see ray_engine.py); the shards still write from this process.
 
     Raises:
-        ConfigError: ``workers`` is below 1, or combined with ``options.shard``.
+        ConfigError: ``workers`` or ``options.fetch_workers`` is outside 1..MAX_WORKERS, or
+            ``workers`` is above 1 with ``options.shard``.
         MigrationError: see :meth:`Migrator.run`.
     """
     check_workers(workers, options)

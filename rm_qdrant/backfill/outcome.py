@@ -3,7 +3,7 @@ each settled batch, a run's report, and the per-point failures it records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,9 +13,16 @@ from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.backfill.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ATTEMPTS, ERROR
+from rm_qdrant.errors import InvalidPayload
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
+from rm_qdrant.store.bounds import check_stored
+
+# The most threads (--workers, --fetch-workers) or Ray actors and tasks (--encoders,
+# --decoders) a run takes: each is an entry built up front (a shard, a thread, an actor), so an
+# absurd count would exhaust memory before anything moved; more than this only contend anyway.
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,8 @@ class ClaimedBatch:
     gone: int
     token: str | None
     others: dict[PointId, dict[str, Any]]
+    # points whose payload the store cannot hold as a copy (see uncopyable), failed with the reason
+    uncopyable: list[tuple[PointId, str]] = field(default_factory=list)
 
     def prepared(self, loaded: LoadedRows) -> Prepared:
         """The batch once its images were read (``loaded``: positions in ``todo``)."""
@@ -107,7 +116,7 @@ class ClaimedBatch:
             self.already_in_new,
             [self.todo[row][0] for row in loaded.rows],
             loaded.pixels,
-            [(self.todo[row][0], reason) for row, reason in loaded.failed],
+            self.uncopyable + [(self.todo[row][0], reason) for row, reason in loaded.failed],
             self.gone,
             self.token,
             self.others,
@@ -188,6 +197,22 @@ class MigrationReport:
         self.rewritten += part.rewritten
         self.stopped_early |= part.stopped_early
         self.failure_sample = (self.failure_sample + part.failure_sample)[:5]
+
+
+def uncopyable(payloads: Mapping[PointId, Mapping[str, Any]]) -> dict[PointId, str]:
+    """Of ``payloads`` (as old holds them), those no store write takes, and why: another client
+    (qdrant-client's local mode, a raw qdrant-edge write) can keep a payload outside the store's
+    bounds (NaN, an integer past 64 bits, over 100 levels deep; see
+    :mod:`rm_qdrant.store.bounds`), and a copy of it to new would be refused, for every batch
+    it is in. Such a point fails alone, with the reason, and stays served from old.
+    """
+    refused = {}
+    for point_id, payload in payloads.items():
+        try:
+            check_stored(payload)
+        except InvalidPayload as exc:
+            refused[point_id] = f"its payload cannot be copied: {exc}"
+    return refused
 
 
 def unusable_rows(vectors: np.ndarray, distance: str) -> np.ndarray:

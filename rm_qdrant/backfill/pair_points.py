@@ -237,11 +237,11 @@ class PairPoints:
 
 def id_list(ids: Any) -> list[Any]:
     """``ids`` as a list, refused in one line where it is not a collection of ids."""
-    if isinstance(ids, (models.Filter, models.FilterSelector, Where)):  # iterable: its fields
+    if isinstance(ids, (models.Filter, models.FilterSelector, Where, Mapping)):  # iterable: its fields
         raise ConfigError(f"this call takes a list of point ids, not a filter ({type(ids).__name__})")
     if isinstance(ids, models.PointIdsList):
         return list(ids.points)
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise ConfigError(f"points are a list of ids or a filter, not {type(ids).__name__}")
     return list(ids)
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from rm_qdrant.backfill.loading import LoadedBatch
 from rm_qdrant.backfill.migrate import Migrator
-from rm_qdrant.backfill.outcome import ClaimedBatch, Encoded, Prepared
+from rm_qdrant.backfill.outcome import MAX_WORKERS, ClaimedBatch, Encoded, Prepared
 from rm_qdrant.backfill.ray_workers import EncoderActor, decode_chunk
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
@@ -85,8 +85,8 @@ class RayOptions:
     def __post_init__(self) -> None:
         for name in ("encoders", "decoders"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} is a whole number >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+                raise ConfigError(f"{name} is a whole number from 1 to {MAX_WORKERS}, got {value!r}")
         gpus = self.gpus_per_encoder
         if isinstance(gpus, bool) or not isinstance(gpus, int | float) or not 0 <= gpus < math.inf:
             raise ConfigError(f"gpus_per_encoder is a number >= 0, got {gpus!r}")

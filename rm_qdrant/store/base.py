@@ -376,10 +376,21 @@ def as_floats(vectors: Any, what: str) -> np.ndarray:
     """``vectors`` as a float32 array, or a ConfigError in one line where they are not numbers
     (strings, ragged rows, objects: numpy's ValueError / TypeError)."""
     try:
+        raw = vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors)
+        _real_numbers(raw, what)
         with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused as such
-            return np.asarray(vectors, dtype=np.float32)
+            return np.asarray(raw, dtype=np.float32)
     except (ValueError, TypeError, OverflowError) as exc:
         raise ConfigError(f"{what}: not a matrix of numbers ({str(exc).splitlines()[0][:80]})") from None
+
+
+def _real_numbers(raw: np.ndarray, what: str) -> None:
+    """Refuse complex numbers (numpy dropped the imaginary part, with a warning) and None (numpy
+    made it NaN, refused as "NaN or infinity", which the caller never gave)."""
+    if raw.dtype.kind == "c":
+        raise ConfigError(f"{what}: complex numbers; a vector holds real ones")
+    if raw.dtype.kind == "O" and any(one is None for one in raw.reshape(-1)):
+        raise ConfigError(f"{what}: not a matrix of numbers (it holds None)")
 
 
 def check_spec(

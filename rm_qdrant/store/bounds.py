@@ -9,8 +9,10 @@ the store writes a migration makes), and refused in one line, with nothing writt
   application it nests at most :data:`MAX_PAYLOAD_DEPTH` levels and its compact JSON text is at
   most :data:`MAX_PAYLOAD_BYTES`; a store writes none deeper than :data:`STORE_MAX_DEPTH` (a
   migration copies a team's stored payloads as they are); numpy scalars are numbers (written as
-  Python's), tuples are lists;
-- a filter nests at most :data:`MAX_FILTER_DEPTH` levels (see qfilter.check_filter);
+  Python's; a longdouble as the float it rounds to, refused beyond float64's range), tuples are
+  lists, complex numbers are refused;
+- a filter nests at most :data:`MAX_FILTER_DEPTH` levels, its strings are UTF-8 and its counts
+  (``values_count``, ``min_count``) unsigned 64-bit (see qfilter.check_filter);
 - a point id is an integer in [0, 2**64) or a UUID (store/ids.py);
 - ``limit + offset`` of a search is at most :data:`MAX_HITS`.
 
@@ -50,6 +52,8 @@ MAX_FILTER_DEPTH = 32
 MAX_HITS = 2**31 - 1
 #: The integers a filter matches: 64-bit signed (Qdrant's integer index and match).
 INT64 = (-(2**63), 2**63 - 1)
+#: The largest count a filter takes (``values_count``, ``min_count``: a server's usize).
+UINT64_MAX = 2**64 - 1
 #: The integers a payload holds: Qdrant keeps a JSON integer as a signed or unsigned 64-bit one.
 PAYLOAD_INTS = (-(2**63), 2**64 - 1)
 
@@ -210,6 +214,10 @@ def _number(value: int | float) -> int | float:
 def _other(value: Any, size: list[int]) -> Any:
     """A value of another type: a numpy scalar or an int/float/str subclass (an enum) as the
     plain number or string, anything else refused."""
+    if isinstance(value, np.complexfloating):
+        raise _Bad(f"a complex number ({value!r:.40}) is not a JSON value: give its real and imaginary parts")
+    if isinstance(value, np.floating) and not isinstance(value, np.float64 | np.float32 | np.float16):
+        return _value(_long_float(value), 1, size, 1)  # its .item() is itself: it would recurse
     if isinstance(value, np.generic) and isinstance(value, np.number | np.bool_):
         return _value(value.item(), 1, size, 1)
     if isinstance(value, bool):
@@ -220,6 +228,17 @@ def _other(value: Any, size: list[int]) -> Any:
     name = type(value).__name__
     hint = _HINTS.get(name, "give a string, a number, true/false, null, a list or an object")
     raise _Bad(f"a {name} is not a JSON value: {hint}")
+
+
+def _long_float(value: np.floating) -> float:
+    """An ``np.longdouble`` as the float JSON holds, refused where it does not fit one (beyond
+    float64's range, or a value float64 holds only as 0)."""
+    number = float(value)
+    if np.isfinite(value) and (not math.isfinite(number) or (number == 0 and value != 0)):
+        raise _Bad(
+            f"a {type(value).__name__} beyond the 64-bit floats a payload holds (give a float or a string)"
+        )
+    return number
 
 
 def _utf8(text: str) -> None:
@@ -255,6 +274,13 @@ def check_json_depth(value: Any, limit: int, refusal: str) -> None:
 def check_key_path(key: Any) -> str:
     """``key`` if it is a payload path a filter may name, else :class:`InvalidFilter` (the
     embedded store and local mode refused ``""`` or ``a..b`` with different errors)."""
+    if isinstance(key, str) and not key.isascii():
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            raise InvalidFilter(
+                f"filter on {key!r:.60}: not UTF-8 text (it holds a lone surrogate)"
+            ) from None
     if not isinstance(key, str) or _KEY_PATH.fullmatch(key) is None:
         raise InvalidFilter(
             f"filter on {key!r:.60}: not a payload path (keys joined by dots, like 'meta.dept'; quote others)"

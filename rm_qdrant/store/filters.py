@@ -12,7 +12,11 @@ from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.paths import fits_int64
 from rm_qdrant.errors import ConfigError, InvalidFilter
 from rm_qdrant.store.bounds import check_key_path
-from rm_qdrant.store.qfilter import check_filter, range_condition
+from rm_qdrant.store.qfilter import check_filter, check_text, range_condition
+
+#: The most slices a ``Where.slice`` cuts the points into (qdrant-edge's ``SliceCondition``
+#: takes 32-bit counts).
+MAX_SLICES = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,57 @@ def as_where(filter: Filter | None) -> Where | None:
     if isinstance(filter, models.Filter):
         where = Where(clauses=(check_filter(filter),))
     elif isinstance(filter, Where):
-        where = filter
-        for clause in filter.clauses:
-            check_filter(clause)
+        where = _checked(filter)
     elif isinstance(filter, Mapping):
         where = _from_mapping(filter)
     else:
         raise ConfigError(f"a filter is a models.Filter, a Where or a dict, not {type(filter).__name__}")
     return where if where else None
+
+
+def _checked(where: Where) -> Where:
+    """``where`` once its parts are what a :class:`Where` holds, checked as the other forms are
+    (a hand-built one reached the stores unchecked: binding internals, or a raw OverflowError)."""
+    for name in ("must", "must_not"):
+        given = getattr(where, name)
+        if not isinstance(given, Mapping):
+            raise InvalidFilter(f"Where.{name} is a mapping of field -> value, not {type(given).__name__}")
+        for key, value in given.items():
+            if not isinstance(key, str):
+                raise InvalidFilter(
+                    f"Where.{name}'s keys are field names (strings), not {type(key).__name__}"
+                )
+            check_key_path(key)
+            if isinstance(value, Mapping):
+                raise InvalidFilter(
+                    f"filter on {key!r}: a Where matches a value or a list of them, not a dict; "
+                    f"for a range give a dict filter, {{{key!r}: {{'gte': ...}}}}"
+                )
+            _check_value(key, value)
+    for name in ("empty", "not_empty", "has_vector", "lacks_vector"):
+        given = getattr(where, name)
+        if isinstance(given, str) or not all(isinstance(one, str) for one in given):
+            raise InvalidFilter(f"Where.{name} is a tuple of names (strings), got {given!r:.60}")
+        for one in given:
+            if name in ("empty", "not_empty"):
+                check_key_path(one)
+            else:
+                check_text(one, one)
+    if where.slice is not None:
+        _check_slice(where.slice)
+    for clause in where.clauses:
+        if not isinstance(clause, models.Filter):
+            raise InvalidFilter(f"Where.clauses are models.Filter s, not {type(clause).__name__}")
+        check_filter(clause)
+    return where
+
+
+def _check_slice(given: Any) -> None:
+    ok = isinstance(given, tuple) and len(given) == 2 and all(type(n) is int for n in given)
+    if not ok or not 0 <= given[0] < given[1] <= MAX_SLICES:
+        raise InvalidFilter(
+            f"Where.slice is (i, n): the i-th of n slices, 0 <= i < n <= {MAX_SLICES}, got {given!r:.60}"
+        )
 
 
 def _joined(
@@ -142,14 +189,18 @@ def _check_value(key: str, value: Any) -> None:
     if isinstance(value, (list, tuple, set, frozenset)):
         for one in value:
             if isinstance(one, (list, tuple, set, frozenset, bool)):
-                raise ConfigError(
+                raise InvalidFilter(
                     f"filter on {key!r}: a list matches any of its strings or integers, not {one!r}; "
                     "for true/false give one value, or a models.Filter with should conditions"
                 )
             _check_value(key, one)
         if len({type(one) for one in value}) > 1:
-            raise ConfigError(f"filter on {key!r}: a list matches strings or integers, not both ({value!r})")
+            raise InvalidFilter(
+                f"filter on {key!r}: a list matches strings or integers, not both ({value!r})"
+            )
         return
+    if isinstance(value, str) and not value.isascii():
+        check_text(key, value)
     if isinstance(value, bool | str) or (isinstance(value, int) and fits_int64(value)):
         return
     if isinstance(value, int):
@@ -158,16 +209,16 @@ def _check_value(key: str, value: Any) -> None:
             "(-2**63 to 2**63 - 1)"
         )
     if isinstance(value, float):
-        raise ConfigError(
+        raise InvalidFilter(
             f"filter on {key!r}: a plain value matches a string, an integer or true/false; for the "
             f"number {value} give a range, {{{key!r}: {{'gte': {value}, 'lte': {value}}}}}"
         )
     if value is None:
-        raise ConfigError(
+        raise InvalidFilter(
             f"filter on {key!r}: a plain value cannot be None; for a null or missing field give "
             "models.Filter(must=[models.IsNullCondition(...)]) or models.IsEmptyCondition"
         )
-    raise ConfigError(
+    raise InvalidFilter(
         f"filter on {key!r}: a plain value is a string, an integer, true/false or a list of them, "
         f"not {type(value).__name__}"
     )

@@ -90,7 +90,11 @@ def _as_params(given: Any) -> models.SearchParams | None:
             f"search_params.hnsw_ef must be an integer from 1 to {MAX_HITS}, got {given.hnsw_ef!r}"
         )
     quantization = given.quantization
-    if quantization is not None and quantization.oversampling is not None and quantization.oversampling < 1:
+    if (
+        quantization is not None
+        and quantization.oversampling is not None
+        and not quantization.oversampling >= 1
+    ):
         raise ConfigError(
             f"search_params.quantization.oversampling must be >= 1, got {quantization.oversampling!r}"
         )

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError, InvalidFilter
-from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, check_json_depth, check_key_path
+from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, UINT64_MAX, check_json_depth, check_key_path
 from rm_qdrant.store.ids import normalize_ids
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
@@ -126,6 +126,8 @@ def check_filter(filter: models.Filter) -> models.Filter:
                 condition.is_empty if isinstance(condition, models.IsEmptyCondition) else condition.is_null
             )
             check_key_path(field.key)
+        elif isinstance(condition, models.HasVectorCondition):
+            check_text(condition.has_vector, condition.has_vector)
         elif isinstance(condition, models.HasIdCondition):
             try:
                 normalize_ids(condition.has_id)
@@ -150,15 +152,44 @@ def _check_field(c: models.FieldCondition) -> None:
             bound = getattr(c.range, end)
             if isinstance(bound, float) and math.isnan(bound):
                 raise InvalidFilter(f"filter on {c.key!r}: range bound {end} is NaN (give a number, or None)")
+    if c.geo_radius is not None and not c.geo_radius.radius >= 0:  # NaN too
+        raise InvalidFilter(
+            f"filter on {c.key!r}: a geo radius is a distance in meters, 0 or more, got {c.geo_radius.radius}"
+        )
+    if c.values_count is not None:
+        for end in ("gt", "gte", "lt", "lte"):
+            check_count(f"filter on {c.key!r}: values_count.{end}", getattr(c.values_count, end))
     match = c.match
     given = [getattr(match, "value", None)] + list(getattr(match, "any", None) or [])
     given += list(getattr(match, "except_", None) or [])
+    for name in ("text", "phrase", "text_any"):
+        given.append(getattr(match, name, None))
     for value in given:
+        if type(value) is str and not value.isascii():
+            check_text(c.key, value)
         if type(value) is int and not INT64[0] <= value <= INT64[1]:
             raise InvalidFilter(
                 f"filter on {c.key!r}: {value} is outside the 64-bit integers a filter matches "
                 "(-2**63 to 2**63 - 1)"
             )
+
+
+def check_count(what: str, count: Any) -> None:
+    """Refuse a count a server reads as an unsigned 64-bit integer (``values_count``,
+    ``min_count``) where it is not one: the embedded store's binding raised a raw OverflowError."""
+    if count is not None and not 0 <= count <= UINT64_MAX:
+        raise InvalidFilter(f"{what} is a count from 0 to 2**64 - 1, got {count}")
+
+
+def check_text(key: Any, text: str) -> None:
+    """Refuse a filter string that is not UTF-8 (a lone surrogate), as a payload's is refused:
+    the embedded store's binding failed in four lines, local mode matched nothing."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise InvalidFilter(
+            f"filter on {key!r:.60}: {text!r:.60} is not UTF-8 text (it holds a lone surrogate)"
+        ) from None
 
 
 #: The conditions a ``FieldCondition`` may carry: a server refuses one with none of them.
@@ -177,6 +208,8 @@ _FIELD_CONDITIONS = (
 def _every_condition(filter: models.Filter, depth: int) -> Iterator[Any]:
     if depth > MAX_FILTER_DEPTH:
         raise InvalidFilter(f"a filter nested deeper than the {MAX_FILTER_DEPTH} levels a filter may have")
+    if filter.min_should is not None:
+        check_count("min_should.min_count", filter.min_should.min_count)
     if filter.min_should is not None and filter.min_should.min_count < 1:
         raise InvalidFilter(f"min_should.min_count is at least 1, got {filter.min_should.min_count}")
     if filter.min_should is not None and not filter.min_should.conditions:

@@ -7,7 +7,7 @@ unchanged, and checks the ones an application gives it against the collection's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,7 +144,7 @@ def check_others(
 
 def _per_point(given: VectorRows, rows: int) -> list[Mapping[str, Any] | None]:
     if isinstance(given, Mapping):
-        columns = {name: list(column) for name, column in given.items()}
+        columns = {name: _column(name, column) for name, column in given.items()}
         wrong = {name: len(c) for name, c in columns.items() if len(c) != rows}
         if wrong:
             name, count = next(iter(wrong.items()))
@@ -157,6 +157,16 @@ def _per_point(given: VectorRows, rows: int) -> list[Mapping[str, Any] | None]:
     if not all(row is None or isinstance(row, Mapping) for row in given):
         raise ConfigError("other vectors: each point's entry is a mapping of vector name -> vector")
     return list(given)
+
+
+def _column(name: Any, column: Any) -> list[Any]:
+    """One vector's column of a mapping of name -> values: one entry per point."""
+    if isinstance(column, (str, bytes, Mapping)) or not isinstance(column, Iterable):
+        raise ConfigError(
+            f"other vectors: {name!r:.40} maps to {type(column).__name__} {column!r:.20}; give one "
+            "vector per point (a matrix, or a list with None where a point gets none)"
+        )
+    return list(column)
 
 
 def _unknown(collection: str, name: str, known: Mapping[str, OtherVector], managed: Mapping[str, str]) -> str:

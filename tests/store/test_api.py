@@ -52,6 +52,17 @@ def test_bad_options_are_one_clear_error(store, models, pair):
 
 
 @pytest.mark.parametrize(
+    "options",
+    [{"workers": 99999999999999999999999}, {"workers": 257}, {"fetch_workers": 10**22}],
+)
+def test_an_absurd_worker_count_is_refused_before_anything_is_built(store, pair, options):
+    # one entry per worker was built first: 10**22 workers grew to gigabytes before a refusal
+    with pytest.raises(ConfigError, match=r"workers.* is a whole number from 1 to 256"):
+        rm_qdrant.migrate(store, "p", **options)
+    assert store.count("p-new") == 0
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"batch": "10"}, "batch must be an integer, got '10'"),

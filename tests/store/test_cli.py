@@ -153,6 +153,9 @@ def test_migrate_finalize_from_the_command_line(rmq, models, image_folder):
         (["--shard", "2/2"], "bad --shard '2/2'"),
         (["--shard", "0/2"], "run 'rmq migrate --prepare'"),
         (["--shard", "0/2", "--workers", "2"], "not both"),
+        (["--workers", "99999999999999999999999"], "workers (--workers) is a whole number from 1 to 256"),
+        (["--workers", "99999999999999999999999", "--dry-run"], "from 1 to 256"),
+        (["--fetch-workers", "257", "--dry-run"], "fetch_workers (--fetch-workers) is a whole number"),
         (["--order", "confidence"], "have no numeric payload 'old_confidence'"),
     ],
 )

@@ -15,9 +15,10 @@ import datetime
 
 import numpy as np
 import pytest
+from qdrant_client import models
 
 from rm_qdrant import DualIndex
-from rm_qdrant.errors import InvalidPayload, InvalidPointId, RmqError
+from rm_qdrant.errors import ConfigError, InvalidPayload, InvalidPointId, RmqError
 from tests.conftest import OLD_DIM
 from tests.store.hostile import LAYOUTS, build, ids, reopen, snapshot, still_works
 
@@ -63,6 +64,18 @@ HOSTILE = {
     "id 2**64 set_payload": (lambda i: i.set_payload({"n": 1}, [P, 2**64]), InvalidPointId, "2\\*\\*64"),
     "id 2**64 delete": (lambda i: i.delete([P, 2**64]), InvalidPointId, "2\\*\\*64"),
     "id -1 delete": (lambda i: i.delete([P, -1]), InvalidPointId, "unsigned"),
+    "a clongdouble": (lambda i: i.set_payload({"x": np.clongdouble(1 + 2j)}, [P]), InvalidPayload, "complex"),
+    "a complex128": (lambda i: _write(i, [P], {"x": [np.complex128(1j)]}), InvalidPayload, "complex"),
+    "a longdouble past float64": (
+        lambda i: _write(i, [P], {"x": np.longdouble(10) ** 400}),
+        InvalidPayload,
+        "64-bit floats",
+    ),
+    "other vectors of an int": (
+        lambda i: _write(i, [P], {"n": 1}, others={"text": 5}),
+        ConfigError,
+        "'text'",
+    ),
     "second of two payloads": (
         lambda i: _write(i, ids()[:2], [{"n": 1}, {"x": float("nan")}]),
         InvalidPayload,
@@ -71,11 +84,11 @@ HOSTILE = {
 }
 
 
-def _write(index, points, payload) -> None:
+def _write(index, points, payload, others=None) -> None:
     payloads = payload if isinstance(payload, list) else [payload] * len(points)
     vectors = np.ones((len(points), OLD_DIM), np.float32)
-    keeps_old = index.layout.keeps_writes_in_old
-    index.upsert_vectors(points, vectors, payloads, **({"old_vectors": vectors} if keeps_old else {}))
+    more = {"old_vectors": vectors} if index.layout.keeps_writes_in_old else {}
+    index.upsert_vectors(points, vectors, payloads, other_vectors=others, **more)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -115,10 +128,11 @@ def test_numbers_of_numpy_and_tuples_are_stored_alike_on_both_stores(kind, tmp_p
     index = DualIndex.open(store, "p", exact=True)
     given = {"f": np.float32(1.5), "i": np.int64(-3), "b": np.bool_(True), "t": (1, "x")}
     given["d"] = {"u": np.uint8(7), "top": np.uint64(2**64 - 1), "low": -(2**63)}
+    given["l"] = np.longdouble(1.5)  # its .item() is a longdouble: a RecursionError before
     _write(index, [P], given)
-    index.set_payload({"g": np.float64(0.25)}, [P])
+    index.set_payload({"g": np.float64(0.25), "h": [np.longdouble(-2.5)]}, [P])
     expected = {"f": 1.5, "i": -3, "b": True, "t": [1, "x"], "d": {"u": 7, "top": 2**64 - 1, "low": -(2**63)}}
-    expected["g"] = 0.25
+    expected.update(l=1.5, g=0.25, h=[-2.5])
     assert [p.payload for p in index.retrieve([P])] == [expected]
     assert index.count({"i": -3}) == 1
     store.close()
@@ -165,6 +179,11 @@ def test_async_dual_index_refuses_the_same_before_writing(kind, tmp_path):
             lambda: index.delete([2**64]),
             lambda: index.count({"n": 2**64}),
             lambda: index.search_vectors(V[0], V[0], offset=10**30),
+            lambda: index.set_payload({"x": np.clongdouble(1)}, [P]),
+            lambda: index.upsert_vectors([P], V, [{"x": np.longdouble(10) ** 400}], old_vectors=V),
+            lambda: index.count({"n": "\udcff"}),
+            lambda: index.count(models.Filter(must=[_count_below(-1)])),
+            lambda: index.search_vectors(V[0], V[0], filter=models.Filter(must=[_count_below(2**64)])),
         ):
             try:
                 await call()
@@ -173,6 +192,10 @@ def test_async_dual_index_refuses_the_same_before_writing(kind, tmp_path):
         await index.close()
         return refused
 
-    assert len(asyncio.run(main())) == 6
+    assert len(asyncio.run(main())) == 11
     assert snapshot(store) == before
     still_works(store, kind, tmp_path).close()
+
+
+def _count_below(count: int) -> models.FieldCondition:
+    return models.FieldCondition(key="n", values_count=models.ValuesCount(lt=count))

@@ -83,6 +83,9 @@ def test_a_range_with_an_open_end_or_a_numpy_bound_is_a_number_range(store, tmp_
             "payloads",
         ),
         (lambda index: index.delete(None), "list of ids"),
+        (lambda index: index.search_vectors([1j] * OLD_DIM, [1j] * OLD_DIM), "complex numbers"),
+        (lambda index: index.search_vectors([None] * OLD_DIM, [None] * OLD_DIM), "holds None"),
+        (lambda index: index.search_vectors_batch([[None] * OLD_DIM], [[None] * OLD_DIM]), "holds None"),
     ],
 )
 def test_bad_input_to_the_point_api_is_one_line(store, tmp_path, call, words):

@@ -142,6 +142,10 @@ BAD = [
         {"search_params": {"quantization": {"oversampling": 0.5}}},
         "search_params.quantization.oversampling",
     ),
+    (
+        {"search_params": {"quantization": {"oversampling": float("nan")}}},
+        "search_params.quantization.oversampling",
+    ),
     ({"search_params": {"idf": "global"}}, "search_params.idf"),
     ({"search_params": models.SearchParams(exact=False), "exact": True}, "contradicts"),
     ({"search_params": models.SearchParams(hnsw_ef=64), "hnsw_ef": 32}, "contradicts"),

@@ -18,6 +18,7 @@ import pytest
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError, InvalidFilter, InvalidPointId
+from rm_qdrant.store import Where
 from rm_qdrant.store.bounds import MAX_FILTER_DEPTH
 from tests.conftest import OLD_DIM, one_error_line
 from tests.store.hostile import LAYOUTS, N, build, ids
@@ -37,6 +38,14 @@ def nested(levels: int) -> models.Filter:
     return inner
 
 
+def _is(value: int) -> models.FieldCondition:
+    return models.FieldCondition(key="n", match=models.MatchValue(value=value))
+
+
+def _circle(radius: float) -> models.GeoRadius:
+    return models.GeoRadius(center=models.GeoPoint(lon=0.0, lat=0.0), radius=radius)
+
+
 BAD_FILTERS = {
     "a FieldCondition with no condition": (
         models.Filter(must=[models.FieldCondition(key="n")]),
@@ -49,6 +58,31 @@ BAD_FILTERS = {
     "an id past 64 bits": (models.Filter(must=[models.HasIdCondition(has_id=[1, 2**64])]), "2\\*\\*64"),
     "a dict value past 64 bits": ({"n": 2**64}, "64-bit"),
     "a dict with an int key": ({1: "a"}, "field names"),
+    "values_count past 64 bits": (_field(values_count=models.ValuesCount(lt=2**64)), "count from 0"),
+    "a negative values_count": (_field(values_count=models.ValuesCount(gte=-1)), "count from 0"),
+    "min_count past 64 bits": (
+        models.Filter(min_should=models.MinShould(conditions=[_is(1), _is(2)], min_count=2**64)),
+        "count from 0",
+    ),
+    "a lone surrogate value": ({"n": "\udcff"}, "UTF-8"),
+    "a lone surrogate in a list": ({"n": ["a", "\udcff"]}, "UTF-8"),
+    "a lone surrogate key": ({"\udcff": 1}, "UTF-8"),
+    "a lone surrogate match": (_field(match=models.MatchAny(any=["\udcff"])), "UTF-8"),
+    "a lone surrogate text": (_field(match=models.MatchText(text="a\udcff")), "UTF-8"),
+    "a lone surrogate vector name": (
+        models.Filter(must=[models.HasVectorCondition(has_vector="\udcff")]),
+        "UTF-8",
+    ),
+    "a NaN geo radius": (_field(geo_radius=_circle(float("nan"))), "geo radius"),
+    "a negative geo radius": (_field(geo_radius=_circle(-1.0)), "geo radius"),
+    "a Where past 64 bits": (Where(must={"n": 2**64}), "64-bit"),
+    "a Where of lists in a list": (Where(must={"n": [[1]]}), "a list matches"),
+    "a Where of a dict": (Where(must={"n": {"a": 1}}), "not a dict"),
+    "a Where's must_not a surrogate": (Where(must_not={"n": "\udcff"}), "UTF-8"),
+    "a Where slice past 32 bits": (Where(slice=(0, 2**70)), "Where.slice"),
+    "a Where slice of 0": (Where(slice=(0, 0)), "Where.slice"),
+    "a Where clause of a string": (Where(clauses=("x",)), "models.Filter"),
+    "a Where of a bad key": (Where(empty=("a..b",)), "payload path"),
     f"{MAX_FILTER_DEPTH + 1} levels": (nested(MAX_FILTER_DEPTH + 1), f"{MAX_FILTER_DEPTH} levels"),
     "200 levels": (nested(200), f"{MAX_FILTER_DEPTH} levels"),
     "a nested condition 40 deep": (
@@ -87,6 +121,7 @@ def test_delete_given_a_filter_says_it_takes_ids(store, tmp_path, layout):
     for given in (
         models.Filter(should=[models.HasIdCondition(has_id=[1])]),
         models.FilterSelector(filter=nested(1)),
+        {"n": 1},
     ):
         with pytest.raises(ConfigError, match="list of point ids, not a filter") as raised:
             index.delete(given)
@@ -132,6 +167,8 @@ def test_an_id_past_64_bits_is_one_line_that_names_it_on_both_stores(store, tmp_
         (("--filter", '{"must": [' * 500 + "{}" + "]}" * 500), "nested deeper"),
         (("--filter", '{"must": [{"key": "n", "match": {"value": 18446744073709551616}}]}'), "64-bit"),
         (("--filter", '{"must": [{"key": "n"}]}'), "needs a condition"),
+        (("--filter", '{"must": [{"key": "n", "values_count": {"lt": -1}}]}'), "count from 0"),
+        (("--filter", "n=\udcff"), "UTF-8"),  # $'n=\xff' from a shell
     ],
 )
 def test_a_search_the_cli_cannot_run_is_one_line(rmq, demo, args, words):

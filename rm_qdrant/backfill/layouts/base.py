@@ -83,6 +83,8 @@ class Layout:
     old_overlaps = False
     #: Old keeps every point until the cutover, so the old model can serve the gallery again.
     rolls_back = True
+    #: A migrated point's payload is written anew, as a copy in new (the two-collection layouts).
+    copies_payload = False
 
     def __init__(self, pair: PairRecord) -> None:
         self.pair = pair

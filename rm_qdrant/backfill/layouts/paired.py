@@ -54,6 +54,7 @@ class Paired(PairedWrites, Layout):
     """Two collections; a migrated point leaves old."""
 
     rolls_back = False
+    copies_payload = True
 
     def in_both(self, store: Store, where: Where | None = None) -> list[PointId]:
         """Points that serve from old and are already in new: a migration step cut short
