@@ -167,11 +167,12 @@ class DualIndex(PairSearch, PairPoints):
         return self.search_vectors_batch(new, old, limit=limit, filter=filter, **options)
 
     def search_vectors(
-        self, new_vector: np.ndarray, old_vector: np.ndarray, *, limit: int = 10, **options: Any
+        self, new_vector: np.ndarray | None, old_vector: np.ndarray | None, *, limit: int = 10, **options: Any
     ) -> list[Hit]:
-        """Search with ready-made vectors: ``new_vector`` for new, ``old_vector`` for old."""
-        new = as_floats(new_vector, "new_vector").reshape(1, -1)
-        old = as_floats(old_vector, "old_vector").reshape(1, -1)
+        """Search with ready-made vectors: ``new_vector`` for new, ``old_vector`` for old (None
+        where the pair does not search that side: old once finalized, new once rolled back)."""
+        new = None if new_vector is None else as_floats(new_vector, "new_vector").reshape(1, -1)
+        old = None if old_vector is None else as_floats(old_vector, "old_vector").reshape(1, -1)
         return self.search_vectors_batch(new, old, limit=limit, **options)[0]
 
     def search_vectors_batch(
