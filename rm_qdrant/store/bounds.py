@@ -122,8 +122,8 @@ def check_payload(
 def check_payloads(payloads: Any, *, store: bool = False) -> list[Any]:
     """:func:`check_payload` of each payload of a write (None stays None: keep the point's);
     ``store``: a store's own bounds (:data:`STORE_MAX_DEPTH`, any size), not an application's."""
-    bounds: dict[str, Any] = {"depth": STORE_MAX_DEPTH, "size": None} if store else {}
-    return [None if p is None else check_payload(p, **bounds) for p in payloads]
+    check = check_stored if store else check_payload
+    return [None if p is None else check(p) for p in payloads]
 
 
 def check_stored(payload: Any) -> dict[str, Any]:
@@ -242,10 +242,17 @@ def _long_float(value: np.floating) -> float:
 
 
 def _utf8(text: str) -> None:
+    if not is_utf8(text):
+        raise _Bad(f"{text!r:.60} is not UTF-8 text (it holds a lone surrogate)")
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogate: the shell's undecodable bytes)."""
     try:
         text.encode()
     except UnicodeEncodeError:
-        raise _Bad(f"{text!r:.60} is not UTF-8 text (it holds a lone surrogate)") from None
+        return False
+    return True
 
 
 def check_hits(limit: Any, offset: Any) -> None:
@@ -274,13 +281,8 @@ def check_json_depth(value: Any, limit: int, refusal: str) -> None:
 def check_key_path(key: Any) -> str:
     """``key`` if it is a payload path a filter may name, else :class:`InvalidFilter` (the
     embedded store and local mode refused ``""`` or ``a..b`` with different errors)."""
-    if isinstance(key, str) and not key.isascii():
-        try:
-            key.encode()
-        except UnicodeEncodeError:
-            raise InvalidFilter(
-                f"filter on {key!r:.60}: not UTF-8 text (it holds a lone surrogate)"
-            ) from None
+    if isinstance(key, str) and not is_utf8(key):
+        raise InvalidFilter(f"filter on {key!r:.60}: not UTF-8 text (it holds a lone surrogate)")
     if not isinstance(key, str) or _KEY_PATH.fullmatch(key) is None:
         raise InvalidFilter(
             f"filter on {key!r:.60}: not a payload path (keys joined by dots, like 'meta.dept'; quote others)"

@@ -20,7 +20,14 @@ from pydantic import ValidationError
 from qdrant_client import models
 
 from rm_qdrant.errors import ConfigError, InvalidFilter
-from rm_qdrant.store.bounds import INT64, MAX_FILTER_DEPTH, UINT64_MAX, check_json_depth, check_key_path
+from rm_qdrant.store.bounds import (
+    INT64,
+    MAX_FILTER_DEPTH,
+    UINT64_MAX,
+    check_json_depth,
+    check_key_path,
+    is_utf8,
+)
 from rm_qdrant.store.ids import normalize_ids
 
 #: The keys of a range, as Qdrant's ``Range``/``DatetimeRange`` have them.
@@ -184,12 +191,10 @@ def check_count(what: str, count: Any) -> None:
 def check_text(key: Any, text: str) -> None:
     """Refuse a filter string that is not UTF-8 (a lone surrogate), as a payload's is refused:
     the embedded store's binding failed in four lines, local mode matched nothing."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
+    if not is_utf8(text):
         raise InvalidFilter(
             f"filter on {key!r:.60}: {text!r:.60} is not UTF-8 text (it holds a lone surrogate)"
-        ) from None
+        )
 
 
 #: The conditions a ``FieldCondition`` may carry: a server refuses one with none of them.
