@@ -35,7 +35,7 @@ from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import MIGRATED, MOVING, ORIGIN, ORIGIN_MIGRATE, RANK, STALE, chunks
 from rm_qdrant.store import Where
 from rm_qdrant.store.filters import with_ids
-from rm_qdrant.store.points import every_id
+from rm_qdrant.store.points import every_id, present_ids
 
 if TYPE_CHECKING:
     from rm_qdrant.backfill.pair import PairRecord
@@ -81,7 +81,7 @@ def stale_copies(store: Store, pair: PairRecord, serving: Where, where: Where | 
         return []
     if store.count(old, candidates) <= in_new:
         ids = every_id(store, old, candidates)
-        return [i for part in chunks(ids, _CHUNK) for i in _present(store, new, part)]
+        return [i for part in chunks(ids, _CHUNK) for i in present_ids(store, new, part)]
     found: list[PointId] = []
     for part in chunks(every_id(store, new), _CHUNK):
         found += every_id(store, old, candidates & with_ids(part))
@@ -118,7 +118,7 @@ def drop_stale(store: Store, pair: PairRecord, serving: Where) -> list[PointId]:
     still = stale_among(store, pair, ids)
     if still:
         store.delete(new, sorted(still, key=str), where=Where(must={STALE: token}))
-    spared = _present(store, new, list(still))  # a user's write replaced the copy meanwhile
+    spared = present_ids(store, new, list(still))  # a user's write replaced the copy meanwhile
     kept = [i for i in ids if i not in still or i in spared]
     if kept:
         store.mark(new, kept, {STALE: None})
@@ -141,7 +141,7 @@ def orphaned_copies(store: Store, pair: PairRecord) -> list[PointId]:
         return []
     orphans: list[PointId] = []
     for part in chunks(every_id(store, pair.new_collection, _OURS), _CHUNK):
-        there = _present(store, pair.old_collection, part)
+        there = present_ids(store, pair.old_collection, part)
         orphans += [i for i in part if i not in there]
     return orphans
 
@@ -153,7 +153,8 @@ def drop_orphans(store: Store, pair: PairRecord) -> list[PointId]:
     if not orphans:
         return []
     store.delete(pair.new_collection, orphans, where=_OURS)
-    deleted = [i for i in orphans if i not in _present(store, pair.new_collection, orphans)]
+    left = present_ids(store, pair.new_collection, orphans)  # a user's write meanwhile: spared
+    deleted = [i for i in orphans if i not in left]
     if deleted:
         log.warning(
             "pair %r: %d migrated points were deleted from %r by a writer that bypasses rm-qdrant: "
@@ -187,9 +188,3 @@ def unseen_writes(pair: PairRecord) -> str | None:
         "is not seen: old keeps nothing of it; write through DualIndex, or use --keep-old (sees "
         "deletes) or --mode single-collection (sees both)"
     )
-
-
-def _present(store: Store, name: str, ids: list[PointId]) -> set[PointId]:
-    if not ids:
-        return set()
-    return {r.id for r in store.retrieve(name, ids, with_payload=False)}

@@ -28,6 +28,7 @@ from rm_qdrant.errors import ConfigError, MigrationError, SourceError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig, shown
 from rm_qdrant.store import Store, Where
+from rm_qdrant.store.points import present_ids
 
 log = logging.getLogger(__name__)
 _PAGE = 1_000
@@ -156,9 +157,9 @@ def drop_failures(store: Store, pair: PairRecord, ids: Sequence[PointId]) -> int
     where = failed_where(pair)
     removed = 0
     for batch in chunks(list(ids), _PAGE):
-        before = {r.id for r in store.retrieve(pair.old_collection, list(batch), with_payload=False)}
+        before = present_ids(store, pair.old_collection, batch)
         store.delete(pair.old_collection, list(batch), where=where)
-        after = {r.id for r in store.retrieve(pair.old_collection, list(batch), with_payload=False)}
+        after = present_ids(store, pair.old_collection, batch)
         removed += len(before - after)
     log.info("pair %s: removed %d failed points from %s", pair.name, removed, pair.old_collection)
     return removed

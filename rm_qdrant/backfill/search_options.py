@@ -21,6 +21,7 @@ from rm_qdrant.store.base import ScoredRecord
 from rm_qdrant.store.bounds import MAX_HITS
 from rm_qdrant.store.filters import with_ids
 from rm_qdrant.store.params import check_consistency, check_timeout, merge_params, with_defaults
+from rm_qdrant.store.points import present_ids
 
 #: What ``with_payload`` takes, as qdrant-client does.
 PayloadSelection = bool | Sequence[str] | models.PayloadSelectorInclude | models.PayloadSelectorExclude
@@ -247,7 +248,7 @@ def without_copies(
             marked = [r.id for r in hits if r.payload.get(MOVING) is not None and r.id not in checked]
             if marked:
                 checked.update(marked)
-                copied |= {r.id for r in store.retrieve(pair.new_collection, marked, with_payload=False)}
+                copied |= present_ids(store, pair.new_collection, marked)
             kept = [r for r in hits if r.id not in copied]
             dropped[row] |= {r.id for r in hits if r.id in copied}
             rows[row] = kept[:limit]

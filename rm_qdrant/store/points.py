@@ -14,6 +14,13 @@ from rm_qdrant.store.ids import normalize_id, normalize_ids
 from rm_qdrant.store.vectors import SparseVector, read_vector
 
 
+def present_ids(store: Store, name: str, ids: Sequence[PointId]) -> set[PointId]:
+    """Which of ``ids`` the collection ``name`` holds (one retrieve, no payload)."""
+    if not ids:
+        return set()
+    return {r.id for r in store.retrieve(name, list(ids), with_payload=False)}
+
+
 def every_id(store: Store, name: str, where: Where | None = None, *, page: int = 10_000) -> list[PointId]:
     """The ids of every point of ``name`` that ``where`` matches, read a page at a time."""
     ids: list[PointId] = []

@@ -23,6 +23,7 @@ from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.store import Filter, Record, Store, Where
 from rm_qdrant.store.filters import as_where
+from rm_qdrant.store.points import present_ids
 from rm_qdrant.store.vectors import OtherVector
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class Layout:
 
     def ids_in_new(self, store: Store, ids: list[PointId]) -> set[PointId]:
         """Which of ``ids`` are in new."""
-        return {r.id for r in store.retrieve(self.pair.new_collection, ids, with_payload=False)}
+        return present_ids(store, self.pair.new_collection, ids)
 
     def stored_points(self, store: Store) -> int:
         """Every point the pair's collection(s) hold (what a copy of the pair reads)."""
