@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from search_ties import DIM, encoder  # noqa: E402
+from user_writes import DIM, encoder  # noqa: E402
 
 from rm_qdrant import DualIndex, create_pair, open_store  # noqa: E402
 from rm_qdrant.backfill import pair_points, pair_search  # noqa: E402

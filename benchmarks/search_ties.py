@@ -31,24 +31,13 @@ import numpy as np
 
 sys.path.insert(0, os.environ.get("ROOT") or str(Path(__file__).resolve().parents[1]))
 import rm_qdrant  # noqa: E402
-from rm_qdrant import DualIndex, InputSpec, OnnxEncoder, create_pair, open_store  # noqa: E402
-from rm_qdrant_exporters.linear import linear_encoder  # noqa: E402
+from rm_qdrant import DualIndex, create_pair, open_store  # noqa: E402
 
-DIM, QUERIES, WARMUP, COPIED = 6, 300, 20, 50
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from user_writes import DIM, encoder  # noqa: E402
+
+QUERIES, WARMUP, COPIED = 300, 20, 50
 CASES = [(10, 0, False), (10, 20, False), (10, 0, True)]  # limit, offset, exact
-
-
-def encoder(folder: Path) -> OnnxEncoder:
-    """An rm graph for 6-d vectors (stamped for any distance): what create_pair needs."""
-    rng = np.random.default_rng(5)
-    path = linear_encoder(
-        folder / "rm.onnx",
-        [("new", "pixels", rng.normal(size=(192, DIM))), ("rev", "new", np.eye(DIM))],
-        input_spec=InputSpec(height=8, width=8, channels=3),
-        name="search-ties",
-        distance=None,
-    )
-    return OnnxEncoder(path)
 
 
 def one_run(n: int, layout: str, dups: float, ab: bool = False) -> dict[Any, float]:
