@@ -89,9 +89,16 @@ def fit_heads(
 
 
 def fit_recipe(
-    phi_new: np.ndarray, old: np.ndarray, labels: Sequence[object] | None, settings: FitSettings
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    labels: Sequence[object] | None,
+    settings: FitSettings,
+    *,
+    judge: Sequence[object] | None = None,
 ) -> Fitted:
-    """:func:`fit_heads`, with the recipe that won and its evidence.
+    """:func:`fit_heads`, with the recipe that won and its evidence. ``judge``: labels that do not
+    train but judge the label-free candidates (a pair's label field); ``labels`` judge them too
+    when ``--loss label-free`` is asked for with labels.
 
     Raises:
         ValueError: a loss that needs labels without them, or unusable rows.
@@ -107,7 +114,7 @@ def fit_recipe(
     if loss == "procrustes":
         return Fitted(match_norms(procrustes_heads(x, y), x, y), loss)
     if loss == "label-free":
-        heads, selection = select_label_free(x, y, seed=settings.seed)
+        heads, selection = select_label_free(x, y, seed=settings.seed, labels=labels or judge)
         return Fitted(match_norms(heads, x, y), f"label-free/{selection.winner}", selection)
     heads = Heads(x.shape[1], y.shape[1], learn_rho=loss == "mcl")
     if loss == "rqt":

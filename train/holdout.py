@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
-from rm_qdrant.core.guard import GuardVerdict, guard
+from rm_qdrant.core.guard import GuardVerdict, guard, labelled_guard
 from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads
 
@@ -66,12 +66,62 @@ def holdout_guard(
     return guard(old, phi_new, new, rev, order=order, k=k, metric=metric, naive_distance=naive_distance)
 
 
-def decide(forecasts: Sequence[ModeForecast], verdict: GuardVerdict | None) -> tuple[bool, str]:
+def holdout_labelled(
+    heads: Heads,
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    labels: Sequence[object],
+    *,
+    seed: int = 0,
+    metric: str = "cosine",
+    unit: bool = True,
+    naive_distance: OldDistance | None = None,
+) -> GuardVerdict:
+    """The labelled guard (:func:`rm_qdrant.core.guard.labelled_guard`, mAP by payload labels at
+    every t) on held-out pairs, backfilled in the order :func:`holdout_forecast` uses."""
+    new, rev = apply_heads(heads, phi_new, unit=unit)
+    order = np.random.default_rng(seed).permutation(len(old))
+    return labelled_guard(
+        old, phi_new, new, rev, labels, order=order, metric=metric, naive_distance=naive_distance
+    )
+
+
+def judge(
+    heads: Heads,
+    phi_new: np.ndarray,
+    old: np.ndarray,
+    labels: Sequence[object] | None,
+    *,
+    k: int = 10,
+    seed: int = 0,
+    metric: str = "cosine",
+    unit: bool = True,
+    naive_distance: OldDistance | None = None,
+) -> tuple[list[ModeForecast], GuardVerdict | None, GuardVerdict | None]:
+    """Everything ``rmq fit`` decides on for fitted heads on held-out pairs, for :func:`decide`:
+    the forecasts (with mAP where there are ``labels``), the label-free guard's verdict (without
+    labels) and the labelled guard's (with them: labels decide wherever there are any, issue 39)."""
+    served = {"seed": seed, "metric": metric, "unit": unit}
+    forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
+    if labels is not None:
+        return (
+            forecasts,
+            None,
+            holdout_labelled(heads, phi_new, old, labels, naive_distance=naive_distance, **served),
+        )
+    return forecasts, holdout_guard(heads, phi_new, old, k=k, naive_distance=naive_distance, **served), None
+
+
+def decide(
+    forecasts: Sequence[ModeForecast], verdict: GuardVerdict | None, labelled: GuardVerdict | None = None
+) -> tuple[bool, str]:
     """Whether to write the fitted graph, and why in one clause: with labels (mAP in the
-    forecasts) :func:`better` decides; without, the label-free guard's ``verdict``, and then
-    :func:`better` too. On a small holdout (a few times k points) the guard's support barely
+    forecasts) the ``labelled`` guard refuses a graph below the naive merge at any t, then
+    :func:`better` decides; without, the label-free guard's ``verdict``, and then :func:`better` too. On a small holdout (a few times k points) the guard's support barely
     separates a random ψ from the old model (0.917 against 1.000 within a tolerance of 0.095,
     where recall@1 against the new model's neighbours was 0.417 against 1.000)."""
+    if labelled is not None and not labelled.passed:
+        return False, labelled.reason()
     if verdict is None or forecasts[0].maps is not None:
         return better(forecasts)
     if not verdict.passed:

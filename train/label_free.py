@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from collections.abc import Sequence
+
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.core.guard import GuardVerdict
+from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads, procrustes_heads, run_steps
-from rm_qdrant_train.holdout import holdout_forecast, holdout_guard
+from rm_qdrant_train.holdout import holdout_forecast, holdout_guard, holdout_labelled
 from rm_qdrant_train.losses import masked_contrastive_loss
 
 log = logging.getLogger(__name__)
@@ -118,10 +121,18 @@ class Candidate:
     naive_area: float
     dips: bool
     verdict: GuardVerdict | None  # None: diverged
+    labelled: GuardVerdict | None = None  # by payload labels, where the sample has them
 
     @property
     def eligible(self) -> bool:
+        if self.labelled is not None and not self.labelled.passed:
+            return False
         return not self.dips and self.verdict is not None and self.verdict.passed
+
+    @property
+    def labelled_area(self) -> float:
+        """Area under the held-out mAP (-inf without labels)."""
+        return -math.inf if self.labelled is None else area(self.labelled.fitted, self.labelled.fractions)
 
     def line(self) -> str:
         """One line: the guard at t = 0, its lowest fitted − naive over t, and the area."""
@@ -134,6 +145,16 @@ class Candidate:
             f"area {self.area:.3f} (naive {self.naive_area:.3f})"
             + ("; dips below its start" if self.dips else "")
             + ("; guard: no" if not v.passed else "")
+            + (f"; labels: {self._labelled_clause()}" if self.labelled is not None else "")
+        )
+
+    def _labelled_clause(self) -> str:
+        v = self.labelled
+        assert v is not None
+        low = int(np.argmin(v.margins))
+        return (
+            f"mAP area {self.labelled_area:.3f}, min fitted-naive {v.margins[low]:+.3f} at t={v.fractions[low]:g}"
+            + ("" if v.passed else " (below the naive merge: refused)")
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -143,6 +164,7 @@ class Candidate:
             "naive_area": self.naive_area,
             "dips": self.dips,
             "guard": None if self.verdict is None else self.verdict.as_dict(),
+            "labelled": None if self.labelled is None else self.labelled.as_dict(),
             "eligible": self.eligible,
         }
 
@@ -163,19 +185,39 @@ def ladder_name(ladder: tuple[int, ...]) -> str:
     return "clusters " + "-".join(map(str, ladder))
 
 
-def evaluate(recipe: str, heads: Heads, phi: np.ndarray, old: np.ndarray, *, seed: int) -> Candidate:
-    """A candidate's holdout evidence (a candidate whose training diverged counts as dipping)."""
+def evaluate(
+    recipe: str,
+    heads: Heads,
+    phi: np.ndarray,
+    old: np.ndarray,
+    *,
+    seed: int,
+    labels: Sequence[object] | None = None,
+) -> Candidate:
+    """A candidate's holdout evidence (a candidate whose training diverged counts as dipping);
+    with ``labels``, also its mAP against the naive merge's at every t."""
     try:
         naive, fitted = holdout_forecast(heads, phi, old, None, k=K, seed=seed)
         verdict = holdout_guard(heads, phi, old, k=K, seed=seed)
+        labelled = None if labels is None else holdout_labelled(heads, phi, old, labels, seed=seed)
     except ValueError:
         return Candidate(recipe, -math.inf, math.nan, True, None)
-    return Candidate(recipe, fitted.area, naive.area, bool(fitted.dips()), verdict)
+    return Candidate(recipe, fitted.area, naive.area, bool(fitted.dips()), verdict, labelled)
 
 
 def choose(candidates: list[Candidate]) -> tuple[int, str]:
     """The winning candidate's index and why: the best area among those that neither dip nor
-    fail the guard; else the best that does not dip; else the first (Procrustes)."""
+    fail the guard; else the best that does not dip; else the first (Procrustes). Where the
+    holdout has labels, the best area under its mAP among those the labels do not refuse."""
+    if any(c.labelled is not None for c in candidates):
+        pool = [c for c in candidates if c.eligible]
+        if pool:
+            best = max(pool, key=lambda c: c.labelled_area)
+            why = (
+                f"highest area under the held-out mAP ({best.labelled_area:.3f}, payload labels) of the "
+                f"{len(pool)} of {len(candidates)} that the labels and the guard pass"
+            )
+            return candidates.index(best), why
     for pool, why in (
         ([c for c in candidates if c.eligible], "the guard passed"),
         ([c for c in candidates if not c.dips], "do not dip (none passed the guard)"),
@@ -187,14 +229,28 @@ def choose(candidates: list[Candidate]) -> tuple[int, str]:
     return 0, f"every candidate dips or diverged: {candidates[0].recipe}, the closed form"
 
 
+def train_candidates(phi: Tensor, target: Tensor, *, seed: int) -> list[tuple[str, Heads]]:
+    """Every label-free candidate trained on the pairs (φ_new, stored old vector): Procrustes,
+    then one ψ per ladder of :data:`LADDERS`, each named as :class:`Candidate` names it."""
+    fitted = [("procrustes", procrustes_heads(phi, target))]
+    return fitted + [
+        (ladder_name(ladder), train_consensus(phi, target, ladder, seed=seed + i))
+        for i, ladder in enumerate(LADDERS)
+    ]
+
+
 def fit_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> Heads:
     """The best label-free heads for paired rows (φ_new, stored old vector): :func:`select_label_free`."""
     return select_label_free(phi_new, old, seed=seed)[0]
 
 
-def select_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> tuple[Heads, Selection]:
+def select_label_free(
+    phi_new: Tensor, old: Tensor, *, seed: int = 0, labels: Sequence[object] | None = None
+) -> tuple[Heads, Selection]:
     """The best label-free heads for paired rows (φ_new, stored old vector), chosen as the module
-    says, and the evidence they were chosen on."""
+    says, and the evidence they were chosen on. ``labels`` (one per row, from the payload) never
+    train: they judge each candidate on the holdout, and refuse one whose mAP falls below the
+    naive merge's at any t (issue 39)."""
     phi, target = phi_new.detach().float().contiguous(), old.detach().float().contiguous()
     if len(phi) * HOLDOUT < 3 * K:  # too few pairs to choose on: the middle ladder, on all of them
         log.info("label-free: %d pairs, too few to choose a ladder on; clusters %s", len(phi), LADDERS[1])
@@ -203,12 +259,9 @@ def select_label_free(phi_new: Tensor, old: Tensor, *, seed: int = 0) -> tuple[H
     train_idx, held_idx = holdout_split(len(phi), HOLDOUT, seed)
     tr, ho = torch.from_numpy(train_idx), torch.from_numpy(held_idx)
     held = (phi[ho].numpy(), target[ho].numpy())
-    fitted = [("procrustes", procrustes_heads(phi[tr], target[tr]))]
-    fitted += [
-        (ladder_name(ladder), train_consensus(phi[tr], target[tr], ladder, seed=seed + i))
-        for i, ladder in enumerate(LADDERS)
-    ]
-    candidates = [evaluate(name, heads, *held, seed=seed) for name, heads in fitted]
+    fitted = train_candidates(phi[tr], target[tr], seed=seed)
+    held_labels = None if labels is None else [labels[i] for i in held_idx]
+    candidates = [evaluate(name, heads, *held, seed=seed, labels=held_labels) for name, heads in fitted]
     for candidate in candidates:
         log.info("label-free: %s", candidate.line())
     best, why = choose(candidates)

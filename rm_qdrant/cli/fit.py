@@ -119,7 +119,8 @@ def fit_command(
         from rm_qdrant_train.cli import show_progress
         from rm_qdrant_train.fit import FitSettings, fit_recipe, resolve_loss
         from rm_qdrant_train.heads import steps_per_epoch
-        from rm_qdrant_train.holdout import decide, holdout_forecast, holdout_guard
+        from rm_qdrant_train.holdout import decide
+        from rm_qdrant_train.holdout import judge as judge_heads
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)
@@ -161,6 +162,8 @@ def fit_command(
             f"payload field {label_field!r} is missing on some sampled points, or holds a list, an object or "
             "true/false instead of a class name (a string or a number): no labels to train on"
         )
+    # Labels judge wherever the payload has them, even when they do not train (issue 39).
+    judge = labels if labels is not None else sample.labels(pair.label_field) if pair.label_field else None
     try:
         train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
     except ValueError as exc:
@@ -183,7 +186,13 @@ def fit_command(
         click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
         click.echo(reproducible(used.threads, used.reason), err=True)
     try:
-        fitted = fit_recipe(sample.new[train_idx], sample.old[train_idx], rows(labels, train_idx), settings)
+        fitted = fit_recipe(
+            sample.new[train_idx],
+            sample.old[train_idx],
+            rows(labels, train_idx),
+            settings,
+            judge=rows(judge, train_idx),
+        )
         heads = fitted.heads
         trained_s = time.perf_counter() - started
         served = {
@@ -193,12 +202,14 @@ def fit_command(
             "unit": encoder.info.derived_scale(pair.distance) == "unit",
         }
         held = (sample.new[held_idx], sample.old[held_idx])
-        forecasts = holdout_forecast(heads, *held, rows(labels, held_idx), **served)
-        # Without labels the guard decides, against the naive merge as the pair serves it (calibrated or not).
-        verdict = None if labels else holdout_guard(heads, *held, naive_distance=pair.old_distance, **served)
+        # Labels decide where there are any; else the guard, against the naive merge as the pair
+        # serves it (calibrated or not).
+        forecasts, verdict, labelled = judge_heads(
+            heads, *held, rows(judge, held_idx), naive_distance=pair.old_distance, **served
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    ok, measure = decide(forecasts, verdict)
+    ok, measure = decide(forecasts, verdict, labelled)
     data: dict[str, Any] = {
         "pair": name,
         "loss": chosen,
@@ -219,7 +230,9 @@ def fit_command(
         "better_than_naive": ok,
         "measure": measure,
         "decided_by": "labels" if verdict is None else "guard",
+        "labels_from": None if judge is None else label_field or pair.label_field,
         "guard": None if verdict is None else verdict.as_dict(),
+        "labelled": None if labelled is None else labelled.as_dict(),
         "recipe": fitted.recipe,
         **(fitted.selection.as_dict() if fitted.selection else {"winner": fitted.recipe, "candidates": []}),
     }
@@ -229,17 +242,18 @@ def fit_command(
         data["instead"] = [
             *calibrate_options(pair, encoder, split, k=k, seed=seed),
             *loss_options(
-                chosen, split, rows(labels, train_idx), rows(labels, held_idx), settings, served, pair
+                chosen, split, rows(labels, train_idx), rows(judge, held_idx), settings, served, pair
             ),
         ]
         if as_json:
             emit(data, True, "")
         elif not silent:
             click.echo("\n".join(selection_lines(data)), err=True)
+        refused_by = labelled if labelled is not None and not labelled.passed else verdict
         worse = (
             f"forecasts worse than the naive merge ({measure})"
-            if verdict is None or verdict.passed
-            else f"is refused by the guard: {measure}"
+            if refused_by is None or refused_by.passed
+            else f"is refused by the {'labels' if refused_by is labelled else 'guard'}: {measure}"
         )
         raise Refused(
             f"on the {len(held_idx)} held-out points the fitted graph ({chosen}) {worse}; "

@@ -62,25 +62,23 @@ def loss_options(
     served: dict,
     pair: PairRecord,
 ) -> list[dict]:
-    """Each cheap loss (:data:`CHEAP_LOSSES`) but ``chosen``, fitted and decided as ``rmq fit`` decides."""
+    """Each cheap loss (:data:`CHEAP_LOSSES`) but ``chosen``, fitted and decided as ``rmq fit`` decides
+    (``held_labels``: the labels that judge, where the payload has them)."""
     from rm_qdrant_train.fit import fit_recipe
-    from rm_qdrant_train.holdout import decide, holdout_forecast, holdout_guard
+    from rm_qdrant_train.holdout import decide, judge
 
     (fit_old, fit_new), (held_old, held_new) = split
     found = []
     for loss in (c for c in CHEAP_LOSSES if c != chosen):
         try:
             heads = fit_recipe(fit_new, fit_old, train_labels, dataclasses.replace(settings, loss=loss)).heads
-            forecasts = holdout_forecast(heads, held_new, held_old, held_labels, **served)
+            verdicts = judge(
+                heads, held_new, held_old, held_labels, naive_distance=pair.old_distance, **served
+            )
         except ValueError as exc:  # diverged: reported, not raised
             found.append({"option": f"rmq fit --loss {loss}", "passes": False, "why": str(exc)})
             continue
-        verdict = (
-            None
-            if held_labels
-            else holdout_guard(heads, held_new, held_old, naive_distance=pair.old_distance, **served)
-        )
-        ok, measure = decide(forecasts, verdict)
+        ok, measure = decide(*verdicts)
         found.append({"option": f"rmq fit --loss {loss}", "passes": ok, "why": None if ok else measure})
     return found
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.core.forecast import OldDistance, merged_distances, row_chunks, top_k
-from rm_qdrant.core.metrics import FRACTIONS, migrated_at
+from rm_qdrant.core.forecast import OldDistance, label_codes, merged_distances, row_chunks, top_k
+from rm_qdrant.core.metrics import FRACTIONS, _scores, migrated_at
 from rm_qdrant.core.spaces import distance_matrix
 
 #: The smallest tolerance (support, 0 to 1) at any t: a share of the gallery small enough that
@@ -51,6 +51,12 @@ GUARD_STANDARD_ERRORS = 2.0
 SUPPORT_DEPTH = 3
 
 
+MEASURES = {
+    "support": "support: the top k's mean share of the held-out points both models rank behind a hit",
+    "mAP": "mAP over the held-out points, by their payload labels",
+}
+
+
 @dataclass(frozen=True)
 class GuardVerdict:
     """The guard's evidence on one holdout: mean support of the top k per t, and the decision."""
@@ -62,6 +68,7 @@ class GuardVerdict:
     queries: int
     subject: str = "the fitted graph"  # what was judged, for reason()
     baseline: str = "the naive merge"  # what it was judged against
+    measure: str = "support"  # support (label-free) or mAP (payload labels)
 
     @property
     def margins(self) -> tuple[float, ...]:
@@ -87,16 +94,20 @@ class GuardVerdict:
         below = "below" if not self.passed else "within tolerance of" if self.margins[i] < 0 else "not below"
         same_start = self.fitted[0] == self.naive[0]  # a calibration cannot change t = 0
         start = f"; at t = 0 {self.fitted[0]:.3f} against the old model's {self.naive[0]:.3f}"
+        what = (
+            "hits have support {:.3f} (the share of the held-out points both models rank behind them)"
+            if self.measure == "support"
+            else "mAP over the held-out points (payload labels) is {:.3f}"
+        )
         return (
-            f"at t = {self.fractions[i]:g} {self.subject}'s hits have support {self.fitted[i]:.3f} "
-            f"(the share of the held-out points both models rank behind them), {below} "
+            f"at t = {self.fractions[i]:g} {self.subject}'s {what.format(self.fitted[i])}, {below} "
             f"{self.baseline}'s {self.naive[i]:.3f} (tolerance {self.tolerances[i]:.3f}"
             f"{start if i and not same_start else ''})"
         )
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "measure": "support: the top k's mean share of the held-out points both models rank behind a hit",
+            "measure": MEASURES[self.measure],
             "judged": self.subject,
             "against": self.baseline,
             "fractions": list(self.fractions),
@@ -183,15 +194,66 @@ def guard(
             fitted_d = merged_distances(new[rows], rev[rows], new, old, migrated, fitted_distance, metric)
             a[i, rows] = top_k_support(naive_d, both, k, rows)
             b[i, rows] = top_k_support(fitted_d, both, k, rows)
-    naive, fitted, tolerances = [], [], []
-    for a_t, b_t in zip(a, b, strict=True):
-        naive.append(float(a_t.mean()))
-        fitted.append(float(b_t.mean()))
-        error = float(np.std(b_t - a_t, ddof=1) / np.sqrt(n))
+    return judged(fractions, a, b, subject=subject, baseline=baseline)
+
+
+def judged(
+    fractions: Sequence[float],
+    naive: np.ndarray,
+    fitted: np.ndarray,
+    *,
+    subject: str = "the fitted graph",
+    baseline: str = "the naive merge",
+    measure: str = "support",
+) -> GuardVerdict:
+    """The verdict on per-query values (len(fractions), n) of the naive merge and the judged one:
+    at each t the means, and a tolerance of two standard errors of the per-query difference (at
+    least :data:`GUARD_MIN_TOLERANCE`)."""
+    n = naive.shape[1]
+    means_a, means_b, tolerances = [], [], []
+    for a_t, b_t in zip(naive, fitted, strict=True):
+        means_a.append(float(a_t.mean()))
+        means_b.append(float(b_t.mean()))
+        error = float(np.std(b_t - a_t, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
         tolerances.append(max(GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS * error))
     return GuardVerdict(
-        tuple(fractions), tuple(naive), tuple(fitted), tuple(tolerances), n, subject, baseline
+        tuple(fractions), tuple(means_a), tuple(means_b), tuple(tolerances), n, subject, baseline, measure
     )
+
+
+def labelled_guard(
+    old: np.ndarray,
+    base: np.ndarray,
+    new: np.ndarray,
+    rev: np.ndarray,
+    labels: Sequence[object],
+    *,
+    order: np.ndarray,
+    fractions: Sequence[float] = FRACTIONS,
+    metric: str = "cosine",
+    naive_distance: OldDistance | None = None,
+    subject: str = "the fitted graph",
+) -> GuardVerdict:
+    """:func:`guard` judged by the labels: each query's AP over the rest of the holdout (the
+    query's own label relevant), the fitted merge against the naive one at every t. Where a team's
+    payload carries labels they decide, whatever the label-free signals say (issue 39).
+
+    Raises:
+        ValueError: fewer than three items, arrays of different lengths, or an item without a label.
+    """
+    n = len(old)
+    y = label_codes(labels)
+    if n < 3 or y is None or any(len(a) != n for a in (base, new, rev, order, y)):
+        raise ValueError(f"the labelled guard needs three or more labelled items and one row each; got {n}")
+    masks = [migrated_at(order, t) for t in fractions]
+    a, b = np.empty((len(masks), n)), np.empty((len(masks), n))
+    for rows in row_chunks(n):
+        for i, migrated in enumerate(masks):
+            naive_d = merged_distances(base[rows], old[rows], base, old, migrated, naive_distance, metric)
+            fitted_d = merged_distances(new[rows], rev[rows], new, old, migrated, None, metric)
+            a[i, rows] = _scores(naive_d, y, rows, None)[0]
+            b[i, rows] = _scores(fitted_d, y, rows, None)[0]
+    return judged(fractions, a, b, subject=subject, measure="mAP")
 
 
 def calibration_refusal(
