@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
-from rm_qdrant.core.guard import GuardVerdict, guard, labelled_guard
+from rm_qdrant.core.guard import GuardVerdict, labelled_guard, recall_guard
 from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads
 
@@ -36,16 +36,21 @@ def holdout_forecast(
     old: np.ndarray,
     labels: Sequence[object] | None,
     *,
+    held: np.ndarray | None = None,
     k: int = 10,
     seed: int = 0,
     metric: str = "cosine",
     unit: bool = True,
 ) -> list[ModeForecast]:
-    """The naive merge and the fitted heads on held-out pairs, backfilled in a random order,
-    under the collection's ``metric`` with the fitted outputs as served (``unit``: normalised)."""
+    """The naive merge and the fitted heads, backfilled in a random order, under the collection's
+    ``metric`` with the fitted outputs as served (``unit``: normalised): the ``held`` rows (a
+    holdout no head trained on) query every row, as the graph will query the whole gallery
+    (None: every row queries the rest). ``labels``: one per row, or None."""
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
-    return compare_fitted(old, phi_new, new, rev, order=order, labels=labels, k=k, metric=metric)
+    return compare_fitted(
+        old, phi_new, new, rev, order=order, labels=labels, k=k, metric=metric, queries=held
+    )
 
 
 def holdout_guard(
@@ -53,17 +58,30 @@ def holdout_guard(
     phi_new: np.ndarray,
     old: np.ndarray,
     *,
+    held: np.ndarray | None = None,
     k: int = 10,
     seed: int = 0,
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
 ) -> GuardVerdict:
-    """The label-free guard (:mod:`rm_qdrant.core.guard`) on held-out pairs, backfilled in the
-    order :func:`holdout_forecast` uses; ``naive_distance``: a calibrated pair's map of old distances."""
+    """The label-free guard (:func:`rm_qdrant.core.guard.recall_guard`): the ``held`` rows query
+    every row, backfilled in the order :func:`holdout_forecast` uses; ``naive_distance``: a
+    calibrated pair's map of old distances."""
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
-    return guard(old, phi_new, new, rev, order=order, k=k, metric=metric, naive_distance=naive_distance)
+    queries = np.arange(len(old)) if held is None else held
+    return recall_guard(
+        old,
+        phi_new,
+        new,
+        rev,
+        order=order,
+        queries=queries,
+        k=k,
+        metric=metric,
+        naive_distance=naive_distance,
+    )
 
 
 def holdout_labelled(
@@ -72,17 +90,26 @@ def holdout_labelled(
     old: np.ndarray,
     labels: Sequence[object],
     *,
+    held: np.ndarray | None = None,
     seed: int = 0,
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
 ) -> GuardVerdict:
     """The labelled guard (:func:`rm_qdrant.core.guard.labelled_guard`, mAP by payload labels at
-    every t) on held-out pairs, backfilled in the order :func:`holdout_forecast` uses."""
+    every t): the ``held`` rows query every row, backfilled in the order :func:`holdout_forecast` uses."""
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
     return labelled_guard(
-        old, phi_new, new, rev, labels, order=order, metric=metric, naive_distance=naive_distance
+        old,
+        phi_new,
+        new,
+        rev,
+        labels,
+        order=order,
+        queries=held,
+        metric=metric,
+        naive_distance=naive_distance,
     )
 
 
@@ -92,16 +119,18 @@ def judge(
     old: np.ndarray,
     labels: Sequence[object] | None,
     *,
+    held: np.ndarray | None = None,
     k: int = 10,
     seed: int = 0,
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
 ) -> tuple[list[ModeForecast], GuardVerdict | None, GuardVerdict | None]:
-    """Everything ``rmq fit`` decides on for fitted heads on held-out pairs, for :func:`decide`:
-    the forecasts (with mAP where there are ``labels``), the label-free guard's verdict (without
-    labels) and the labelled guard's (with them: labels decide wherever there are any, issue 39)."""
-    served = {"seed": seed, "metric": metric, "unit": unit}
+    """Everything ``rmq fit`` decides on for fitted heads, for :func:`decide`: the forecasts (with
+    mAP where there are ``labels``), the label-free guard's verdict (without labels) and the
+    labelled guard's (with them: labels decide wherever there are any, issue 39); the ``held``
+    rows query every row."""
+    served = {"held": held, "seed": seed, "metric": metric, "unit": unit}
     forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
     if labels is not None:
         return (
@@ -117,9 +146,9 @@ def decide(
 ) -> tuple[bool, str]:
     """Whether to write the fitted graph, and why in one clause: with labels (mAP in the
     forecasts) the ``labelled`` guard refuses a graph below the naive merge at any t, then
-    :func:`better` decides; without, the label-free guard's ``verdict``, and then :func:`better` too. On a small holdout (a few times k points) the guard's support barely
-    separates a random ψ from the old model (0.917 against 1.000 within a tolerance of 0.095,
-    where recall@1 against the new model's neighbours was 0.417 against 1.000)."""
+    :func:`better` decides; without, the label-free guard's ``verdict`` (recall of the new
+    model's own top k, held-out queries against the whole sample, at every t), and then
+    :func:`better` too."""
     if labelled is not None and not labelled.passed:
         return False, labelled.reason()
     if verdict is None or forecasts[0].maps is not None:

@@ -201,11 +201,11 @@ def fit_command(
             "metric": pair.distance,  # as the pair will serve the graph
             "unit": encoder.info.derived_scale(pair.distance) == "unit",
         }
-        held = (sample.new[held_idx], sample.old[held_idx])
+        # The held-out points query the whole sample, as the graph will query the whole gallery.
         # Labels decide where there are any; else the guard, against the naive merge as the pair
         # serves it (calibrated or not).
         forecasts, verdict, labelled = judge_heads(
-            heads, *held, rows(judge, held_idx), naive_distance=pair.old_distance, **served
+            heads, sample.new, sample.old, judge, held=held_idx, naive_distance=pair.old_distance, **served
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
@@ -242,7 +242,7 @@ def fit_command(
         data["instead"] = [
             *calibrate_options(pair, encoder, split, k=k, seed=seed),
             *loss_options(
-                chosen, split, rows(labels, train_idx), rows(judge, held_idx), settings, served, pair
+                chosen, (sample.old, sample.new, train_idx, held_idx), labels, judge, settings, served, pair
             ),
         ]
         if as_json:
@@ -308,7 +308,11 @@ def selection_lines(data: dict[str, Any]) -> list[str]:
     if not data["candidates"]:
         recipe = f"recipe: {data['recipe']}" + (f" ({data['why']})" if data.get("why") else "")
         return [data["judged_on"], recipe]
-    lines = [data["judged_on"], "label-free candidates, on a holdout of the training pairs:"]
+    lines = [
+        data["judged_on"],
+        "label-free candidates, a holdout of the training pairs querying all of them "
+        "(recall of the new model's own top k):",
+    ]
     for c in data["candidates"]:
         guard = c["guard"]
         if guard is None:
@@ -321,6 +325,7 @@ def selection_lines(data: dict[str, Any]) -> list[str]:
             f"(fitted {guard['fitted'][worst]:.3f}, naive {guard['naive'][worst]:.3f}), area {c['area']:.3f}"
             + ("" if guard["passed"] else ", guard: no")
             + (", dips" if c["dips"] else "")
+            + ("" if not c.get("labelled") or c["labelled"]["passed"] else ", below naive by the labels")
         )
     lines.append(f"won: {data['winner']}: {data['why']}")
     return lines

@@ -55,25 +55,28 @@ def calibrate_options(
 
 def loss_options(
     chosen: str,
-    split: Split,
-    train_labels: Any,
-    held_labels: Any,
+    sample: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    labels: Any,
+    judging: Any,
     settings: Any,
     served: dict,
     pair: PairRecord,
 ) -> list[dict]:
-    """Each cheap loss (:data:`CHEAP_LOSSES`) but ``chosen``, fitted and decided as ``rmq fit`` decides
-    (``held_labels``: the labels that judge, where the payload has them)."""
+    """Each cheap loss (:data:`CHEAP_LOSSES`) but ``chosen``, fitted on the refused fit's training
+    rows and decided as ``rmq fit`` decides: ``sample`` is (old, new, train rows, held rows);
+    ``labels`` train (one per row, or None), ``judging`` labels judge (the payload's, or None)."""
     from rm_qdrant_train.fit import fit_recipe
     from rm_qdrant_train.holdout import decide, judge
 
-    (fit_old, fit_new), (held_old, held_new) = split
+    old, new, train_idx, held_idx = sample
+    train_labels = None if labels is None else [labels[i] for i in train_idx]
     found = []
     for loss in (c for c in CHEAP_LOSSES if c != chosen):
         try:
-            heads = fit_recipe(fit_new, fit_old, train_labels, dataclasses.replace(settings, loss=loss)).heads
+            recipe = dataclasses.replace(settings, loss=loss)
+            heads = fit_recipe(new[train_idx], old[train_idx], train_labels, recipe).heads
             verdicts = judge(
-                heads, held_new, held_old, held_labels, naive_distance=pair.old_distance, **served
+                heads, new, old, judging, held=held_idx, naive_distance=pair.old_distance, **served
             )
         except ValueError as exc:  # diverged: reported, not raised
             found.append({"option": f"rmq fit --loss {loss}", "passes": False, "why": str(exc)})

@@ -124,6 +124,18 @@ def row_chunks(n: int) -> Iterator[np.ndarray]:
         yield np.arange(start, min(start + step, n))
 
 
+def query_chunks(queries: np.ndarray | None, n: int) -> Iterator[np.ndarray]:
+    """:func:`row_chunks` over the query rows ``queries`` of a gallery of ``n`` items (every item
+    when None): a holdout's queries judged against the whole sample."""
+    if queries is None:
+        yield from row_chunks(n)
+        return
+    for chunk in row_chunks(n):
+        if chunk[0] >= len(queries):
+            return
+        yield queries[chunk[0] : chunk[-1] + 1]
+
+
 def top_k(distances: np.ndarray, k: int, rows: np.ndarray | None = None) -> np.ndarray:
     """Indices of each row's ``k`` smallest distances, nearest first, the query itself excluded:
     row i is sample item ``rows[i]`` (``i`` when ``rows`` is None, a square matrix)."""
@@ -162,10 +174,13 @@ def agreement(found: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     return float(hit.mean()), float((hit * gains).sum(axis=1).mean() / gains.sum())
 
 
-def reference_top_k(new: np.ndarray, k: int, metric: str = "cosine") -> np.ndarray:
-    """The new model's own top-k over the sample: what the pair serves once the backfill is done."""
+def reference_top_k(
+    new: np.ndarray, k: int, metric: str = "cosine", queries: np.ndarray | None = None
+) -> np.ndarray:
+    """The new model's own top-k over the sample, of each of ``queries`` (every item when None):
+    what the pair serves once the backfill is done."""
     return np.concatenate(
-        [top_k(distance_matrix(new[rows], new, metric), k, rows) for rows in row_chunks(len(new))]
+        [top_k(distance_matrix(new[rows], new, metric), k, rows) for rows in query_chunks(queries, len(new))]
     )
 
 
@@ -216,6 +231,7 @@ class _Backfill:
     y: np.ndarray | None
     fractions: Sequence[float]
     metric: str = "cosine"
+    queries: np.ndarray | None = None  # the items that query (None: every item)
 
     @classmethod
     def of(
@@ -228,8 +244,10 @@ class _Backfill:
         k: int,
         fractions: Sequence[float],
         metric: str = "cosine",
+        queries: np.ndarray | None = None,
     ) -> _Backfill:
-        """Checked rows (two or more, one per item in every array); the reference is ``base``'s top-k.
+        """Checked rows (two or more, one per item in every array); the reference is ``base``'s
+        top-k of each query (``queries``: the items that query the rest, every item when None).
 
         Raises:
             ValueError: fewer than two items, or arrays of different lengths.
@@ -237,7 +255,8 @@ class _Backfill:
         n = len(old)
         if n < 2 or any(a is not None and len(a) != n for a in (base, *others, order)):
             raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
-        return cls(order, reference_top_k(base, k, metric), label_codes(labels), fractions, metric)
+        reference = reference_top_k(base, k, metric, queries)
+        return cls(order, reference, label_codes(labels), fractions, metric, queries)
 
     def curve(
         self,
@@ -253,7 +272,7 @@ class _Backfill:
         for t in self.fractions:
             migrated = migrated_at(self.order, t)
             parts, aps, hits = [], [], []
-            for rows in row_chunks(len(old)):
+            for rows in query_chunks(self.queries, len(old)):
                 merged = merged_distances(
                     new[rows], query_old[rows], new, old, migrated, old_distance, self.metric
                 )
@@ -352,14 +371,25 @@ def compare_fitted(
     k: int = 10,
     fractions: Sequence[float] = FRACTIONS,
     metric: str = "cosine",
+    queries: np.ndarray | None = None,
 ) -> list[ModeForecast]:
     """The naive merge of the plain new model (``base``) beside a fitted encoder (``new``, ``rev``).
 
     Both curves are scored against ``base``'s own top-k, the team's new model: a fitted ρ
     that drifts away from the new model's neighbours is not rewarded for agreeing with itself.
+    ``queries``: the items that query (a holdout), against every item (None: each against the rest).
     """
     backfill = _Backfill.of(
-        old, base, new, rev, order=order, labels=labels, k=k, fractions=fractions, metric=metric
+        old,
+        base,
+        new,
+        rev,
+        order=order,
+        labels=labels,
+        k=k,
+        fractions=fractions,
+        metric=metric,
+        queries=queries,
     )
     return [backfill.curve("naive", base, old, old), backfill.curve("fitted", new, rev, old)]
 

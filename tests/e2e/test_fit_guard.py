@@ -15,8 +15,8 @@ from tests.e2e.test_team_upgrade import deployment, web  # noqa: F401
 pytest.importorskip("torch")
 
 REFUSAL = re.compile(
-    r"at t = ([\d.]+) the fitted graph's hits have support ([\d.]+) \(the share of the held-out "
-    r"points both models rank behind them\), below the naive merge's ([\d.]+) \(tolerance ([\d.]+)"
+    r"at t = ([\d.]+) the fitted graph's recall of the new model's own top k is ([\d.]+) \(held-out "
+    r"queries against the whole sample\), below the naive merge's ([\d.]+) \(tolerance ([\d.]+)"
 )
 
 

@@ -97,3 +97,35 @@ def test_label_free_pseudo_pairs_follow_the_clusterings_and_read_no_label(monkey
     new, old, _ = clusters(n=120)
     heads = fit_heads(new, old, None, FitSettings(loss="label-free"))
     assert not heads.learn_rho  # ρ the identity: the finished backfill serves the team's own new model
+
+
+def test_labels_choose_among_label_free_candidates_and_refuse_one_below_naive():
+    """Where the holdout has labels, a candidate they refuse is never chosen, however good its
+    label-free evidence, and the best area under the held-out mAP wins among the rest."""
+    from rm_qdrant.core.guard import judged
+    from rm_qdrant_train.label_free import Candidate, choose
+
+    fractions = (0.0, 0.5, 1.0)
+
+    def verdict(naive, fitted, measure="support"):
+        a, b = np.array(naive, float)[:, None], np.array(fitted, float)[:, None]
+        noise = np.array([[0.0, 0.001, -0.001]])  # three queries: a tiny spread, so a tiny tolerance
+        return judged(fractions, a + noise, b + noise, measure=measure)
+
+    passing = verdict([0.5, 0.6, 0.7], [0.6, 0.65, 0.7])
+    imitates = Candidate(
+        "procrustes", 0.9, 0.6, False, passing, verdict([0.5, 0.6, 0.7], [0.4, 0.6, 0.7], "mAP")
+    )
+    modest = Candidate(
+        "clusters 4-8", 0.7, 0.6, False, passing, verdict([0.5, 0.6, 0.7], [0.55, 0.62, 0.7], "mAP")
+    )
+    better = Candidate(
+        "clusters 8-16", 0.65, 0.6, False, passing, verdict([0.5, 0.6, 0.7], [0.6, 0.66, 0.7], "mAP")
+    )
+    assert not imitates.eligible and modest.eligible and better.eligible
+    index, why = choose([imitates, modest, better])
+    assert index == 2 and "held-out mAP" in why
+    without_labels = [
+        Candidate(c.recipe, c.area, c.naive_area, c.dips, c.verdict) for c in (imitates, modest, better)
+    ]
+    assert choose(without_labels)[0] == 0  # the label-free evidence alone picks the imitator

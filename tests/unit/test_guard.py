@@ -4,6 +4,7 @@ new model's own neighbours reward while it scatters the old model's, and accepts
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rm_qdrant.core.forecast import compare_fitted
 from rm_qdrant.core.guard import calibration_refusal, guard
@@ -113,3 +114,65 @@ def test_rmq_calibrate_keeps_a_map_only_when_it_forecasts_better_and_the_guard_p
         calibration_refusal(0.6, 0.5, passed, 0.6)
         == "it forecasts no better than the map in use (area 0.600)"
     )
+
+
+def _brute_map(d: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each query's AP over the rest by the distances ``d`` (n, n); a tie ranks the relevant item last."""
+    aps = np.zeros(len(d))
+    for i, row in enumerate(d):
+        others = [j for j in range(len(d)) if j != i]
+        relevant = [j for j in others if labels[j] == labels[i]]
+        if not relevant:
+            continue
+        precisions = []
+        for hit, j in enumerate(sorted(relevant, key=lambda j: row[j]), start=1):
+            ahead = sum(1 for o in others if o not in relevant and row[o] <= row[j])  # a tie counts against
+            precisions.append(hit / (hit + ahead))
+        aps[i] = np.mean(precisions)
+    return aps
+
+
+@pytest.mark.parametrize("metric", ["cosine", "dot", "euclid"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_labelled_guard_is_the_mean_ap_of_each_merge_at_every_t(metric, seed) -> None:
+    from rm_qdrant.core.guard import labelled_guard
+    from rm_qdrant.core.metrics import migrated_at
+    from rm_qdrant.core.spaces import distance_matrix
+
+    rng = np.random.default_rng(seed)
+    n, fractions = 24, (0.0, 0.5, 1.0)
+    labels = rng.integers(0, 4, n)
+    old, base = rng.normal(size=(n, 5)) * 3, rng.normal(size=(n, 7))
+    new, rev = rng.normal(size=(n, 7)), rng.normal(size=(n, 5))
+    order = rng.permutation(n)
+    verdict = labelled_guard(
+        old, base, new, rev, list(labels), order=order, fractions=fractions, metric=metric
+    )
+    for i, t in enumerate(fractions):
+        m = migrated_at(order, t)
+        for query_new, query_old, gallery_new, got in (
+            (base, old, base, verdict.naive),
+            (new, rev, new, verdict.fitted),
+        ):
+            d = np.empty((n, n))
+            d[:, m] = distance_matrix(query_new, gallery_new[m], metric)
+            d[:, ~m] = distance_matrix(query_old, old[~m], metric)
+            assert got[i] == pytest.approx(_brute_map(d, labels).mean(), abs=1e-6)
+    assert verdict.measure == "mAP" and verdict.queries == n
+
+
+def test_labels_refuse_a_psi_the_label_free_guard_cannot_see_is_wrong() -> None:
+    """The open-class pair: the labels are the old model's classes on every point; ψ = the new
+    model's order, which puts half the points in the next class. The labels refuse it at t = 0
+    and name the measure; ψ = the old model's own order passes."""
+    from rm_qdrant.core.guard import labelled_guard
+
+    old, base, _ = _open_class_pair()
+    labels = list(np.arange(N) % CLASSES)
+    order = np.random.default_rng(1).permutation(N)
+    imitating = _psi_ranking(base @ base.T, old)
+    verdict = labelled_guard(old, base, base, imitating, labels, order=order)
+    assert not verdict.passed and verdict.fractions[verdict.worst] == 0.0
+    assert "mAP over the held-out points (payload labels)" in verdict.reason()
+    assert verdict.as_dict()["measure"].startswith("mAP")
+    assert labelled_guard(old, base, base, old, labels, order=order).passed  # the naive merge itself
