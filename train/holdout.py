@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
-from rm_qdrant.core.guard import GuardVerdict, labelled_guard, recall_guard
+from rm_qdrant.core.guard import GuardVerdict, labelled_guard, rank_guard
 from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads
 
@@ -65,13 +65,13 @@ def holdout_guard(
     unit: bool = True,
     naive_distance: OldDistance | None = None,
 ) -> GuardVerdict:
-    """The label-free guard (:func:`rm_qdrant.core.guard.recall_guard`): the ``held`` rows query
+    """The label-free guard (:func:`rm_qdrant.core.guard.rank_guard`): the ``held`` rows query
     every row, backfilled in the order :func:`holdout_forecast` uses; ``naive_distance``: a
     calibrated pair's map of old distances."""
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
     queries = np.arange(len(old)) if held is None else held
-    return recall_guard(
+    return rank_guard(
         old,
         phi_new,
         new,
@@ -126,12 +126,18 @@ def judge(
     unit: bool = True,
     naive_distance: OldDistance | None = None,
 ) -> tuple[list[ModeForecast], GuardVerdict | None, GuardVerdict | None]:
-    """Everything ``rmq fit`` decides on for fitted heads, for :func:`decide`: the forecasts (with
-    mAP where there are ``labels``), the label-free guard's verdict (without labels) and the
-    labelled guard's (with them: labels decide wherever there are any, issue 39); the ``held``
-    rows query every row."""
+    """Everything ``rmq fit`` decides on for fitted heads, for :func:`decide`: the forecasts, the
+    label-free guard's verdict (without labels) and the labelled guard's (with them: labels decide
+    wherever there are any, issue 39). The guards and the labelled forecast have the ``held`` rows
+    query every row; the label-free forecast (recall@k of the new model's own top k) keeps to the
+    held rows among themselves, where a top k is as coarse as a gallery's top k·n/n_held and ranks
+    recipes as they serve (``benchmarks/results/label-free-signals.md``)."""
     served = {"held": held, "seed": seed, "metric": metric, "unit": unit}
     forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
+    if labels is None and held is not None:  # the label-free forecast: the holdout among itself
+        forecasts = holdout_forecast(
+            heads, phi_new[held], old[held], None, k=k, seed=seed, metric=metric, unit=unit
+        )
     if labels is not None:
         return (
             forecasts,

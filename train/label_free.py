@@ -10,15 +10,16 @@ No label is read anywhere, not even to choose a setting:
    identity, so the finished backfill serves exactly the team's new model and a running
    pair can switch to the fitted graph (``rmq switch-encoder``).
 3. One ψ per ladder in :data:`LADDERS`, and Procrustes; each is judged on a held-out tenth
-   of the training pairs, each held-out pair querying all of them (as the graph will query the
-   whole gallery): recall@10 of the merged ranking against the new model's own top-10 at every
-   t, against the naive merge's (the guard, :func:`rm_qdrant.core.guard.recall_guard`), and its
-   area over t. A curve that dips below its start, or that the guard refuses, is dropped; the
-   best area wins. When every candidate is dropped, the best area that does not dip wins (else
-   Procrustes), and ``rmq fit``'s own guard on its holdout will say no. Judged against the rest
-   of the holdout instead (until issue 39), a gallery of hundreds of classes with a handful of
-   images each left a query almost none of its class, and Procrustes was kept 8.5 mAP points
-   below the old model (``benchmarks/label_free_rules.py``).
+   of the training pairs: by the label-free forecast of ``rmq probe`` among those held-out pairs
+   (recall@10 of the merged ranking against the new model's own top-10, area over t), and by the
+   guard (:func:`rm_qdrant.core.guard.rank_guard`: each held-out pair queries all the pairs, as
+   the graph will query the whole gallery, and its hits score by the new model's log rank; not
+   below the naive merge at any t). A curve that dips below its start, or that the guard
+   refuses, is dropped; the best area wins. When every candidate is dropped, the best area that
+   does not dip wins (else Procrustes), and ``rmq fit``'s own guard on its holdout will say no.
+   Until issue 39 the guard judged the holdout among itself: a gallery of hundreds of classes
+   with a handful of images each left a query almost none of its class there, and Procrustes was
+   kept 8.5 mAP points below the old model (``benchmarks/label_free_rules.py``).
 4. Labels, where the payload has them, never train here but judge: a candidate whose held-out
    mAP falls below the naive merge's at any t is dropped, and the best mAP area wins.
 
@@ -144,7 +145,7 @@ class Candidate:
             return f"{self.recipe}: training diverged"
         v, low = self.verdict, int(np.argmin(self.verdict.margins))
         return (
-            f"{self.recipe}: t=0 recall {v.fitted[0]:.3f} (old model {v.naive[0]:.3f}), "
+            f"{self.recipe}: t=0 rank score {v.fitted[0]:.3f} (old model {v.naive[0]:.3f}), "
             f"min fitted-naive {v.margins[low]:+.3f} at t={v.fractions[low]:g}, "
             f"area {self.area:.3f} (naive {self.naive_area:.3f})"
             + ("; dips below its start" if self.dips else "")
@@ -204,7 +205,7 @@ def evaluate(
     diverged counts as dipping); with ``labels`` (one per row), also its mAP against the naive
     merge's at every t."""
     try:
-        naive, fitted = holdout_forecast(heads, phi, old, None, held=held, k=K, seed=seed)
+        naive, fitted = holdout_forecast(heads, phi[held], old[held], None, k=K, seed=seed)
         verdict = holdout_guard(heads, phi, old, held=held, k=K, seed=seed)
         labelled = None if labels is None else holdout_labelled(heads, phi, old, labels, held=held, seed=seed)
     except ValueError:

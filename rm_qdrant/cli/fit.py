@@ -311,7 +311,7 @@ def selection_lines(data: dict[str, Any]) -> list[str]:
     lines = [
         data["judged_on"],
         "label-free candidates, a holdout of the training pairs querying all of them "
-        "(recall of the new model's own top k):",
+        "(guard: the hits' score by the new model's log rank; area: recall among the holdout):",
     ]
     for c in data["candidates"]:
         guard = c["guard"]

@@ -15,8 +15,9 @@ from tests.e2e.test_team_upgrade import deployment, web  # noqa: F401
 pytest.importorskip("torch")
 
 REFUSAL = re.compile(
-    r"at t = ([\d.]+) the fitted graph's recall of the new model's own top k is ([\d.]+) \(held-out "
-    r"queries against the whole sample\), below the naive merge's ([\d.]+) \(tolerance ([\d.]+)"
+    r"at t = ([\d.]+) the fitted graph's hits score ([\d.]+) by the new model's ranks \(1 - log\(1 \+ "
+    r"rank\) / log n, held-out queries against the whole sample\), below the naive merge's ([\d.]+) "
+    r"\(tolerance ([\d.]+)"
 )
 
 

@@ -176,3 +176,51 @@ def test_labels_refuse_a_psi_the_label_free_guard_cannot_see_is_wrong() -> None:
     assert "mAP over the held-out points (payload labels)" in verdict.reason()
     assert verdict.as_dict()["measure"].startswith("mAP")
     assert labelled_guard(old, base, base, old, labels, order=order).passed  # the naive merge itself
+
+
+@pytest.mark.parametrize("metric", ["cosine", "dot", "euclid"])
+def test_the_rank_guard_scores_each_hit_by_the_new_models_log_rank_over_the_whole_gallery(metric) -> None:
+    """Held-out queries against every item: the score of a merge's top k is the mean of
+    1 − log(1 + r) / log n, r the new model's rank of the hit among the other items."""
+    from rm_qdrant.core.guard import rank_guard
+    from rm_qdrant.core.metrics import migrated_at
+    from rm_qdrant.core.spaces import distance_matrix
+
+    rng = np.random.default_rng(3)
+    n, k, fractions = 40, 4, (0.0, 0.5, 1.0)
+    old, base = rng.normal(size=(n, 5)), rng.normal(size=(n, 6))
+    new, rev = rng.normal(size=(n, 6)), rng.normal(size=(n, 5))
+    order, queries = rng.permutation(n), np.array([3, 17, 18, 39])
+    verdict = rank_guard(
+        old, base, new, rev, order=order, queries=queries, k=k, fractions=fractions, metric=metric
+    )
+    for i, t in enumerate(fractions):
+        m = migrated_at(order, t)
+        for q_new, q_old, g_new, got in ((base, old, base, verdict.naive), (new, rev, new, verdict.fitted)):
+            scores = []
+            for q in queries:
+                d = np.empty(n)
+                d[m] = distance_matrix(q_new[q : q + 1], g_new[m], metric)[0]
+                d[~m] = distance_matrix(q_old[q : q + 1], old[~m], metric)[0]
+                d[q] = np.inf
+                own = distance_matrix(base[q : q + 1], base, metric)[0]
+                own[q] = np.inf
+                rank = {j: r for r, j in enumerate(np.argsort(own, kind="stable"))}
+                scores.append(
+                    np.mean([1 - np.log1p(rank[j]) / np.log(n) for j in np.argsort(d, kind="stable")[:k]])
+                )
+            assert got[i] == pytest.approx(np.mean(scores), abs=1e-6)
+    assert verdict.queries == len(queries) and verdict.measure == "rank"
+
+
+def test_the_rank_guard_passes_the_naive_merge_and_refuses_a_random_psi() -> None:
+    from rm_qdrant.core.guard import rank_guard
+
+    old, base, _ = _open_class_pair()
+    order, queries = np.random.default_rng(1).permutation(N), np.arange(0, N, 5)
+    same = rank_guard(old, base, base, old, order=order, queries=queries, k=K)
+    assert same.passed and same.margins == pytest.approx([0.0] * len(same.margins))
+    noise = np.random.default_rng(2).normal(size=old.shape)
+    refused = rank_guard(old, base, base, noise, order=order, queries=queries, k=K)
+    assert not refused.passed and refused.fractions[refused.worst] == 0.0
+    assert "by the new model's ranks" in refused.reason()
