@@ -3,9 +3,11 @@
 An rm pair serves its graph from t = 0 (ψ's queries against the old vectors) to t = 1 (ρ's
 gallery), so its own ends are not the two systems the paper compares against: Old is the
 old model's queries on the old gallery, New the plain new model (no ψ, no ρ) on a gallery it
-embedded whole. A naive pair's ends are those two. For an rm pair, :func:`measure_ends` serves
+embedded whole. A naive pair's ends are those two. For an rm pair, :func:`measure_naive` serves
 the naive pair of the same gallery on a copy (old model on old, the plain new model on new)
-at t = 0 and t = 1; :func:`forecast_with_plain` gives ``rmq probe`` the same naive merge.
+at the fractions ``rmq eval`` measures the pair at, so the naive curve stands beside the pair's
+and its t = 0 and t = 1 points are Old and New; :func:`forecast_with_plain` gives ``rmq probe``
+the same naive merge.
 
 A naive pair's encoder is its plain new model; an rm pair records one as ``new_model`` (``rmq
 init --new-model``, or the graph a naive pair served before ``rmq switch-encoder`` moved it to ψ),
@@ -86,6 +88,27 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
     return None
 
 
+@dataclass(frozen=True)
+class NaiveCurve:
+    """The naive merge of an rm pair's gallery as served at each fraction, or why it is unknown."""
+
+    points: tuple[ServedPoint, ...] = ()
+    missing: str | None = None  # why it was not measured
+
+    def ends(self) -> Ends:
+        """Old and New: the naive curve's t = 0 and t = 1 points."""
+        if self.missing is not None:
+            return Ends(None, None, self.missing)
+        if not self.points or self.points[0].t != 0.0 or self.points[-1].t != 1.0:
+            return Ends(None, None, "the curve needs both t = 0 and t = 1 (--at 0,...,1)")
+        return Ends(self.points[0], self.points[-1])
+
+    def below(self, points: Sequence[ServedPoint]) -> list[tuple[float, float]]:
+        """(t, naive − pair mAP) where the pair's served mAP (``points``, the same fractions) is
+        below the naive merge's."""
+        return [(a.t, b.map - a.map) for a, b in zip(points, self.points, strict=True) if a.map < b.map]
+
+
 def ends_of_curve(pair: PairRecord, points: Sequence[ServedPoint]) -> Ends:
     """A naive pair's Old and New: its own served t = 0 (nothing in new yet) and t = 1 points."""
     if not points or points[0].t != 0.0 or points[-1].t != 1.0:
@@ -100,24 +123,27 @@ def ends_of_curve(pair: PairRecord, points: Sequence[ServedPoint]) -> Ends:
     return Ends(points[0], points[-1])
 
 
-def measure_ends(
+def measure_naive(
     store: Store,
     pair: PairRecord,
     queries: Sequence[ImageItem],
     plain: OnnxEncoder | None,
+    fractions: Sequence[float],
     *,
     options: MigrateOptions,
     k: int | None,
     exact: bool,
     on_points: Callable[[int], None] | None = None,
-) -> Ends:
-    """An rm pair's Old and New: the naive pair of the same gallery (the old model, the plain new
-    model) served on a copy at t = 0 and t = 1. ``store`` is left as it was."""
+    on_point: Callable[[ServedPoint], None] | None = None,
+) -> NaiveCurve:
+    """An rm pair's naive curve: the naive pair of the same gallery (the old model, the plain new
+    model) served on a copy at each of ``fractions``, migrated in the same order; its t = 0 and
+    t = 1 points are Old and New. ``store`` is left as it was."""
     if pair.mode == "naive":
-        raise ValueError("a naive pair's ends are its own curve's: ends_of_curve")
+        raise ValueError("a naive pair's naive curve is its own: ends_of_curve")
     missing = _cannot_measure(store, pair, plain)
     if missing is not None or plain is None:
-        return Ends(None, None, missing)
+        return NaiveCurve(missing=missing)
     gallery = plain.info.gallery_output()
     with contextlib.ExitStack() as stack:
         copy, record = stack.enter_context(sandbox(store, pair, on_points=on_points))
@@ -126,8 +152,8 @@ def measure_ends(
         )
         save_pair(copy, naive)
         index = DualIndex.open(copy, pair.name, encoder=plain, exact=exact)
-        old, new = evaluate_served(index, queries, [0.0, 1.0], options=options, k=k)
-    return Ends(old, new)
+        points = evaluate_served(index, queries, fractions, options=options, k=k, on_point=on_point)
+    return NaiveCurve(tuple(points))
 
 
 def _cannot_measure(store: Store, pair: PairRecord, plain: OnnxEncoder | None) -> str | None:

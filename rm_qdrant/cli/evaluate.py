@@ -6,12 +6,19 @@ import contextlib
 import dataclasses
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
-from rm_qdrant.backfill.baseline import NO_PLAIN, Ends, ends_of_curve, measure_ends, plain_new_model
+from rm_qdrant.backfill.baseline import (
+    NO_PLAIN,
+    Ends,
+    NaiveCurve,
+    ends_of_curve,
+    measure_naive,
+    plain_new_model,
+)
 from rm_qdrant.backfill.dual import DualIndex
 from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.backfill.indexing import ImageItem, scan_image_folder
@@ -169,8 +176,10 @@ def eval_command(
     The pair is copied into a temporary embedded store and the copy is migrated from
     fraction to fraction, so the live pair is never moved (--in-place moves it instead).
     Gain is the paper's, against Old (the old model alone) and New (the plain new model
-    alone: an rm pair measures both on another copy, served as the naive pair); the curve's
-    shape against its own t = 0 and t = 1 points is printed apart.
+    alone); the curve's shape against its own t = 0 and t = 1 points is printed apart. An rm
+    pair with a plain new model (--new-model, or the recorded one) is also served as the naive
+    pair on another copy at the same fractions: that naive curve is printed beside the pair's,
+    and its t = 0 and t = 1 points are Old and New.
     """
     try:
         points = sorted(float(t) for t in fractions.split(","))
@@ -186,17 +195,29 @@ def eval_command(
     options = MigrateOptions(batch=batch, order=check_order(order) if order else None, source=source)
     silent = quiet(ctx)
     plain = plain_new_model(pair, new_model)
-    ends = None  # a naive pair's are its own curve's ends
-    if pair.mode != "naive":  # measured before the curve: --in-place moves the pair
-        ends = _rm_ends(store, pair, items, plain, points, options=options, k=k, exact=exact, silent=silent)
 
-    def show(point: ServedPoint) -> None:
+    def show(point: ServedPoint, curve: str = "") -> None:
         if not silent:
             click.echo(
-                f"t={point.t:<4} in new {point.fraction:6.1%}   mAP {100 * point.map:5.1f}   "
+                f"{curve}t={point.t:<4} in new {point.fraction:6.1%}   mAP {100 * point.map:5.1f}   "
                 f"top-1 {100 * point.top1:5.1f}",
                 err=as_json,  # with --json, stdout is for the JSON
             )
+
+    naive = None  # a naive pair's curve is the naive curve
+    if pair.mode != "naive":  # measured before the curve: --in-place moves the pair
+        naive = _rm_naive(
+            store,
+            pair,
+            items,
+            plain,
+            points,
+            options=options,
+            k=k,
+            exact=exact,
+            silent=silent,
+            on_point=lambda p: show(p, "naive "),
+        )
 
     def measure(index: DualIndex) -> list[ServedPoint]:
         if index.progress() > points[0] and not silent:
@@ -209,18 +230,20 @@ def eval_command(
             target = stack.enter_context(_copy(store, pair, silent))
             store.close()  # measured on the copy: other commands may open the live store meanwhile
         results = measure(DualIndex.open(target, name, exact=exact))
-    totals = summary(results, ends or ends_of_curve(pair, results))
+    totals = summary(results, naive.ends() if naive is not None else ends_of_curve(pair, results))
     text = "\n".join(
         [
+            *(_naive_lines(results, naive, plain is not None) if naive is not None else []),
             f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}"
             + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved"),
             *_gain_lines(totals),
         ]
     )
-    emit({"points": [dataclasses.asdict(p) for p in results], **totals, "in_place": in_place}, as_json, text)
+    data = {"points": [dataclasses.asdict(p) for p in results], **totals, "in_place": in_place}
+    emit({**data, **_naive_data(results, naive)}, as_json, text)
 
 
-def _rm_ends(
+def _rm_naive(
     store: Store,
     pair: PairRecord,
     items: list[ImageItem],
@@ -231,17 +254,69 @@ def _rm_ends(
     k: int | None,
     exact: bool,
     silent: bool,
-) -> Ends:
-    """An rm pair's Old and New, served as the naive pair (old model, plain new model) on a copy."""
-    if points[0] != 0.0 or points[-1] != 1.0:
-        return Ends(None, None, "the curve needs both t = 0 and t = 1 (--at 0,...,1)")
+    on_point: Callable[[ServedPoint], None],
+) -> NaiveCurve:
+    """An rm pair's naive curve (and so Old and New), served as the naive pair (old model, plain
+    new model) on a copy at the same fractions."""
     if plain is None:
-        return Ends(None, None, NO_PLAIN.format(name=pair.name))
-    with Progress("copying the pair for Old and New", hidden=silent, unit="points") as bar:
+        return NaiveCurve(missing=NO_PLAIN.format(name=pair.name))
+    with Progress("copying the pair for the naive curve", hidden=silent, unit="points") as bar:
         bar.start(layout_of(pair).stored_points(store))
-        return measure_ends(
-            store, pair, items, plain, options=options, k=k, exact=exact, on_points=bar.advance
+        return measure_naive(
+            store,
+            pair,
+            items,
+            plain,
+            points,
+            options=options,
+            k=k,
+            exact=exact,
+            on_points=bar.advance,
+            on_point=on_point,
         )
+
+
+def _naive_data(points: list[ServedPoint], naive: NaiveCurve | None) -> dict[str, Any]:
+    """--json: the naive curve beside the pair's (None for a naive pair, whose own curve it is)."""
+    if naive is None or naive.missing is not None:
+        return {"naive": None, "naive_note": naive.missing if naive else "the pair serves the naive merge"}
+    auc = summary(list(naive.points))
+    return {
+        "naive": {
+            "points": [dataclasses.asdict(p) for p in naive.points],
+            "auc_map": auc["auc_map"],
+            "auc_cmc": auc["auc_cmc"],
+            "below_naive": [{"t": t, "map_margin": margin} for t, margin in naive.below(points)],
+        },
+        "naive_note": None,
+    }
+
+
+def _naive_lines(points: list[ServedPoint], naive: NaiveCurve, plain: bool) -> list[str]:
+    """The pair's curve and the naive merge's, a column per t (mAP and top-1, %, and AUC), and
+    where the pair falls below naive; or one line on why there is no naive curve."""
+    if not plain:
+        return ["no naive curve beside this pair's: it needs the plain new model (--new-model PATH)"]
+    if naive.missing is not None:
+        return [f"no naive curve beside this pair's: {naive.missing}"]
+    lines = [
+        "served mAP and top-1 (%), this pair beside the naive merge (the old model, the plain new model):",
+        f"{'t':12}" + "".join(f"{p.t:>7g}" for p in points) + f"{'AUC':>8}",
+    ]
+    for metric, attr, key in (("mAP", "map", "auc_map"), ("top-1", "top1", "auc_cmc")):
+        for label, curve in (("rm", points), ("naive", list(naive.points))):
+            row = "".join(f"{100 * getattr(p, attr):7.1f}" for p in curve)
+            lines.append(f"{f'{label} {metric}':12}{row}{_percent(summary(curve)[key]):>8}")
+    below = naive.below(points)
+    if not below:
+        lines.append("rm's mAP is not below the naive merge's at any measured t")
+    else:
+        t, margin = max(below, key=lambda b: b[1])
+        lines.append(
+            f"rm's mAP falls below the naive merge's at t = {', '.join(f'{b[0]:g}' for b in below)}, "
+            f"by up to {100 * margin:.1f} points (at t = {t:g})"
+        )
+    return lines
 
 
 def _gain_lines(totals: dict[str, Any]) -> list[str]:

@@ -1,4 +1,5 @@
-"""``rmq probe``: the label-free forecast of a backfill, and the estimate ``rmq status`` shows."""
+"""``rmq probe``: the forecast of a backfill (label-free, and labelled where the sample has labels),
+and the estimate ``rmq status`` shows."""
 
 from __future__ import annotations
 
@@ -34,10 +35,13 @@ from rm_qdrant.cli.common import (
     store_location,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.advice import crowding_fix, crowding_text, recommend
+from rm_qdrant.core.advice import Advice, advise, crowding_fix, crowding_text
 from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
 from rm_qdrant.core.forecast import Crowding, ModeForecast, holdout_split
+from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
+from rm_qdrant.core.paths import check_path
+from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -71,6 +75,11 @@ CURVES = {
 @source_options
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
 @new_model_option("the naive curve")
+@click.option(
+    "--label-field",
+    help="Payload field with class labels ('meta.dept': nested) [default: the pair's]: mAP is "
+    "forecast too, and decides rm against naive.",
+)
 @json_option
 @click.pass_context
 def probe_command(
@@ -83,23 +92,34 @@ def probe_command(
     source: SourceConfig,
     encoder: str | None,
     new_model: str | None,
+    label_field: str | None,
     as_json: bool,
 ) -> None:
     """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
 
     Quality is recall@k and nDCG@k against the new model's own neighbours over the
-    sample (no labels needed); with payload labels, mAP and top-1 too. A pair must be
-    backfilling: once finalized or rolled back there is no backfill left to forecast.
+    sample (no labels needed); with payload labels (the pair's label field, or
+    --label-field), mAP and top-1 too, and then mAP decides rm against the naive merge:
+    rm is refused where its mAP falls below the naive merge's at any t by more than two
+    standard errors. A pair must be backfilling: once finalized or rolled back there is no
+    backfill left to forecast.
     """
     store = open_cli_store(ctx)
     check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
     index = DualIndex.open(store, name, encoder=encoder)
     pair, hidden = index.pair, as_json or quiet(ctx)
     spec = check_order(order) if order else (pair.order or "random")
+    field = check_path(label_field, "--label-field") if label_field is not None else pair.label_field
     plain = plain_new_model(pair, new_model)  # before the sample: a wrong path stops at once
     sample = sample_with_progress(
         index.store, pair, index.encoder, size, seed=seed, source=source, hidden=hidden
     )
+    labelled = sample.labels(field) is not None
+    if label_field is not None and not labelled:  # asked for (as rmq fit --label-field): an error
+        raise ConfigError(
+            f"payload field {label_field!r} is missing on some sampled points, or holds a list, an object or "
+            "true/false instead of a class name (a string or a number): no labels to forecast mAP with"
+        )
     forecasts, advice = _curves(
         index,
         sample,
@@ -109,6 +129,7 @@ def probe_command(
         k=k,
         source=source,
         hidden=hidden,
+        label_field=field,
     )
     cached = save_sample(sample, cache_path(store_location(ctx), name), k=k)
     data = {
@@ -118,8 +139,10 @@ def probe_command(
         "unreadable": sample.failed,
         "order": spec,
         "k": k,
+        "label_field": field if labelled else None,
         "forecasts": [{**f.as_dict(), "curve": CURVES[f.mode]} for f in forecasts],
-        "recommendation": advice,
+        "recommendation": advice.text,
+        **advice.as_dict(),
         "cache": str(cached),
     }
     emit(data, as_json, _text(data, pair.mode, forecasts))
@@ -135,7 +158,8 @@ def _curves(
     k: int,
     source: SourceConfig,
     hidden: bool,
-) -> tuple[list[ModeForecast], str]:
+    label_field: str,
+) -> tuple[list[ModeForecast], Advice]:
     """The forecasts and the advice. An rm pair's naive curve needs the plain new model (its own
     sample); without one, the curve of the graph's new output is named for what it is (no-psi)."""
     pair = index.pair
@@ -152,15 +176,15 @@ def _curves(
             label="the plain new model",
         )
         forecasts = forecast_with_plain(
-            sample, again, order=spec, seed=seed, k=k, label_field=pair.label_field, metric=pair.distance
+            sample, again, order=spec, seed=seed, k=k, label_field=label_field, metric=pair.distance
         )
-        return forecasts, recommend(forecasts, k=k)
+        return forecasts, advise(forecasts, k=k)
     forecasts = forecast_sample(
         sample,
         order=spec,
         seed=seed,
         k=k,
-        label_field=pair.label_field,
+        label_field=label_field,
         calibration=pair.old_distance,
         metric=pair.distance,
     )
@@ -170,9 +194,12 @@ def _curves(
         maps = (
             () if calibrated or not naive.crowded() else calibrate_maps(sample, pair.distance, k=k, seed=seed)
         )
-        return forecasts, recommend(forecasts, calibrated=calibrated, k=k, maps=maps)
+        return forecasts, advise(forecasts, calibrated=calibrated, k=k, maps=maps)
     forecasts = [dataclasses.replace(f, mode=NO_PSI) if f.mode == "naive" else f for f in forecasts]
-    return forecasts, without_plain_advice(forecasts, k)
+    rm = forecasts[-1]
+    return forecasts, Advice(
+        without_plain_advice(forecasts, k), None if rm.dips() or rm.crowded() else "rm", "label-free"
+    )
 
 
 def calibrate_maps(sample: ProbeSample, metric: str, *, k: int, seed: int) -> tuple[tuple[str, bool], ...]:
@@ -246,8 +273,13 @@ def curve_table(forecasts: list[ModeForecast]) -> tuple[list[str], list[str]]:
         recall.append(f"{f.mode:14}" + "".join(f"{r:7.3f}" for r in f.recall) + f"{f.area:8.3f}  {dips}")
     if forecasts[0].maps is None:
         return recall, []
-    maps = [head.rsplit("area", 1)[0].rstrip()]
-    maps += [f"{f.mode:14}" + "".join(f"{m:7.3f}" for m in f.maps or ()) for f in forecasts]
+    maps = [head.rsplit("dips", 1)[0].rstrip()]
+    maps += [
+        f"{f.mode:14}"
+        + "".join(f"{m:7.3f}" for m in f.maps or ())
+        + f"{area(f.maps or (), f.fractions):8.3f}"
+        for f in forecasts
+    ]
     return recall, maps
 
 

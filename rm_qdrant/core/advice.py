@@ -1,11 +1,32 @@
 """What a forecast advises, in words: which mode to serve, whether the naive merge is safe,
-what a crowded merge needs (pure: the forecasts in, one line out)."""
+what a crowded merge needs (pure: the forecasts in, one line out).
+
+Labels win where they exist: when the forecasts carry labelled mAP curves, rm against the
+naive merge is decided by them (:func:`labelled_gaps`), and the label-free forecast (recall@k
+against the new model's own neighbours, blind to classes) is named beside it, with a word
+when it would have picked the other mode.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from rm_qdrant.core.forecast import Crowding, ModeForecast
+from rm_qdrant.core.metrics import area
+
+#: Standard errors of the per-query AP difference that rm's labelled mAP may fall below the naive
+#: merge's at one t: the rule rmq fit's guard applies to its per-query scores (core/guard.py; a
+#: real tie is refused about one time in 40 at one t), here on the labels.
+LABEL_STANDARD_ERRORS = 2.0
+#: The least tolerance (mAP), the guard's too: a tie, say at t = 1 where both serve the same new
+#: model, is not refused for the last digits of two ONNX graphs.
+LABEL_MIN_TOLERANCE = 0.002
+#: The tolerance where the forecasts carry no per-query APs (curves built by hand, or read back
+#: from JSON): DIP_TOLERANCE's size.
+LABEL_FIXED_TOLERANCE = 0.005
 
 
 def crowding_text(crowded: Sequence[Crowding], k: int | None = None) -> str:
@@ -53,6 +74,68 @@ def _naive_safety(naive: ModeForecast, calibrated: bool, k: int | None) -> str:
     return f"{merge} is not safe: " + "; ".join(problems)
 
 
+@dataclass(frozen=True)
+class LabelledGap:
+    """rm's labelled mAP against the naive merge's at one t, and how far below it may fall."""
+
+    t: float
+    margin: float  # rm − naive
+    tolerance: float
+
+    @property
+    def below(self) -> bool:
+        return self.margin < -self.tolerance
+
+    def as_dict(self) -> dict[str, float]:
+        return {"t": self.t, "margin": self.margin, "tolerance": self.tolerance}
+
+
+def labelled_gaps(rm: ModeForecast, naive: ModeForecast) -> list[LabelledGap]:
+    """rm − naive labelled mAP at each t, with its tolerance: LABEL_STANDARD_ERRORS standard
+    errors of the per-query AP difference (the two curves rank the same queries), at least
+    LABEL_MIN_TOLERANCE; LABEL_FIXED_TOLERANCE where the curves carry no per-query APs.
+    [] without labels on both curves.
+
+    >>> a = ModeForecast("rm", (0.0, 1.0), (0.5, 1.0), (0.5, 1.0), maps=(0.40, 0.70))
+    >>> b = ModeForecast("naive", (0.0, 1.0), (0.4, 1.0), (0.4, 1.0), maps=(0.50, 0.70))
+    >>> [(g.t, round(g.margin, 2), g.below) for g in labelled_gaps(a, b)]
+    [(0.0, -0.1, True), (1.0, 0.0, False)]
+    """
+    if rm.maps is None or naive.maps is None:
+        return []
+    none = (None,) * len(rm.fractions)
+    pairs = zip(rm.query_maps or none, naive.query_maps or none, strict=True)
+    gaps = []
+    for t, a, b, (qa, qb) in zip(rm.fractions, rm.maps, naive.maps, pairs, strict=True):
+        tolerance = LABEL_FIXED_TOLERANCE
+        if qa is not None and qb is not None and len(qa) == len(qb) > 1:
+            error = float(np.std(qa - qb, ddof=1) / np.sqrt(len(qa)))
+            tolerance = max(LABEL_MIN_TOLERANCE, LABEL_STANDARD_ERRORS * error)
+        gaps.append(LabelledGap(t, a - b, tolerance))
+    return gaps
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A recommendation and what decided it (``rmq probe --json``)."""
+
+    text: str
+    serve: str | None  # the mode to serve; None: not the naive merge as it is (no rm curve)
+    decided_by: str  # labels | label-free
+    label_free: str | None = None  # the mode the label-free forecast picks (with an rm curve)
+    labels: str | None = None  # the mode the labels pick (with labelled rm and naive curves)
+    gaps: tuple[LabelledGap, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        disagree = self.labels is not None and self.labels != self.label_free
+        return {
+            "serve": self.serve,
+            "decided_by": self.decided_by,
+            "disagreement": {"labels": self.labels, "label_free": self.label_free} if disagree else None,
+            "rm_below_naive": [g.as_dict() for g in self.gaps if g.below],
+        }
+
+
 def recommend(
     forecasts: Sequence[ModeForecast],
     *,
@@ -60,11 +143,30 @@ def recommend(
     k: int | None = None,
     maps: Sequence[tuple[str, bool]] = (),
 ) -> str:
-    """A plain recommendation: which mode to serve, and whether the naive merge is safe.
+    """A plain recommendation: which mode to serve, and whether the naive merge is safe
+    (:func:`advise`'s text)."""
+    return advise(forecasts, calibrated=calibrated, k=k, maps=maps).text
+
+
+def advise(
+    forecasts: Sequence[ModeForecast],
+    *,
+    calibrated: bool = False,
+    k: int | None = None,
+    maps: Sequence[tuple[str, bool]] = (),
+) -> Advice:
+    """Which mode to serve, why, and whether the naive merge is safe.
 
     A merge is unsafe where its recall@k dips below its start, or where one side is crowded out
     of the merged top k (:meth:`ModeForecast.crowded`); ``calibrated``: the naive curve is
     a calibrated pair's; ``maps``: calibrate's maps tried on the sample (:func:`crowding_fix`).
+
+    rm against naive: with labelled mAP curves on both, the labels decide. rm is refused where
+    its mAP falls below the naive merge's at any t beyond the tolerance of :func:`labelled_gaps`,
+    else the larger area under mAP wins (areas within LABEL_MIN_TOLERANCE tie, and a tie goes to
+    the label-free forecast's pick, so that the last digits never make the two disagree). Without
+    labels, the label-free forecast decides: of the curves that neither dip nor crowd a side
+    out (else of both), the larger area under recall@k.
     """
     by_mode = {f.mode: f for f in forecasts}
     naive, rm = by_mode["naive"], by_mode.get("rm")
@@ -73,16 +175,57 @@ def recommend(
     calibrate = bool(naive.crowded()) and not calibrated
     if rm is None:
         if not unsafe:
-            return f"serve naive; {safety}."
+            return Advice(f"serve naive; {safety}.", "naive", "label-free")
         fix = crowding_fix(calibrate, maps)
-        return f"do not serve the naive merge as it is: {fix}; {safety}."
+        return Advice(f"do not serve the naive merge as it is: {fix}; {safety}.", None, "label-free")
     candidates = [f for f in (rm, naive) if not (f.dips() or f.crowded())] or [rm, naive]
-    best = max(candidates, key=lambda f: f.area)
-    other = naive if best is rm else rm
+    free = max(candidates, key=lambda f: f.area)
+    end = f"; {safety}" + (
+        "; rmq calibrate puts its old distances on the new model's scale." if calibrate else "."
+    )
+    gaps = labelled_gaps(rm, naive)
+    if not gaps:
+        other = naive if free is rm else rm
+        text = f"serve {free.mode} (area {free.area:.3f} vs {other.mode} {other.area:.3f}{_rm_flaws(rm, k)})"
+        return Advice(text + end, free.mode, "label-free", free.mode)
+    below = [g for g in gaps if g.below]
+    margin = area(rm.maps or (), rm.fractions) - area(naive.maps or (), naive.fractions)
+    pick = naive if below else free if abs(margin) <= LABEL_MIN_TOLERANCE else rm if margin > 0 else naive
+    text = _labelled_text(pick, rm, naive, below) + _label_free_text(pick, free, rm, naive, k)
+    return Advice(text + end, pick.mode, "labels", free.mode, pick.mode, tuple(gaps))
+
+
+def _rm_flaws(rm: ModeForecast, k: int | None) -> str:
+    return (f"; rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}" if rm.dips() else "") + (
+        f"; in rm, {crowding_text(rm.crowded(), k)}" if rm.crowded() else ""
+    )
+
+
+def _labelled_text(
+    pick: ModeForecast, rm: ModeForecast, naive: ModeForecast, below: list[LabelledGap]
+) -> str:
+    other = naive if pick is rm else rm
+    text = (
+        f"serve {pick.mode} by the labelled forecast (mAP area {area(pick.maps or (), pick.fractions):.3f} "
+        f"vs {other.mode} {area(other.maps or (), other.fractions):.3f}"
+    )
+    if below:
+        worst = min(below, key=lambda g: g.margin)
+        text += (
+            f"; rm's mAP falls below the naive merge's at t = {', '.join(f'{g.t:g}' for g in below)}, "
+            f"by up to {-worst.margin:.3f} at t = {worst.t:g} (tolerance {worst.tolerance:.3f})"
+        )
+    return text + ")"
+
+
+def _label_free_text(
+    pick: ModeForecast, free: ModeForecast, rm: ModeForecast, naive: ModeForecast, k: int | None
+) -> str:
+    other = naive if free is rm else rm
+    scores = f"area {free.area:.3f} vs {other.mode} {other.area:.3f}{_rm_flaws(rm, k)}"
+    if free is pick:
+        return f"; the label-free forecast agrees (recall@k {scores})"
     return (
-        f"serve {best.mode} (area {best.area:.3f} vs {other.mode} {other.area:.3f}"
-        + (f"; rm dips at t = {', '.join(f'{t:g}' for t in rm.dips())}" if rm.dips() else "")
-        + (f"; in rm, {crowding_text(rm.crowded(), k)}" if rm.crowded() else "")
-        + f"); {safety}"
-        + ("; rmq calibrate puts its old distances on the new model's scale." if calibrate else ".")
+        "; the label-free forecast (recall@k against the new model's own neighbours) would have picked "
+        f"{free.mode} ({scores}), but the labels say otherwise"
     )

@@ -68,6 +68,9 @@ class ModeForecast:
     top1s: tuple[float, ...] | None = None
     old_share: tuple[float, ...] | None = None  # the old side's share of the merged top k, per t
     old_gallery: tuple[float, ...] | None = None  # the old side's share of the gallery, per t
+    #: With labels, each query's AP per t (same query rows in every curve of one forecast): the
+    #: per-query differences that :func:`rm_qdrant.core.advice.labelled_gaps` reads.
+    query_maps: tuple[np.ndarray, ...] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def area(self) -> float:
@@ -267,7 +270,7 @@ class _Backfill:
         old_distance: OldDistance | None = None,
     ) -> ModeForecast:
         """One query mode: ``new`` fills (and queries) the new side, ``query_old`` queries the old."""
-        recall, ndcg, maps, tops, share, gallery = [], [], [], [], [], []
+        recall, ndcg, maps, tops, share, gallery, per_query = [], [], [], [], [], [], []
         k = self.reference.shape[1]
         for t in self.fractions:
             migrated = migrated_at(self.order, t)
@@ -288,7 +291,8 @@ class _Backfill:
             share.append(float((~migrated)[found].mean()))
             gallery.append(float((~migrated).mean()))
             if self.y is not None:
-                maps.append(float(np.concatenate(aps).mean()))
+                per_query.append(np.concatenate(aps))
+                maps.append(float(per_query[-1].mean()))
                 tops.append(float(np.concatenate(hits).mean()))
         labelled = self.y is not None
         return ModeForecast(
@@ -300,6 +304,7 @@ class _Backfill:
             tuple(tops) if labelled else None,
             tuple(share),
             tuple(gallery),
+            tuple(per_query) if labelled else None,
         )
 
 

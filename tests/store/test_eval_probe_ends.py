@@ -104,14 +104,50 @@ def test_eval_gain_of_an_rm_pair_is_against_old_and_new_and_its_own_ends_are_nam
     assert "against this pair's own t = 0 and t = 1 points" in text
 
 
-def test_eval_of_an_rm_pair_without_a_plain_new_model_says_why_there_is_no_gain(rmq, pairs):
+def test_eval_of_an_rm_pair_without_a_plain_new_model_says_why_there_is_no_gain_nor_naive_curve(rmq, pairs):
     images, _ = pairs
     out = _eval(rmq, "rm", images)
     assert out["gain_map"] is None and out["new_map"] is None and out["shape_map"] is not None
     assert "plain new model" in out["gain_note"]
+    assert out["naive"] is None and "--new-model" in out["naive_note"]
     text = rmq("eval", "--name", "rm", "--queries", images, "--at", "0,1").output
     lines = [line for line in text.splitlines() if "the paper's Gain cannot be computed" in line]
     assert len(lines) == 1 and "--new-model" in lines[0]
+    lines = [line for line in text.splitlines() if "naive curve" in line]
+    assert lines == ["no naive curve beside this pair's: it needs the plain new model (--new-model PATH)"]
+
+
+def test_eval_of_an_rm_pair_prints_the_naive_curve_of_the_same_gallery_beside_it(rmq, pairs):
+    """Issue 39: the naive merge (old model, plain new model) served on a copy at the same
+    fractions, in the same order: the naive pair's own curve, whose ends are Old and New."""
+    images, new_model = pairs
+    naive = _eval(rmq, "naive", images)
+    assert naive["naive"] is None  # a naive pair's own curve is the naive curve
+    out = _eval(rmq, "rm", images, "--new-model", new_model)
+    curve = out["naive"]["points"]
+    assert [(p["t"], p["map"], p["top1"]) for p in curve] == [
+        (p["t"], p["map"], p["top1"]) for p in naive["points"]
+    ]
+    assert (curve[0]["map"], curve[-1]["map"]) == (out["old_map"], out["new_map"])  # Old and New
+    assert out["naive"]["auc_map"] == pytest.approx(naive["auc_map"])
+    below = [(p["t"], n["map"] - p["map"]) for p, n in zip(out["points"], curve) if p["map"] < n["map"]]
+    assert [(b["t"], b["map_margin"]) for b in out["naive"]["below_naive"]] == below
+    assert below  # this graph's ψ is random: it starts below the old model
+    text = rmq(
+        "eval", "--name", "rm", "--queries", images, "--at", "0,0.5,1", "--new-model", new_model
+    ).output
+    lines = text.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("served mAP and top-1 (%)")))
+    assert lines[head + 1].split() == ["t", "0", "0.5", "1", "AUC"]
+    for row, points, key in (("rm mAP", out["points"], "auc_map"), ("naive mAP", curve, None)):
+        line = next(x for x in lines if x.startswith(row))
+        auc = out[key] if key else out["naive"]["auc_map"]
+        assert line.split()[2:] == [f"{100 * p['map']:.1f}" for p in points] + [f"{100 * auc:.1f}"]
+    worst = max(below, key=lambda b: b[1])
+    assert (
+        f"rm's mAP falls below the naive merge's at t = {', '.join(f'{t:g}' for t, _ in below)}, "
+        f"by up to {100 * worst[1]:.1f} points (at t = {worst[0]:g})"
+    ) in lines
 
 
 def _probe(rmq, name: str, *extra: object) -> dict:
