@@ -15,15 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from rm_qdrant.core.forecast import Crowding, ModeForecast
+from rm_qdrant.core.guard import GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS
 from rm_qdrant.core.metrics import area
 
 #: Standard errors of the per-query AP difference that rm's labelled mAP may fall below the naive
-#: merge's at one t: the rule rmq fit's guard applies to its per-query scores (core/guard.py; a
-#: real tie is refused about one time in 40 at one t), here on the labels.
-LABEL_STANDARD_ERRORS = 2.0
-#: The least tolerance (mAP), the guard's too: a tie, say at t = 1 where both serve the same new
-#: model, is not refused for the last digits of two ONNX graphs.
-LABEL_MIN_TOLERANCE = 0.002
+#: merge's at one t, and the least tolerance: the rule of rmq fit's guards (core/guard.py; a real
+#: tie is refused about one time in 40 at one t), one rule for both commands.
+LABEL_STANDARD_ERRORS = GUARD_STANDARD_ERRORS
+LABEL_MIN_TOLERANCE = GUARD_MIN_TOLERANCE
 #: The tolerance where the forecasts carry no per-query APs (curves built by hand, or read back
 #: from JSON): DIP_TOLERANCE's size.
 LABEL_FIXED_TOLERANCE = 0.005
