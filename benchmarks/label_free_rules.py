@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.label_free_signals import WORK  # noqa: E402
 from rm_qdrant.core.guard import GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS  # noqa: E402
-from rm_qdrant.core.metrics import FRACTIONS, area, gain  # noqa: E402
+from rm_qdrant.core.metrics import area, gain  # noqa: E402
 
 #: Each holdout judged as its queries against the rest of the holdout, and against the whole sample (-g).
 VIEWS = ("inner", "outer", "inner-g", "outer-g")

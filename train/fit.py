@@ -114,7 +114,9 @@ def fit_recipe(
     if loss == "procrustes":
         return Fitted(match_norms(procrustes_heads(x, y), x, y), loss)
     if loss == "label-free":
-        heads, selection = select_label_free(x, y, seed=settings.seed, labels=labels or judge)
+        heads, selection = select_label_free(
+            x, y, seed=settings.seed, labels=labels if labels is not None else judge
+        )
         return Fitted(match_norms(heads, x, y), f"label-free/{selection.winner}", selection)
     heads = Heads(x.shape[1], y.shape[1], learn_rho=loss == "mcl")
     if loss == "rqt":

@@ -41,6 +41,7 @@ def holdout_forecast(
     seed: int = 0,
     metric: str = "cosine",
     unit: bool = True,
+    naive_distance: OldDistance | None = None,
 ) -> list[ModeForecast]:
     """The naive merge and the fitted heads, backfilled in a random order, under the collection's
     ``metric`` with the fitted outputs as served (``unit``: normalised): the ``held`` rows (a
@@ -49,7 +50,16 @@ def holdout_forecast(
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
     return compare_fitted(
-        old, phi_new, new, rev, order=order, labels=labels, k=k, metric=metric, queries=held
+        old,
+        phi_new,
+        new,
+        rev,
+        order=order,
+        labels=labels,
+        k=k,
+        metric=metric,
+        queries=held,
+        naive_distance=naive_distance,
     )
 
 
@@ -132,19 +142,16 @@ def judge(
     query every row; the label-free forecast (recall@k of the new model's own top k) keeps to the
     held rows among themselves, where a top k is as coarse as a gallery's top k·n/n_held and ranks
     recipes as they serve (``benchmarks/results/label-free-signals.md``)."""
-    served = {"held": held, "seed": seed, "metric": metric, "unit": unit}
-    forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
-    if labels is None and held is not None:  # the label-free forecast: the holdout among itself
-        forecasts = holdout_forecast(
-            heads, phi_new[held], old[held], None, k=k, seed=seed, metric=metric, unit=unit
-        )
+    served = {"held": held, "seed": seed, "metric": metric, "unit": unit, "naive_distance": naive_distance}
     if labels is not None:
-        return (
-            forecasts,
-            None,
-            holdout_labelled(heads, phi_new, old, labels, naive_distance=naive_distance, **served),
-        )
-    return forecasts, holdout_guard(heads, phi_new, old, k=k, naive_distance=naive_distance, **served), None
+        forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
+        return forecasts, None, holdout_labelled(heads, phi_new, old, labels, **served)
+    # The label-free forecast: the holdout among itself, against the plain merge (as until now).
+    rows = slice(None) if held is None else held
+    forecasts = holdout_forecast(
+        heads, phi_new[rows], old[rows], None, k=k, seed=seed, metric=metric, unit=unit
+    )
+    return forecasts, holdout_guard(heads, phi_new, old, k=k, **served), None
 
 
 def decide(

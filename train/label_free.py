@@ -218,14 +218,19 @@ def choose(candidates: list[Candidate]) -> tuple[int, str]:
     fail the guard; else the best that does not dip; else the first (Procrustes). Where the
     holdout has labels, the best area under its mAP among those the labels do not refuse."""
     if any(c.labelled is not None for c in candidates):
-        pool = [c for c in candidates if c.eligible]
-        if pool:
-            best = max(pool, key=lambda c: c.labelled_area)
-            why = (
-                f"highest area under the held-out mAP ({best.labelled_area:.3f}, payload labels) of the "
-                f"{len(pool)} of {len(candidates)} that the labels and the guard pass"
-            )
-            return candidates.index(best), why
+        for pool, why in (
+            ([c for c in candidates if c.eligible], "that the labels and the guard pass"),
+            (
+                [c for c in candidates if c.labelled is not None and not c.dips],
+                "that do not dip (the labels or the guard refuse every candidate)",
+            ),
+        ):
+            if pool:
+                best = max(pool, key=lambda c: c.labelled_area)
+                return candidates.index(best), (
+                    f"highest area under the held-out mAP ({best.labelled_area:.3f}, payload labels) of the "
+                    f"{len(pool)} of {len(candidates)} {why}"
+                )
     for pool, why in (
         ([c for c in candidates if c.eligible], "the guard passed"),
         ([c for c in candidates if not c.dips], "do not dip (none passed the guard)"),

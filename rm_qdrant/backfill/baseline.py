@@ -185,6 +185,7 @@ def forecast_with_plain(
     k: int,
     label_field: str,
     metric: str,
+    order_field: str | None = None,
 ) -> list[ModeForecast]:
     """``rmq probe``'s curves for an rm pair: the naive merge of the plain new model (old vectors
     queried by the old model) and the pair's graph, both scored against the plain new model's
@@ -199,7 +200,7 @@ def forecast_with_plain(
     ids = [sample.ids[i] for i in both]
     payloads = [sample.payloads[i] for i in both]
     old = sample.old[both]
-    keys = order_keys(order, ids, payloads, old, seed=seed, label_field=label_field)
+    keys = order_keys(order, ids, payloads, old, seed=seed, label_field=order_field or label_field)
     labelled = dataclasses.replace(sample, ids=ids, payloads=payloads).labels(label_field)
     naive, fitted = compare_fitted(
         old,

@@ -193,13 +193,17 @@ def forecast_sample(
     label_field: str = "label",
     calibration: OldDistance | None = None,
     metric: str = "cosine",
+    order_field: str | None = None,
 ) -> list[ModeForecast]:
     """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it).
 
     ``calibration``: a calibrated naive pair's map, applied to the naive mode's old distances;
-    ``metric``: the pair's distance, under which both halves are searched.
+    ``metric``: the pair's distance, under which both halves are searched; ``order_field``: the
+    label field ``rmq migrate --order centroid`` groups by (the pair's; default ``label_field``).
     """
-    keys = order_keys(order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=label_field)
+    keys = order_keys(
+        order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=order_field or label_field
+    )
     return forecast(
         sample.old,
         sample.new,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,11 @@ def fit_command(
             "true/false instead of a class name (a string or a number): no labels to train on"
         )
     # Labels judge wherever the payload has them, even when they do not train (issue 39).
-    judge = labels if labels is not None else sample.labels(pair.label_field) if pair.label_field else None
+    judge = (
+        labels
+        if labels is not None
+        else informative(sample.labels(pair.label_field) if pair.label_field else None)
+    )
     try:
         train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
     except ValueError as exc:
@@ -275,6 +280,16 @@ def fit_command(
         raise ConfigError(str(exc)) from exc
     data.update(out=str(path), parity=parity, seconds=round(time.perf_counter() - started, 1))
     emit(data, as_json, _text(data, forecasts, count_new(store, pair) > 0))
+
+
+def informative(labels: list[Any] | None) -> list[Any] | None:
+    """The pair's labels where they can judge (some class holds two or more points, and there are
+    two or more classes), else None: a field that names each point apart (a caption, an id) or
+    one value everywhere would make every AP 0 or 1 for both curves, and refuse every fit."""
+    if labels is None:
+        return None
+    counts = Counter(map(str, labels)).values()
+    return labels if len(counts) > 1 and max(counts) > 1 else None
 
 
 def in_id_order(sample: ProbeSample) -> ProbeSample:

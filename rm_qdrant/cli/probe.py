@@ -176,7 +176,14 @@ def _curves(
             label="the plain new model",
         )
         forecasts = forecast_with_plain(
-            sample, again, order=spec, seed=seed, k=k, label_field=label_field, metric=pair.distance
+            sample,
+            again,
+            order=spec,
+            seed=seed,
+            k=k,
+            label_field=label_field,
+            metric=pair.distance,
+            order_field=pair.label_field,  # the order rmq migrate will move it in
         )
         return forecasts, advise(forecasts, k=k)
     forecasts = forecast_sample(
@@ -187,6 +194,7 @@ def _curves(
         label_field=label_field,
         calibration=pair.old_distance,
         metric=pair.distance,
+        order_field=pair.label_field,
     )
     if sample.rev is None:
         calibrated = pair.old_distance is not None

@@ -377,6 +377,7 @@ def compare_fitted(
     fractions: Sequence[float] = FRACTIONS,
     metric: str = "cosine",
     queries: np.ndarray | None = None,
+    naive_distance: OldDistance | None = None,
 ) -> list[ModeForecast]:
     """The naive merge of the plain new model (``base``) beside a fitted encoder (``new``, ``rev``).
 
@@ -396,7 +397,8 @@ def compare_fitted(
         metric=metric,
         queries=queries,
     )
-    return [backfill.curve("naive", base, old, old), backfill.curve("fitted", new, rev, old)]
+    naive = backfill.curve("naive", base, old, old, naive_distance)  # as a calibrated pair serves it
+    return [naive, backfill.curve("fitted", new, rev, old)]
 
 
 def compare_calibrated(

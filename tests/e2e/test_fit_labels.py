@@ -31,7 +31,9 @@ def grouped(team, deployment):  # noqa: F811
     colour = np.arange(len(rows)) % 4  # the images' tint, which any model sorts by
     residual = unit - np.stack([unit[colour == c].mean(0) for c in colour])
     side = residual @ np.random.default_rng(7).normal(size=unit.shape[1]) > 0
-    groups = [f"g{c}{int(s)}" for c, s in zip(colour, side, strict=True)]  # the old model's own split of each tint
+    groups = [
+        f"g{c}{int(s)}" for c, s in zip(colour, side, strict=True)
+    ]  # the old model's own split of each tint
     client = QdrantClient(path=str(tmp / "team-store"))
     for row, group in zip(rows, groups, strict=True):
         client.set_payload("products", {"group": group}, points=[row["id"]])
@@ -103,7 +105,7 @@ def test_label_free_candidates_are_each_judged_by_the_labels(grouped, monkeypatc
     assert refused and all(not c["eligible"] for c in refused)  # below the old model by the labels
 
 
-def test_a_fit_without_labels_anywhere_is_still_decided_by_the_guard(team):
+def test_a_fit_without_labels_anywhere_is_still_decided_by_the_guard(team):  # noqa: F811
     rmq, tmp, _ = team
     report = json.loads(
         rmq(
@@ -122,3 +124,14 @@ def test_a_fit_without_labels_anywhere_is_still_decided_by_the_guard(team):
 
 
 _ = (SOURCES, make_local_folder)
+
+
+def test_a_label_field_that_tells_no_classes_apart_does_not_judge():
+    """A pair's default label field may hold a caption per point, or one value everywhere: every AP
+    would be 0 (or 1) on both curves, and every fit refused on a tie. Such a field does not judge."""
+    from rm_qdrant.cli.fit import informative
+
+    assert informative([f"caption {i}" for i in range(20)]) is None  # each point its own class
+    assert informative(["shoes"] * 20) is None  # one class
+    assert informative(None) is None
+    assert informative(["a", "b", "a", 3]) == ["a", "b", "a", 3]

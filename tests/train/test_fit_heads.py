@@ -129,3 +129,33 @@ def test_labels_choose_among_label_free_candidates_and_refuse_one_below_naive():
         Candidate(c.recipe, c.area, c.naive_area, c.dips, c.verdict) for c in (imitates, modest, better)
     ]
     assert choose(without_labels)[0] == 0  # the label-free evidence alone picks the imitator
+
+
+def test_when_the_labels_refuse_every_candidate_the_best_by_the_labels_is_named_and_why():
+    from rm_qdrant.core.guard import judged
+    from rm_qdrant_train.label_free import Candidate, choose
+
+    fractions = (0.0, 1.0)
+    spread = np.array([[0.0, 0.001, -0.001]])
+
+    def verdict(naive, fitted, measure="support"):
+        return judged(
+            fractions, np.array(naive)[:, None] + spread, np.array(fitted)[:, None] + spread, measure=measure
+        )
+
+    passing = verdict([0.5, 0.7], [0.6, 0.7])
+    worse = Candidate("procrustes", 0.9, 0.6, False, passing, verdict([0.5, 0.7], [0.1, 0.7], "mAP"))
+    less_worse = Candidate("clusters 4-8", 0.7, 0.6, False, passing, verdict([0.5, 0.7], [0.3, 0.7], "mAP"))
+    index, why = choose([worse, less_worse])
+    assert index == 1 and "the labels or the guard refuse every candidate" in why
+
+
+def test_the_labelled_forecast_of_a_calibrated_pair_is_against_the_calibrated_merge():
+    """compare_fitted's naive curve as a calibrated pair serves it: the labelled area that decides
+    is the calibrated merge's, like the labelled guard's."""
+    new, old, y = clusters()
+    order = np.random.default_rng(0).permutation(len(old))
+    squash = lambda d: np.sqrt(np.clip(d, 0, None)) * 3.0  # noqa: E731 — a monotone map that moves old hits
+    plain, _ = compare_fitted(old, new, new, old, order=order, labels=list(y), k=5)
+    mapped, _ = compare_fitted(old, new, new, old, order=order, labels=list(y), k=5, naive_distance=squash)
+    assert plain.maps != mapped.maps and plain.maps[0] == pytest.approx(mapped.maps[0])  # t = 0: all old
