@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ SIGNALS = (
     "logrank",
     "precision",
 )
+Rule = Callable[[dict], str]  # a pair's arrays → the recipe kept ("naive": none)
 #: The goal's bounds: a kept graph's served t = 0 at most this far below Old; its AUC not below RM_naive's.
 T0_SLACK = 0.005
 
@@ -53,7 +55,8 @@ def load(path: Path) -> dict:
 
 
 def verdict(pair: dict, held: str, recipe: str, signal: str, *, slack: float = GUARD_STANDARD_ERRORS) -> bool:
-    """Whether ``recipe`` is not below the naive merge at any t by ``signal`` on ``held`` (the guard's test)."""
+    """Whether ``recipe`` is not below the naive merge at any t by ``signal`` on ``held``
+    (the guard's test)."""
     a, b = pair[f"{held}|naive|{signal}"], pair[f"{held}|{recipe}|{signal}"]
     diff = b - a
     tol = np.maximum(GUARD_MIN_TOLERANCE, slack * diff.std(0, ddof=1) / np.sqrt(len(diff)))
@@ -235,7 +238,8 @@ def main() -> None:
                 bad += t0 < old[0] - T0_SLACK or auc < naive[1]
             gains.append(gain(auc, old[1], new[1]))
             row.append(
-                f"{p['meta']['pair']}: {choice} ({100 * (t0 - old[0]):+.1f} t0, {100 * (auc - naive[1]):+.1f} AUC)"
+                f"{p['meta']['pair']}: {choice} "
+                f"({100 * (t0 - old[0]):+.1f} t0, {100 * (auc - naive[1]):+.1f} AUC)"
             )
         lines.append(
             f"| {name} | {kept}/{len(pairs)} | {bad} | {100 * min(t0s, default=0):+.1f} | "
@@ -245,7 +249,8 @@ def main() -> None:
     lines += ["", *detail]
     lines += ["", "## Today's rule against rmq fit now, per pair (served, mAP %)", ""]
     lines += [
-        "| pair | Old t = 0 | RM_naive AUC | today: kept | t = 0 | AUC | Gain | now: kept | t = 0 | AUC | Gain |",
+        "| pair | Old t = 0 | RM_naive AUC | today: kept | t = 0 | AUC | Gain "
+        "| now: kept | t = 0 | AUC | Gain |",
         "|---|--:|--:|---|--:|--:|--:|---|--:|--:|--:|",
     ]
     for p in pairs:
