@@ -130,9 +130,9 @@ class Candidate:
 
     @property
     def eligible(self) -> bool:
-        if self.labelled is not None and not self.labelled.passed:
-            return False
-        return not self.dips and self.verdict is not None and self.verdict.passed
+        """Neither dips nor diverged, and passes the labels where there are any (they win), else the guard."""
+        judge = self.labelled if self.labelled is not None else self.verdict
+        return not self.dips and self.verdict is not None and judge is not None and judge.passed
 
     @property
     def labelled_area(self) -> float:
@@ -219,10 +219,10 @@ def choose(candidates: list[Candidate]) -> tuple[int, str]:
     holdout has labels, the best area under its mAP among those the labels do not refuse."""
     if any(c.labelled is not None for c in candidates):
         for pool, why in (
-            ([c for c in candidates if c.eligible], "that the labels and the guard pass"),
+            ([c for c in candidates if c.eligible], "that the labels pass"),
             (
                 [c for c in candidates if c.labelled is not None and not c.dips],
-                "that do not dip (the labels or the guard refuse every candidate)",
+                "that do not dip (the labels refuse every candidate)",
             ),
         ):
             if pool:
