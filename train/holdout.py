@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
-from rm_qdrant.core.guard import GuardVerdict, labelled_guard, rank_guard
+from rm_qdrant.core.guard import GuardVerdict, labelled_guard, labelled_verdict, rank_guard
 from rm_qdrant.core.metrics import area
 from rm_qdrant_train.heads import Heads
 
@@ -143,9 +143,9 @@ def judge(
     held rows among themselves, where a top k is as coarse as a gallery's top k·n/n_held and ranks
     recipes as they serve (``benchmarks/results/label-free-signals.md``)."""
     served = {"held": held, "seed": seed, "metric": metric, "unit": unit, "naive_distance": naive_distance}
-    if labels is not None:
+    if labels is not None:  # the labelled forecast's per-query APs are what the labels judge by
         forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
-        return forecasts, None, holdout_labelled(heads, phi_new, old, labels, **served)
+        return forecasts, None, labelled_verdict(*forecasts)
     # The label-free forecast: the holdout among itself, against the plain merge (as until now).
     rows = slice(None) if held is None else held
     forecasts = holdout_forecast(

@@ -12,16 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from rm_qdrant.core.forecast import Crowding, ModeForecast
-from rm_qdrant.core.guard import GUARD_MIN_TOLERANCE, GUARD_STANDARD_ERRORS
+from rm_qdrant.core.guard import GUARD_MIN_TOLERANCE, labelled_verdict
 from rm_qdrant.core.metrics import area
 
-#: Standard errors of the per-query AP difference that rm's labelled mAP may fall below the naive
-#: merge's at one t, and the least tolerance: the rule of rmq fit's guards (core/guard.py; a real
-#: tie is refused about one time in 40 at one t), one rule for both commands.
-LABEL_STANDARD_ERRORS = GUARD_STANDARD_ERRORS
+#: Areas under mAP this close tie: the least tolerance of rmq fit's guards (core/guard.py).
 LABEL_MIN_TOLERANCE = GUARD_MIN_TOLERANCE
 #: The tolerance where the forecasts carry no per-query APs (curves built by hand, or read back
 #: from JSON): DIP_TOLERANCE's size.
@@ -90,9 +85,10 @@ class LabelledGap:
 
 
 def labelled_gaps(rm: ModeForecast, naive: ModeForecast) -> list[LabelledGap]:
-    """rm − naive labelled mAP at each t, with its tolerance: LABEL_STANDARD_ERRORS standard
-    errors of the per-query AP difference (the two curves rank the same queries), at least
-    LABEL_MIN_TOLERANCE; LABEL_FIXED_TOLERANCE where the curves carry no per-query APs.
+    """rm − naive labelled mAP at each t, with its tolerance: rmq fit's labelled guard's
+    (:func:`rm_qdrant.core.guard.labelled_verdict`: two standard errors of the per-query AP
+    difference, at least GUARD_MIN_TOLERANCE; the two curves rank the same queries), or
+    LABEL_FIXED_TOLERANCE where the curves carry no per-query APs.
     [] without labels on both curves.
 
     >>> a = ModeForecast("rm", (0.0, 1.0), (0.5, 1.0), (0.5, 1.0), maps=(0.40, 0.70))
@@ -102,16 +98,16 @@ def labelled_gaps(rm: ModeForecast, naive: ModeForecast) -> list[LabelledGap]:
     """
     if rm.maps is None or naive.maps is None:
         return []
-    none = (None,) * len(rm.fractions)
-    pairs = zip(rm.query_maps or none, naive.query_maps or none, strict=True)
-    gaps = []
-    for t, a, b, (qa, qb) in zip(rm.fractions, rm.maps, naive.maps, pairs, strict=True):
-        tolerance = LABEL_FIXED_TOLERANCE
-        if qa is not None and qb is not None and len(qa) == len(qb) > 1:
-            error = float(np.std(qa - qb, ddof=1) / np.sqrt(len(qa)))
-            tolerance = max(LABEL_MIN_TOLERANCE, LABEL_STANDARD_ERRORS * error)
-        gaps.append(LabelledGap(t, a - b, tolerance))
-    return gaps
+    tolerances = [LABEL_FIXED_TOLERANCE] * len(rm.fractions)
+    per_query = rm.query_maps is not None and naive.query_maps is not None
+    if per_query and all(
+        len(qa) == len(qb) > 1 for qa, qb in zip(rm.query_maps, naive.query_maps, strict=True)
+    ):
+        tolerances = list(labelled_verdict(naive, rm).tolerances)  # the rule of rmq fit's labelled guard
+    return [
+        LabelledGap(t, a - b, tolerance)
+        for t, a, b, tolerance in zip(rm.fractions, rm.maps, naive.maps, tolerances, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.core.forecast import OldDistance, label_codes, merged_distances, query_chunks, top_k
-from rm_qdrant.core.metrics import FRACTIONS, _scores, migrated_at
+from rm_qdrant.core.forecast import (
+    ModeForecast,
+    OldDistance,
+    compare_fitted,
+    label_codes,
+    merged_distances,
+    query_chunks,
+    top_k,
+)
+from rm_qdrant.core.metrics import FRACTIONS, migrated_at
 from rm_qdrant.core.spaces import distance_matrix
 
 #: The smallest tolerance (support, 0 to 1) at any t: a share of the gallery small enough that
@@ -292,21 +300,38 @@ def labelled_guard(
         ValueError: fewer than three items, arrays of different lengths, or an item without a label.
     """
     y = label_codes(labels)
-    merges = (old, base, new, rev)
-    _checked(merges, order, queries, "the labelled guard")
+    _checked((old, base, new, rev), order, queries, "the labelled guard")
     if y is None or len(y) != len(old):
         raise ValueError("the labelled guard needs one label per item")
-    a, b = merges_per_query(
-        merges,
+    naive, fitted = compare_fitted(
+        old,
+        base,
+        new,
+        rev,
         order=order,
-        queries=queries,
+        labels=labels,
+        k=1,  # the recall the forecast also gives is not what is judged
         fractions=fractions,
         metric=metric,
+        queries=queries,
         naive_distance=naive_distance,
-        prepare=lambda rows: None,
-        score=lambda d, rows, _: _scores(d, y, rows, None)[0],
     )
-    return judged(fractions, a, b, subject=subject, measure="mAP")
+    return labelled_verdict(naive, fitted, subject=subject)
+
+
+def labelled_verdict(
+    naive: ModeForecast, fitted: ModeForecast, *, subject: str = "the fitted graph"
+) -> GuardVerdict:
+    """The labelled guard's verdict from a labelled forecast's two curves (their per-query APs),
+    so that a command which forecast the mAP already does not rank the queries again.
+
+    Raises:
+        ValueError: a curve without per-query APs (a forecast without labels).
+    """
+    if naive.query_maps is None or fitted.query_maps is None:
+        raise ValueError("the labelled guard needs a forecast with labels")
+    a, b = np.stack(naive.query_maps), np.stack(fitted.query_maps)
+    return judged(naive.fractions, a, b, subject=subject, measure="mAP")
 
 
 def rank_guard(
