@@ -189,10 +189,33 @@ def served(q_new, q_old, old, labels, order) -> list[float]:
     ]
 
 
+def cached_candidates(path: Path, phi: torch.Tensor, old: torch.Tensor) -> list:
+    """``train_candidates`` on (phi, old), or the candidates a run before saved at ``path``: their
+    weights and layer counts only, read with ``weights_only`` (no pickled code runs)."""
+    from torch import nn
+
+    from rm_qdrant_train.heads import Heads
+    from rm_qdrant_train.label_free import train_candidates
+
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        trained = []
+        for recipe, blocks, state in zip(saved["recipes"], saved["psi_blocks"], saved["states"], strict=True):
+            heads = Heads(phi.shape[1], old.shape[1], learn_rho=False, psi_blocks=blocks)
+            heads.load_state_dict(state)
+            trained.append((recipe, heads.eval()))
+        return trained
+    trained = train_candidates(phi, old, seed=0)
+    path.parent.mkdir(exist_ok=True)
+    blocks = [sum(isinstance(m, nn.Linear) for m in heads.psi) for _, heads in trained]
+    states = [heads.state_dict() for _, heads in trained]
+    torch.save({"recipes": [r for r, _ in trained], "psi_blocks": blocks, "states": states}, path)
+    return trained
+
+
 def run_pair(name: str, pair: Pair) -> Path:
     from rm_qdrant_train.holdout import apply_heads
     from rm_qdrant_train.label_free import HOLDOUT as INNER
-    from rm_qdrant_train.label_free import train_candidates
 
     target = WORK / f"{name}.npz"
     if target.is_file():
@@ -213,13 +236,7 @@ def run_pair(name: str, pair: Pair) -> Path:
     phi, old = torch.from_numpy(g_new), torch.from_numpy(g_old)
     from rm_qdrant_train.fit import match_norms
 
-    cached = WORK / "heads" / f"{name}.pt"
-    if cached.is_file():
-        trained = torch.load(cached, weights_only=False)
-    else:
-        trained = train_candidates(phi[train_idx], old[train_idx], seed=0)
-        cached.parent.mkdir(exist_ok=True)
-        torch.save(trained, cached)
+    trained = cached_candidates(WORK / "heads" / f"{name}.pt", phi[train_idx], old[train_idx])
     candidates = [("naive", None)] + [
         (recipe, match_norms(heads, phi[fit_idx], old[fit_idx])) for recipe, heads in trained
     ]
