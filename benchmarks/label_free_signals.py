@@ -34,10 +34,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cifar import ROOT  # noqa: E402
+from benchmarks.fit_table import curve  # noqa: E402
 from benchmarks.glyphs import write_glyphs  # noqa: E402
 from rm_qdrant.core.forecast import holdout_split, merged_distances, top_k  # noqa: E402
 from rm_qdrant.core.guard import support  # noqa: E402
-from rm_qdrant.core.metrics import FRACTIONS, area, backfill_retrieval, migrated_at  # noqa: E402
+from rm_qdrant.core.metrics import FRACTIONS, area, migrated_at  # noqa: E402
 from rm_qdrant.core.spaces import distance_matrix  # noqa: E402
 
 WORK = ROOT / ".cache" / "signals"
@@ -183,12 +184,6 @@ def per_query(old, base, new, rev, order, labels=None, rows=None, k=K) -> dict[s
     return out
 
 
-def served(q_new, q_old, old, labels, order) -> list[float]:
-    return [
-        backfill_retrieval(q_new, q_old, q_new, old, labels, migrated_at(order, t)).map for t in FRACTIONS
-    ]
-
-
 def cached_candidates(path: Path, phi: torch.Tensor, old: torch.Tensor) -> list:
     """``train_candidates`` on (phi, old), or the candidates a run before saved at ``path``: their
     weights and layer counts only, read with ``weights_only`` (no pickled code runs)."""
@@ -262,9 +257,9 @@ def run_pair(name: str, pair: Pair) -> Path:
                 arrays[f"{held}|{recipe}|{signal}"] = value
     for recipe, heads in candidates:
         new, rev = (t_new, t_old) if heads is None else apply_heads(heads, t_new)
-        arrays[f"served|{recipe}"] = np.array(served(new, rev, t_old, t_labels, test_order))
-    arrays["served|Old"] = np.array(served(t_old, t_old, t_old, t_labels, test_order))
-    arrays["served|New"] = np.array(served(t_new, t_new, t_new, t_labels, test_order))
+        arrays[f"served|{recipe}"] = np.array(curve(new, rev, new, t_old, t_labels, test_order)["map"])
+    for role, x in (("Old", t_old), ("New", t_new)):
+        arrays[f"served|{role}"] = np.array(curve(x, x, x, x, t_labels, test_order)["map"])
     meta = {
         "pair": name,
         **{k: v for k, v in pair.__dict__.items()},
