@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -132,8 +133,11 @@ class RayEngine:
         self.address = options.address or os.environ.get("RAY_ADDRESS") or "local"
         self._release = threading.Event()  # ends the thread that started Ray (see _connect)
         self.started = not ray.is_initialized()
-        if self.started and not self._connect(halt):
-            raise Stopped
+        if self.started:
+            sigterm = signal.getsignal(signal.SIGTERM)
+            if not self._connect(halt):
+                raise Stopped
+            give_back_sigterm(sigterm)
         self.actors: list[Any] = []
         self._decoding: list[Any] = []
         self._lock = threading.Lock()
@@ -338,6 +342,15 @@ class RayEngine:
         if self.started:
             self.ray.shutdown()
             self._release.set()
+
+
+def give_back_sigterm(handler: Any) -> None:
+    """Give SIGTERM back to ``handler``, the process's own (``rmq migrate``'s: stop after the
+    batch in flight). A Ray driver puts its crash reporter under SIGTERM: it prints a stack,
+    calls the handler, and aborts the process 3 s later, in the middle of whatever batch was
+    still being finished. Only the main thread can set a handler; elsewhere Ray's stays."""
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 class Stopped(Exception):
