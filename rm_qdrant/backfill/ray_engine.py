@@ -2,7 +2,7 @@
 
 The store is touched by the driver alone, with the local engine's code: each batch is claimed
 (one collection: tokened) and settled (insert-only write, read-back, retire) by
-:class:`~rm_qdrant.backfill.migrate.Migrator`, one writer per slice of the gallery (``--workers``
+:class:`~rm_qdrant.backfill.migrator.Migrator`, one writer per slice of the gallery (``--workers``
 threads of one driver, or ``--shard i/n`` drivers against a server). Only a batch's images go
 out: its points are cut into chunks; a Ray task per chunk fetches and decodes them (at most
 ``decoders`` at once), and an actor of the encoder pool (``encoders`` actors, one ONNX Runtime
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.backfill.loading import LoadedBatch
-from rm_qdrant.backfill.migrate import Migrator
+from rm_qdrant.backfill.migrator import Migrator
 from rm_qdrant.backfill.outcome import MAX_WORKERS, ClaimedBatch, Encoded, Prepared
 from rm_qdrant.backfill.ray_workers import EncoderActor, decode_chunk
 from rm_qdrant.core.merge import PointId

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rm_qdrant.backfill.loading import NETWORK_WORKERS, LoadedBatch, load_batch
-from rm_qdrant.backfill.migrate import encode_loaded
+from rm_qdrant.backfill.migrator import encode_loaded
 from rm_qdrant.backfill.outcome import Encoded
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.modelinfo import ModelInfo

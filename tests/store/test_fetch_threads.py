@@ -151,7 +151,7 @@ def _busiest(monkeypatch, cost: float | None = None) -> list[int]:
 
 def _per_batch(most: list[int], monkeypatch) -> list[int]:
     """Start a new count in ``most`` (from _busiest) at each batch the migration prepares."""
-    from rm_qdrant.backfill.migrate import Migrator
+    from rm_qdrant.backfill.migrator import Migrator
 
     prepare = Migrator._prepare
 
