@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from user_writes import DIM, encoder  # noqa: E402
 
 from rm_qdrant import DualIndex, create_pair, open_store  # noqa: E402
-from rm_qdrant.backfill import pair_points, pair_search  # noqa: E402
-from rm_qdrant.backfill.ranking import prepare_order  # noqa: E402
+from rm_qdrant.migration.ranking import prepare_order  # noqa: E402
+from rm_qdrant.serving import pair_points, pair_search  # noqa: E402
 
 CALLS, WARMUP = 600, 20
 

@@ -30,11 +30,11 @@ from benchmarks import fit_table as ft  # noqa: E402
 from benchmarks.cifar import ROOT  # noqa: E402
 from benchmarks.cifar_table import machine  # noqa: E402
 from rm_qdrant import load_pair, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.dual import DualIndex  # noqa: E402
 from rm_qdrant.cli.probe import sample_with_progress  # noqa: E402
 from rm_qdrant.core import calibration as quant  # noqa: E402
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split  # noqa: E402
 from rm_qdrant.core.metrics import area, gain  # noqa: E402
+from rm_qdrant.serving.dual import DualIndex  # noqa: E402
 from rm_qdrant.sources import SourceConfig  # noqa: E402
 
 assert Path(quant.__file__).resolve().is_relative_to(HEAD), quant.__file__

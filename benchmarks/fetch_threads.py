@@ -4,7 +4,7 @@ Makes JPEG galleries of several sizes from the CIFAR-10 train images (32x32 as t
 and resized copies in a temporary folder), then migrates each with the pipeline-ceiling
 encoder (benchmarks/convnet.py: almost no work, so fetching, decoding and the store's writes
 are all there is) and ``--fetch-workers`` 1, 2 and unset (``auto``: the migration's choice,
-:class:`rm_qdrant.backfill.loading.FetchPace`), in both layouts. The settings take turns
+:class:`rm_qdrant.migration.loading.FetchPace`), in both layouts. The settings take turns
 within each repeat (who goes first rotates), each on a fresh copy of the gallery, and each
 figure is the median over the repeats, with the 1-minute load average beside it. The
 ``fetch CPU alone`` column is the CPU time one thread spends reading and decoding an image as
@@ -34,9 +34,9 @@ from benchmarks.convnet import NULL, convnet_encoder  # noqa: E402
 from benchmarks.migration_throughput import NEW_HEADS, copy_gallery, indexed_gallery  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import OnnxEncoder, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.loading import LIGHT_IMAGE, FetchPace  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
-from rm_qdrant.backfill.pair import LAYOUTS  # noqa: E402
+from rm_qdrant.migration.loading import LIGHT_IMAGE, FetchPace  # noqa: E402
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration  # noqa: E402
+from rm_qdrant.pair.record import LAYOUTS  # noqa: E402
 from rm_qdrant.sources import ImageSource  # noqa: E402
 
 SETTINGS = {"1": 1, "2": 2, "auto": None}

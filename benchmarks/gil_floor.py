@@ -47,8 +47,8 @@ from benchmarks.cifar import ROOT, cifar_root  # noqa: E402
 from benchmarks.convnet import NULL, RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import OnnxEncoder, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
-from rm_qdrant.backfill.pair import LAYOUTS  # noqa: E402
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration  # noqa: E402
+from rm_qdrant.pair.record import LAYOUTS  # noqa: E402
 from rm_qdrant.store import edge, edge_query, qfilter  # noqa: E402
 
 #: Issue 26's goals on this 2-core machine: ceiling points/s by layout, ratio by encoder.

@@ -24,7 +24,7 @@ from convnet import convnet_encoder  # noqa: E402
 from migration_throughput import cifar_test_images  # noqa: E402
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration  # noqa: E402
 
 
 def stored_mib(store, collection: str) -> float:

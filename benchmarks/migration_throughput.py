@@ -23,7 +23,7 @@ so drift on a shared machine hits both sides alike. The 1-minute load average is
 beside every figure (``os.getloadavg()``): on a machine shared with other work, a figure
 taken at load 6 on 2 cores says little about an idle one. ``migration`` is the pipeline's
 rate; ``with index builds`` adds the embedded store's optimisations the run does (at its
-end, and every ``optimize_every`` seconds: rm_qdrant/backfill/upkeep.py), which the encoder
+end, and every ``optimize_every`` seconds: rm_qdrant/pair/upkeep.py), which the encoder
 alone does not do.
 
 ``--engine`` picks ``rmq migrate``'s engine: ``local`` (the default: the figures above, as
@@ -80,11 +80,11 @@ from benchmarks.cifar import ROOT, cifar_root  # noqa: E402
 from benchmarks.convnet import NULL, RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill import ray_engine  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, Migrator, run_migration  # noqa: E402
-from rm_qdrant.backfill.pair import LAYOUTS, PAIRED, SINGLE  # noqa: E402
-from rm_qdrant.backfill.ranking import plan, prepare_order, read_all  # noqa: E402
-from rm_qdrant.backfill.ray_engine import RayEngine, RayMigrator, RayOptions  # noqa: E402
+from rm_qdrant.migration import ray_engine  # noqa: E402
+from rm_qdrant.migration.migrate import MigrateOptions, Migrator, run_migration  # noqa: E402
+from rm_qdrant.migration.ranking import plan, prepare_order, read_all  # noqa: E402
+from rm_qdrant.migration.ray_engine import RayEngine, RayMigrator, RayOptions  # noqa: E402
+from rm_qdrant.pair.record import LAYOUTS, PAIRED, SINGLE  # noqa: E402
 from rm_qdrant.sources import ImageSource, SourceConfig  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
 

@@ -35,9 +35,9 @@ from benchmarks.cifar import cifar_root  # noqa: E402
 from benchmarks.convnet import NULL, SMALL, convnet_encoder  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration  # noqa: E402
-from rm_qdrant.backfill.pair import LAYOUTS, SINGLE  # noqa: E402
-from rm_qdrant.backfill.ranking import prepare_order, read_all  # noqa: E402
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration  # noqa: E402
+from rm_qdrant.migration.ranking import prepare_order, read_all  # noqa: E402
+from rm_qdrant.pair.record import LAYOUTS, SINGLE  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
 
 

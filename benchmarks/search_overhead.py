@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from rm_qdrant import DualIndex, open_store
-from rm_qdrant.backfill.pair import ModelRef, PairRecord
+from rm_qdrant.pair.record import ModelRef, PairRecord
 
 OLD, NEW, ALL = "bench-old", "bench-new", "bench-all"
 
@@ -135,7 +135,7 @@ def floor_line(mode, times):
 def tune(store):
     """What ``rmq init`` does to the vectors a pair searches, where this code has it (issue 26)."""
     try:
-        from rm_qdrant.backfill.create import tune_search
+        from rm_qdrant.operations.create import tune_search
         from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
     except ImportError:
         return "full_scan_threshold: Qdrant's default (this code has no tune_search)"

@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.search_overhead import indexed, load, machine  # noqa: E402
 from rm_qdrant import DualIndex, open_store  # noqa: E402
-from rm_qdrant.backfill.pair import SINGLE, ModelRef, PairRecord  # noqa: E402
+from rm_qdrant.pair.record import SINGLE, ModelRef, PairRecord  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
 
 OLD, NEW, ALL, ONE = "bench-old", "bench-new", "bench-all", "bench-one"
@@ -136,7 +136,7 @@ def build(store, g_old, g_new, in_new, kb, batch=5_000):
 def tune(store, vectors, kb):
     """What ``rmq init`` does to the vectors a pair searches: with ``--full-scan-kb KB``, KB on
     every one; without, 1,000 KB on the single-collection pair's ``new`` vector alone."""
-    from rm_qdrant.backfill.create import tune_search
+    from rm_qdrant.operations.create import tune_search
     from rm_qdrant.store.tuning import SERVING_FULL_SCAN_KB
 
     if kb is None:

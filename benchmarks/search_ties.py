@@ -75,8 +75,8 @@ def one_run(n: int, layout: str, dups: float, ab: bool = False) -> dict[Any, flo
 
 def ab_p50(index: DualIndex, queries: np.ndarray) -> dict[Any, float]:
     """p50 of the untied merge (``before``) and of DualIndex._search (``after``), alternated."""
-    from rm_qdrant.backfill.search_options import SearchOptions
     from rm_qdrant.core.merge import merge
+    from rm_qdrant.serving.search_options import SearchOptions
 
     opts = SearchOptions()
 

@@ -36,7 +36,7 @@ from benchmarks import search_recall as sr  # noqa: E402
 from benchmarks.cifar import ROOT  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import DualIndex, open_store  # noqa: E402
-from rm_qdrant.backfill.pair import SINGLE, ModelRef, PairRecord  # noqa: E402
+from rm_qdrant.pair.record import SINGLE, ModelRef, PairRecord  # noqa: E402
 
 ACORN = models.SearchParams(acorn=models.AcornSearchParams(enable=True, max_selectivity=1.0))
 EFS = (10, 16, 24, 32, 64)

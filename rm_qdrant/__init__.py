@@ -7,15 +7,6 @@ searches both and the hits are merged by distance.
 from __future__ import annotations
 
 from rm_qdrant.api import migrate, optimize
-from rm_qdrant.backfill.async_dual import AsyncDualIndex
-from rm_qdrant.backfill.create import create_pair
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.indexing import ImageItem, IndexReport, index_images, scan_image_folder
-from rm_qdrant.backfill.outcome import BatchResult, MigrateOptions, MigrationReport
-from rm_qdrant.backfill.pair import PairRecord, load_pair
-from rm_qdrant.backfill.pair_points import PairPoint
-from rm_qdrant.backfill.ray_engine import RayOptions
-from rm_qdrant.backfill.status import PairStatus, pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 from rm_qdrant.errors import (
@@ -31,7 +22,16 @@ from rm_qdrant.errors import (
     StoreError,
     StoreLocked,
 )
+from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.create import create_pair
+from rm_qdrant.operations.indexing import ImageItem, IndexReport, index_images, scan_image_folder
+from rm_qdrant.pair.outcome import BatchResult, MigrateOptions, MigrationReport
+from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.serving.async_dual import AsyncDualIndex
+from rm_qdrant.serving.dual import DualIndex
+from rm_qdrant.serving.pair_points import PairPoint
+from rm_qdrant.serving.status import PairStatus, pair_status
 from rm_qdrant.store import Store, open_store
 
 __version__ = "0.1.0"

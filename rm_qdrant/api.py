@@ -7,16 +7,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.outcome import BatchResult, MigrationReport
-from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.ray_engine import RayOptions, import_ray
-from rm_qdrant.backfill.upkeep import optimize_collections, optimizes
 from rm_qdrant.core.ordering import check_order
 from rm_qdrant.core.planning import parse_shard
 from rm_qdrant.errors import CollectionNotFound, ConfigError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.ray_engine import RayOptions, import_ray
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.outcome import BatchResult, MigrationReport
+from rm_qdrant.pair.record import load_pair
+from rm_qdrant.pair.upkeep import optimize_collections, optimizes
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.store import Store
 from rm_qdrant.store.base import resolve
 
@@ -54,11 +54,11 @@ def migrate(
         stop: set it (from another thread, a signal handler, or ``on_batch``) to stop after
             the batch in flight; the report then says ``stopped_early``.
         engine: ``"local"`` (threads of this process), or ``"ray"`` / a
-            :class:`~rm_qdrant.backfill.ray_engine.RayOptions` (cluster address, encoder actors,
+            :class:`~rm_qdrant.migration.ray_engine.RayOptions` (cluster address, encoder actors,
             GPUs per encoder, decode tasks): images are fetched, decoded and encoded on Ray, the
             store is written from this process. Inside a Ray job (``ray.init`` called), its
             connection is used and left open; otherwise a local Ray is started for the run.
-        **options: the fields of :class:`~rm_qdrant.backfill.migrate.MigrateOptions`:
+        **options: the fields of :class:`~rm_qdrant.migration.migrate.MigrateOptions`:
             ``batch``, ``until``, ``limit``, ``order``, ``seed``, ``shard`` (``(i, n)`` or
             ``"i/n"``), ``retry_failed``, ``max_failure_share``, ``fetch_workers``, ``source``
             (a :class:`~rm_qdrant.sources.SourceConfig`), ``optimize_every`` (seconds between

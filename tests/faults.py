@@ -101,7 +101,7 @@ def hammer_migration(store, ids, user_vector, **migrate):
     import threading
 
     from rm_qdrant import DualIndex
-    from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+    from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 
     last: dict[object, object] = {}
     done = threading.Event()

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rm_qdrant.backfill.indexing import scan_image_folder
 from rm_qdrant.models.images import pixels
+from rm_qdrant.operations.indexing import scan_image_folder
 from rm_qdrant.paths import cache_root, human_size
 
 log = logging.getLogger(__name__)

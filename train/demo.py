@@ -19,9 +19,9 @@ import numpy as np
 from PIL import Image
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
-from rm_qdrant.backfill.evaluate import served_retrieval
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.metrics import FRACTIONS, area
+from rm_qdrant.evaluation.evaluate import served_retrieval
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant_exporters.serving import export_backbone, export_serving
 from rm_qdrant_train.backbone import train_backbone
 from rm_qdrant_train.config import BackboneConfig, HeadsConfig

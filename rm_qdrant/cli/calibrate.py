@@ -15,8 +15,6 @@ from typing import Any
 import click
 import numpy as np
 
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.pair import load_pair, save_pair
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     emit,
@@ -32,6 +30,8 @@ from rm_qdrant.core.calibration import MAPS, default_map
 from rm_qdrant.core.calibration_check import alternatives_text, judge_map, other_maps
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.errors import ConfigError, Refused
+from rm_qdrant.pair.record import load_pair, save_pair
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
 
 

@@ -11,21 +11,6 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.baseline import (
-    NO_PLAIN,
-    Ends,
-    NaiveCurve,
-    ends_of_curve,
-    measure_naive,
-    plain_new_model,
-)
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.evaluate import ServedPoint, evaluate_served
-from rm_qdrant.backfill.indexing import ImageItem, scan_image_folder
-from rm_qdrant.backfill.layouts import layout_of
-from rm_qdrant.backfill.migrate import MigrateOptions
-from rm_qdrant.backfill.pair import PairRecord, load_pair
-from rm_qdrant.backfill.sandbox import sandbox
 from rm_qdrant.cli.common import (
     Progress,
     emit,
@@ -39,7 +24,22 @@ from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.evaluation.baseline import (
+    NO_PLAIN,
+    Ends,
+    NaiveCurve,
+    ends_of_curve,
+    measure_naive,
+    plain_new_model,
+)
+from rm_qdrant.evaluation.evaluate import ServedPoint, evaluate_served
+from rm_qdrant.evaluation.sandbox import sandbox
+from rm_qdrant.migration.migrate import MigrateOptions
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.indexing import ImageItem, scan_image_folder
+from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 

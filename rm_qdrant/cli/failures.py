@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from rm_qdrant.backfill.failures import as_json as failure_json
-from rm_qdrant.backfill.failures import failure_line, iter_failures, plural, write_failures
-from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import json_option, name_option, open_cli_store, public, safe_text
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.operations.failures import as_json as failure_json
+from rm_qdrant.operations.failures import failure_line, iter_failures, plural, write_failures
+from rm_qdrant.pair.record import load_pair
 
 
 def default_list_path(name: str) -> Path:

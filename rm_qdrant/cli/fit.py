@@ -15,9 +15,6 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.layouts import count_new
-from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.probe import ProbeSample
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     FiniteFloat,
@@ -31,11 +28,14 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.instead import calibrate_options, instead_text, loss_options
 from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.cli.training import apply_threads, choose_threads, needs_torch, threads_option
+from rm_qdrant.cli.threads import apply_threads, choose_threads, needs_torch, threads_option
 from rm_qdrant.core.forecast import holdout_split
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError, Refused
+from rm_qdrant.evaluation.probe import ProbeSample
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.layouts import count_new
+from rm_qdrant.pair.record import load_pair
 from rm_qdrant.sources import SourceConfig
 
 FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")

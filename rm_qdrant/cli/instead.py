@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import PairRecord
 from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.record import PairRecord
 
 Split = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # (old, new) fit, held
 

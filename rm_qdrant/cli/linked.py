@@ -3,7 +3,7 @@ a symbolic link (README "Stores"): a paired migration moves the gallery into the
 
 from __future__ import annotations
 
-from rm_qdrant.backfill.pair import PairRecord
+from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.store import Store, linked_shard, shard_path
 
 

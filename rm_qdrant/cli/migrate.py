@@ -13,16 +13,6 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.failures import finalize_dropping_failed
-from rm_qdrant.backfill.layouts import layout_of
-from rm_qdrant.backfill.loading import preflight
-from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, check_workers, run_migration
-from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.ranking import budget, order_ready
-from rm_qdrant.backfill.ray_engine import RayOptions, import_ray
-from rm_qdrant.backfill.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.cli.common import (
     SEED,
     FiniteFloat,
@@ -39,7 +29,17 @@ from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.migration.loading import preflight
+from rm_qdrant.migration.migrate import MigrateOptions, MigrationReport, check_workers, run_migration
+from rm_qdrant.migration.ranking import budget, order_ready
+from rm_qdrant.migration.ray_engine import RayOptions, import_ray
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.cutover import finalize, rollback
+from rm_qdrant.operations.failures import finalize_dropping_failed
+from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.record import load_pair
+from rm_qdrant.pair.upkeep import OPTIMIZE_EVERY
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
@@ -122,7 +122,7 @@ def _ray_options(
 
 
 def _bypassed(report: MigrationReport) -> str:
-    """What writers that bypass rm-qdrant did (see backfill/bypass.py), and why points the run
+    """What writers that bypass rm-qdrant did (see pair/bypass.py), and why points the run
     took stay in old; empty if nothing."""
     text = ""
     if report.stale_dropped or report.writer_deleted:

@@ -182,7 +182,7 @@ def check_command(
     interpolation, normalisation, channel order or scale shows here, before anything moves. The
     norms of both sides are reported. Exits 1 when they do not match.
     """
-    from rm_qdrant.backfill.verify import SAME_OUTPUT, SAME_VECTOR, agreement
+    from rm_qdrant.operations.verify import SAME_OUTPUT, SAME_VECTOR, agreement
 
     found = agreement(
         open_cli_store(ctx),

@@ -6,10 +6,6 @@ import dataclasses
 
 import click
 
-from rm_qdrant.backfill.drop import drop_pair
-from rm_qdrant.backfill.layouts import layout_of
-from rm_qdrant.backfill.pair import list_pairs, load_pair
-from rm_qdrant.backfill.switch import calibration_after, switch_encoder
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     emit,
@@ -21,6 +17,10 @@ from rm_qdrant.cli.common import (
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.errors import Refused
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.drop import drop_pair
+from rm_qdrant.operations.switch import calibration_after, switch_encoder
+from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.record import list_pairs, load_pair
 from rm_qdrant.sources import SourceConfig
 
 

@@ -9,20 +9,6 @@ from typing import Any
 import click
 import numpy as np
 
-from rm_qdrant.backfill.baseline import forecast_with_plain, plain_new_model
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.loading import preflight
-from rm_qdrant.backfill.pair import PairRecord, load_pair
-from rm_qdrant.backfill.probe import (
-    ProbeSample,
-    cache_path,
-    check_probe,
-    draw_sample,
-    estimate_now,
-    forecast_sample,
-    load_sample,
-    save_sample,
-)
 from rm_qdrant.cli.common import (
     SEED,
     Progress,
@@ -42,7 +28,21 @@ from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.evaluation.baseline import forecast_with_plain, plain_new_model
+from rm_qdrant.evaluation.probe import (
+    ProbeSample,
+    cache_path,
+    check_probe,
+    draw_sample,
+    estimate_now,
+    forecast_sample,
+    load_sample,
+    save_sample,
+)
+from rm_qdrant.migration.loading import preflight
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 

@@ -10,11 +10,6 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.create import create_pair
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.indexing import index_images, scan_image_folder
-from rm_qdrant.backfill.layouts import layout_of
-from rm_qdrant.backfill.pair import PAIRED, SINGLE, PairRecord, load_pair
 from rm_qdrant.cli.common import (
     COLLECTION,
     FiniteFloat,
@@ -33,6 +28,11 @@ from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, InvalidFilter
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.create import create_pair
+from rm_qdrant.operations.indexing import index_images, scan_image_folder
+from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.record import PAIRED, SINGLE, PairRecord, load_pair
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Where, qfilter
 from rm_qdrant.store.bounds import MAX_FILTER_DEPTH, MAX_HITS

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.pair import load_pair
 from rm_qdrant.cli.common import FiniteFloat, open_cli_store, safe_text
 from rm_qdrant.errors import CollectionNotFound
+from rm_qdrant.pair.record import load_pair
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.sources.settings import (
     OPTIONS,

@@ -7,8 +7,6 @@ from typing import Any
 
 import click
 
-from rm_qdrant.backfill.pair import PairRecord, load_pair
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli.common import (
     emit,
     json_option,
@@ -19,6 +17,8 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import crowding_advice, status_estimate
 from rm_qdrant.cli.sourceopts import source_lines
+from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.serving.status import pair_status
 
 
 @click.command()

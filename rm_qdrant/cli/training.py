@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from rm_qdrant.cli.common import emit, json_option
+from rm_qdrant.cli.threads import apply_threads, choose_threads, needs_torch, threads_option
 from rm_qdrant.errors import ConfigError
 
 
@@ -25,67 +26,6 @@ class TrainGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         return self._real().get_command(ctx, name)
-
-
-def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
-    if exc.name in ("torch", "yaml", "onnx"):
-        return click.ClickException(
-            f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
-        )
-    raise exc
-
-
-#: As train/threads.py: rm_qdrant loads rm_qdrant_train only when a command trains.
-MAX_THREADS = 1024
-
-
-class ThreadCount(click.ParamType):
-    """``--threads``: a whole number from 1 to :data:`MAX_THREADS`."""
-
-    name = "integer"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            number = 0
-        if not 1 <= number <= MAX_THREADS or str(number) != str(value).strip().lstrip("+"):
-            expected = f"expected a whole number of threads from 1 to {MAX_THREADS}"
-            self.fail(f"{expected}; got {value!r}", param, ctx)
-        return number
-
-
-def threads_option(
-    default: str = "$OMP_NUM_THREADS, else one per core not already busy (cores minus the load "
-    "average), 1 to 4",
-) -> Any:
-    """``--threads`` of the commands that train in this process (``rmq train ...``, ``fit``, ``demo``)."""
-    return click.option(
-        "--threads", type=ThreadCount(), help=f"CPU threads for PyTorch [default: {default}]."
-    )
-
-
-def choose_threads(threads: int | None, *, default: int | None = None) -> Any:
-    """The thread count a training command will use (``--threads``, ``OMP_NUM_THREADS``, the
-    load), chosen before torch loads: a bad ``OMP_NUM_THREADS`` is one line, exit 1."""
-    try:
-        from rm_qdrant_train.threads import choose_threads as choose
-    except ModuleNotFoundError as exc:
-        raise needs_torch(exc) from exc
-    try:
-        return choose(threads, default=default)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-
-
-def apply_threads(choice: Any) -> Any:
-    """Give PyTorch the chosen thread count (:func:`rm_qdrant_train.threads.apply_threads`)."""
-    from rm_qdrant_train.threads import apply_threads as apply
-
-    try:
-        return apply(choice)
-    except ModuleNotFoundError as exc:
-        raise needs_torch(exc) from exc
 
 
 @click.command(name="export")

@@ -27,7 +27,7 @@ ORIGIN_MIGRATE = "migrate"
 BATCH = "rmq_batch"  # one collection: the token of the batch that read this point's payload; the
 # write of its new vector requires it, and a user's rewrite of the point (a new payload) removes it
 STALE = "rmq_stale"  # two collections: the token of the sweep that is dropping this new copy, which
-# a writer's old copy made stale (see backfill/bypass.py); a user's rewrite of the copy removes it
+# a writer's old copy made stale (see pair/bypass.py); a user's rewrite of the copy removes it
 INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH, STALE)
 
 

@@ -168,7 +168,7 @@ def run_in_chunks(
 
 class PixelDecoder:
     """Decodes images as a graph takes them, from its metadata alone (no ONNX Runtime session):
-    what a process that only fetches and decodes needs (see backfill/ray_engine.py)."""
+    what a process that only fetches and decodes needs (see migration/ray_engine.py)."""
 
     def __init__(self, info: ModelInfo) -> None:
         self.info = info

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from tests.store.test_metric_scale import N, build_team, l2_normalised, rmq
 
 pytest.importorskip("torch")

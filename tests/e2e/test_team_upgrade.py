@@ -27,9 +27,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from rm_qdrant import load_pair, open_store
-from rm_qdrant.backfill.layouts import active_where
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import user_payload
+from rm_qdrant.pair.layouts import active_where
 
 torch = pytest.importorskip("torch")
 

@@ -17,16 +17,16 @@ from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, load_pair, open_store, scan_image_folder
-from rm_qdrant.backfill.cutover import rollback
-from rm_qdrant.backfill.drop import drop_pair
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import list_pairs
-from rm_qdrant.backfill.status import pair_status
-from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import rollback
+from rm_qdrant.operations.drop import drop_pair
+from rm_qdrant.operations.switch import switch_encoder
+from rm_qdrant.pair.record import list_pairs
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC, make_image_folder
 
@@ -301,7 +301,7 @@ def test_cli_init_pairs_drop_pair_and_bad_input(models, tmp_path):
 
 
 def test_served_evaluation_reads_the_pairs_label_field(team, models):
-    from rm_qdrant.backfill.evaluate import served_retrieval
+    from rm_qdrant.evaluation.evaluate import served_retrieval
 
     folder, items, _ = team
     with open_store(folder) as store:

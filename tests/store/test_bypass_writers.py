@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.planning import MIGRATED, MOVING, user_payload
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize
+from rm_qdrant.serving.status import pair_status
 from tests.conftest import make_image_folder
 from tests.faults import WRITES, Scripted
 
@@ -210,8 +210,8 @@ def test_init_says_what_a_layout_cannot_see(store, models, tmp_path, layout, cap
 
 
 def test_migrate_summary_explains_bypassing_writes_and_points_left_in_old():
-    from rm_qdrant.backfill.outcome import MigrationReport
     from rm_qdrant.cli.migrate import _summary
+    from rm_qdrant.pair.outcome import MigrationReport
 
     text = _summary(
         MigrationReport(stale_dropped=5, remigrated=4, writer_deleted=3, unconfirmed=2, rewritten=1), "p"

@@ -11,7 +11,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from rm_qdrant import open_store
-from rm_qdrant.backfill.pair import load_pair, save_pair
+from rm_qdrant.pair.record import load_pair, save_pair
 
 
 def test_index_init_search_status(rmq, models, image_folder):
@@ -177,9 +177,9 @@ def test_migrate_bad_input(rmq, models, image_folder, args, message):
 
 
 def test_eval_summary_gives_auc_gain_against_old_and_new_and_the_shape_against_its_ends():
-    from rm_qdrant.backfill.baseline import Ends
-    from rm_qdrant.backfill.evaluate import ServedPoint
     from rm_qdrant.cli.evaluate import summary
+    from rm_qdrant.evaluation.baseline import Ends
+    from rm_qdrant.evaluation.evaluate import ServedPoint
 
     points = [ServedPoint(t, t, m, c) for t, m, c in ((0.0, 0.4, 0.5), (0.5, 0.8, 0.7), (1.0, 0.8, 0.9))]
     totals = summary(points, Ends(ServedPoint(0.0, 0.0, 0.5, 0.6), ServedPoint(1.0, 1.0, 0.9, 0.8)))

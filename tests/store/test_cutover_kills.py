@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from rm_qdrant import DualIndex, load_pair
-from rm_qdrant.backfill.cutover import rollback
-from rm_qdrant.backfill.status import pair_status
+from rm_qdrant.operations.cutover import rollback
+from rm_qdrant.serving.status import pair_status
 from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_in_both_search import N, _build
 

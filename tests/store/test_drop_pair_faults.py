@@ -24,10 +24,10 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.drop import drop_pair
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import META_COLLECTION, list_pairs
 from rm_qdrant.errors import CollectionNotFound
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.drop import drop_pair
+from rm_qdrant.pair.record import META_COLLECTION, list_pairs
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_fault_injection import rmq

@@ -16,8 +16,8 @@ from rm_qdrant import (
     load_pair,
     scan_image_folder,
 )
-from rm_qdrant.backfill.drop import drop_pair
 from rm_qdrant.core.planning import MOVING
+from rm_qdrant.operations.drop import drop_pair
 from tests.conftest import NEW_DIM, OLD_DIM
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.evaluate import evaluate_served
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.metrics import backfill_retrieval, migrated_at
 from rm_qdrant.core.planning import RANK
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.evaluation.evaluate import evaluate_served
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.sources import SourceConfig
 from tests.conftest import make_image_folder
 
@@ -47,7 +47,7 @@ def test_served_eval_of_a_teams_gallery_equals_offline(store, models, tmp_path, 
     if shape == "a class the gallery lacks":
         queries = items + scan_image_folder(make_image_folder(tmp_path / "q", per_class=2, labels=("zebra",)))
     options = MigrateOptions(batch=5, source=SourceConfig(**(source or {})))
-    with caplog.at_level("WARNING", logger="rm_qdrant.backfill.evaluate"):
+    with caplog.at_level("WARNING", logger="rm_qdrant.evaluation.evaluate"):
         served = evaluate_served(index, queries, FRACTIONS, options=options)
     assert ("no gallery point is labelled 'zebra'" in caplog.text) == (shape == "a class the gallery lacks")
 

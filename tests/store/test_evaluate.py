@@ -8,12 +8,12 @@ import pytest
 from qdrant_client import QdrantClient
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
-from rm_qdrant.backfill.evaluate import evaluate_served
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.sandbox import sandbox
 from rm_qdrant.core.metrics import backfill_retrieval, migrated_at
 from rm_qdrant.core.planning import RANK
+from rm_qdrant.evaluation.evaluate import evaluate_served
+from rm_qdrant.evaluation.sandbox import sandbox
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.pair.record import load_pair
 
 
 @pytest.mark.parametrize("k", [None, 5])

@@ -17,10 +17,15 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.failures import drop_failures, finalize_dropping_failed, iter_failures, write_failures
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize
+from rm_qdrant.operations.failures import (
+    drop_failures,
+    finalize_dropping_failed,
+    iter_failures,
+    write_failures,
+)
 from rm_qdrant.store import Store
 from tests.conftest import make_image_folder
 

@@ -18,8 +18,10 @@ from types import SimpleNamespace
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill import loading
-from rm_qdrant.backfill.loading import (
+from rm_qdrant.core.uris import UriRule
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.migration import loading
+from rm_qdrant.migration.loading import (
     LIGHT_IMAGE,
     LOCAL_WORKERS,
     NETWORK_WORKERS,
@@ -27,9 +29,7 @@ from rm_qdrant.backfill.loading import (
     fetch_threads,
     load_batch,
 )
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.sources import ImageSource
 from rm_qdrant.store.ids import normalize_ids
 from tests.conftest import make_image_folder
@@ -151,7 +151,7 @@ def _busiest(monkeypatch, cost: float | None = None) -> list[int]:
 
 def _per_batch(most: list[int], monkeypatch) -> list[int]:
     """Start a new count in ``most`` (from _busiest) at each batch the migration prepares."""
-    from rm_qdrant.backfill.migrator import Migrator
+    from rm_qdrant.migration.migrator import Migrator
 
     prepare = Migrator._prepare
 

@@ -210,7 +210,7 @@ def recorded_encoder(path: Path) -> types.SimpleNamespace:
 def test_rmq_migrate_with_a_hostile_encoder_moves_nothing(secret_in_cwd, monkeypatch):
     """A pair recorded before this check (by an earlier release) for a hostile graph."""
     # An earlier release neither refused the graph nor ran it at init.
-    monkeypatch.setattr("rm_qdrant.backfill.create.check_output_sizes", lambda model: None)
+    monkeypatch.setattr("rm_qdrant.operations.create.check_output_sizes", lambda model: None)
     images = make_image_folder(secret_in_cwd / "images", per_class=2)
     weights = np.random.default_rng(0).normal(size=(8 * 8 * 3, OLD_DIM))
     old = linear_encoder(

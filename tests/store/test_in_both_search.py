@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.planning import MOVING, new_payload
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC
 from tests.faults import Crash, Scripted, crash

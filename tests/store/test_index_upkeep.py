@@ -12,8 +12,8 @@ import pytest
 import rm_qdrant
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
 from rm_qdrant.api import optimize
-from rm_qdrant.backfill.upkeep import IndexUpkeep
 from rm_qdrant.errors import CollectionNotFound, ConfigError
+from rm_qdrant.pair.upkeep import IndexUpkeep
 from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
 from tests.faults import Recording

@@ -8,8 +8,8 @@ import pytest
 from onnx import helper
 
 from rm_qdrant import open_store
-from rm_qdrant.backfill.pair import META_COLLECTION
 from rm_qdrant.core.modelinfo import ModelInfo
+from rm_qdrant.pair.record import META_COLLECTION
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, SPEC, make_image_folder
 from tests.store.test_fault_injection import rmq

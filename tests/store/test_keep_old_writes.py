@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.planning import INTERNAL_FIELDS
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize, rollback
+from rm_qdrant.serving.status import pair_status
 from tests.conftest import make_image_folder
 
 N = 30
@@ -87,7 +87,7 @@ def test_vectors_only_writes_take_old_vectors_for_a_rollback(store, pair, caplog
     index.upsert_vectors([501, 502], new, [{"k": 1}, {"k": 2}], old_vectors=old)
     kept = store.retrieve("old", [501, 502], with_vectors=True)
     assert [p.id for p in kept] == [501, 502] and all(set(p.payload) & set(INTERNAL_FIELDS) for p in kept)
-    with caplog.at_level(logging.WARNING, logger="rm_qdrant.backfill.dual"):
+    with caplog.at_level(logging.WARNING, logger="rm_qdrant.serving.dual"):
         index.upsert_vectors([503], new[:1], [{"k": 3}])  # no old vector: new only, and said
     assert "rollback" in caplog.text and not store.retrieve("old", [503])
     record = rollback(store, index.pair)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, load_pair, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, Migrator, run_migration
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.planning import ERROR, MOVING, ORIGIN, RANK
 from rm_qdrant.errors import MigrationError
+from rm_qdrant.migration.migrate import MigrateOptions, Migrator, run_migration
+from rm_qdrant.operations.cutover import finalize, rollback
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant.sources import SourceConfig
 from tests.conftest import make_image_folder
 
@@ -228,7 +228,7 @@ def test_point_left_in_both_is_repaired_without_embedding_it_again(store, models
     store.upsert(
         "p-new", [item.point_id], vector, [{"uri": item.uri, ORIGIN: "migrate"}]
     )  # a crash before removal (unmarked, old's copy would be a writer's newer one: bypass.py)
-    with caplog.at_level(logging.DEBUG, logger="rm_qdrant.backfill.migrator"):
+    with caplog.at_level(logging.DEBUG, logger="rm_qdrant.migration.migrator"):
         report = migrate(index)
     assert report.repaired == 1 and report.moved == N - 1
     encoded = " ".join(r.getMessage() for r in caplog.records if r.getMessage().startswith("encoded"))
@@ -238,7 +238,7 @@ def test_point_left_in_both_is_repaired_without_embedding_it_again(store, models
 
 def test_parallel_workers_do_no_point_twice(store, models, gallery, caplog):
     index = open_pair(store, models)
-    with caplog.at_level(logging.DEBUG, logger="rm_qdrant.backfill.migrator"):
+    with caplog.at_level(logging.DEBUG, logger="rm_qdrant.migration.migrator"):
         report = run_migration(index, MigrateOptions(batch=5), workers=3)
     encoded = [
         point_id for r in caplog.records if r.getMessage().startswith("encoded") for point_id in r.args[0]

@@ -32,15 +32,15 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.ranking import read_all
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.cli import cli
 from rm_qdrant.core.modelinfo import ModelInfo
 from rm_qdrant.core.ordering import order_keys, ranks
 from rm_qdrant.core.planning import ERROR, RANK
 from rm_qdrant.errors import MigrationError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.ranking import read_all
+from rm_qdrant.operations.cutover import finalize
+from rm_qdrant.serving.status import pair_status
 from tests.conftest import NEW_DIM, OLD_DIM, SPEC, make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
 
@@ -404,7 +404,7 @@ def test_dry_run_says_half_written_ranks_are_not_ready(tmp_path, models):
     with open_store(store_path) as store:
         from dataclasses import replace
 
-        from rm_qdrant.backfill.pair import save_pair
+        from rm_qdrant.pair.record import save_pair
 
         save_pair(store, replace(load_pair(store, "p"), order="centroid", order_ready=False))
     plan = json.loads(rmq(store_path, "migrate", "--name", "p", "--dry-run", "--json").output)

@@ -31,10 +31,10 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import BATCH, ERROR
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.migration.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder, one_error_line
 from tests.store.test_migrate_faults import nan_encoder
@@ -272,7 +272,7 @@ SIGTERM_MID_BATCH = textwrap.dedent(
     """
     import os, signal, sys, time
     from rm_qdrant import OnnxEncoder, RayOptions
-    from rm_qdrant.backfill.ray_engine import RayEngine
+    from rm_qdrant.migration.ray_engine import RayEngine
     from rm_qdrant.cli.migrate import stop_on_signals
     from rm_qdrant.core.uris import UriRule
     from rm_qdrant.sources import SourceConfig
@@ -347,7 +347,7 @@ class _Cluster:
     ],
 )
 def test_resources_the_run_could_never_get_are_refused(address, have, options, refused):
-    from rm_qdrant.backfill.ray_engine import RayEngine
+    from rm_qdrant.migration.ray_engine import RayEngine
 
     engine = object.__new__(RayEngine)
     engine.ray, engine.options, engine.address = _Cluster(**have), options, address
@@ -373,7 +373,7 @@ def test_encoders_that_leave_no_cpu_to_decode_are_refused(models, tmp_path, loca
 SHORT_START = textwrap.dedent(
     """
     import sys
-    import rm_qdrant.backfill.ray_engine as engine
+    import rm_qdrant.migration.ray_engine as engine
     engine.START_TIMEOUT = 3.0
     from rm_qdrant.cli import main
     sys.argv = ["rmq", *sys.argv[1:]]
@@ -424,7 +424,7 @@ def test_sigterm_while_ray_starts_stops_the_run_at_once(rmq, demo, tmp_path):
 
 
 def test_header_variables_are_read_where_rmq_runs(monkeypatch):
-    from rm_qdrant.backfill.ray_engine import sent
+    from rm_qdrant.migration.ray_engine import sent
     from rm_qdrant.sources import SourceConfig
     from rm_qdrant.sources.settings import header_values
 

@@ -18,7 +18,7 @@ import qdrant_edge as qe
 from qdrant_client import models
 
 from rm_qdrant import DualIndex, open_store
-from rm_qdrant.backfill.pair import SINGLE, ModelRef, PairRecord
+from rm_qdrant.pair.record import SINGLE, ModelRef, PairRecord
 from rm_qdrant.store.client_query import takes_acorn
 from rm_qdrant.store.params import old_side_params
 

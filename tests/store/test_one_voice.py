@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rm_qdrant.backfill.pair import load_pair
-from rm_qdrant.backfill.probe import draw_sample
+from rm_qdrant.evaluation.probe import draw_sample
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.record import load_pair
 from rm_qdrant.store import open_store
 from tests.store import test_eval_probe_ends as ends
 from tests.store import test_merge_metrics as crowded

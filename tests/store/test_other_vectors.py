@@ -16,10 +16,10 @@ from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, open_store, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize, rollback
 from rm_qdrant.store import Where
 from tests.conftest import OLD_DIM, make_image_folder
 
@@ -293,7 +293,7 @@ def test_single_collection_updates_through_the_old_api_keep_other_vectors(team, 
 def test_the_eval_sandbox_of_such_a_pair_migrates_without_them(team, models):
     """rmq eval measures a copy that holds the searched vector only: with no other vectors on
     either side, the copy's migration carries none, and the team's collections are untouched."""
-    from rm_qdrant.backfill.sandbox import sandbox
+    from rm_qdrant.evaluation.sandbox import sandbox
 
     store, gallery = team
     record = _pair(store, models)

@@ -9,9 +9,9 @@ import pytest
 from qdrant_client import models
 
 from rm_qdrant import ConfigError, DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.planning import MOVING, new_payload
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize, rollback
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
 
 ADDED, MISSING = 10_000, 99_999

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.cutover import rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.planning import ORIGIN
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import rollback
 from tests.conftest import NEW_DIM, make_image_folder
 from tests.faults import Scripted, Step
 

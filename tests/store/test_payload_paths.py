@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from qdrant_client import QdrantClient
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, open_store, scan_image_folder
-from rm_qdrant.backfill.evaluate import average_precision
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.cli import cli
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.planning import ERROR, RANK
 from rm_qdrant.core.uris import UriRule
+from rm_qdrant.evaluation.evaluate import average_precision
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from tests.conftest import OLD_DIM, make_image_folder
 
 N = 24

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import META_COLLECTION, PairRecord, _key, _put, load_pair
+from rm_qdrant.pair.record import META_COLLECTION, PairRecord, _key, _put, load_pair
 from rm_qdrant.store import open_store
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, one_error_line

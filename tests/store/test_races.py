@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from tests.conftest import NEW_DIM, make_image_folder
 from tests.faults import Scripted, Step, hammer_migration
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rm_qdrant.backfill.pair import ModelRef, PairRecord, save_pair
-from rm_qdrant.backfill.ranking import prepare_order, read_all
-from rm_qdrant.backfill.status import in_both
 from rm_qdrant.core.ordering import order_keys, ranks
 from rm_qdrant.core.planning import MOVING, RANK
+from rm_qdrant.migration.ranking import prepare_order, read_all
+from rm_qdrant.pair.record import ModelRef, PairRecord, save_pair
+from rm_qdrant.serving.status import in_both
 from rm_qdrant.store import Where
 
 

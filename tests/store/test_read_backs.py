@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rm_qdrant.backfill.confirm import all_have_vector, having_vector
+from rm_qdrant.pair.confirm import all_have_vector, having_vector
 from rm_qdrant.store.ids import normalize_ids
 from rm_qdrant.store.points import record_from, records_from
 from rm_qdrant.store.vectors import OtherVector
@@ -80,7 +80,7 @@ def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, 
     (a list of floats per point). A point whose payload changed in old after the batch read it is
     read back, and its copy caught up."""
     from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-    from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+    from rm_qdrant.migration.migrate import MigrateOptions, run_migration
     from tests.conftest import make_image_folder
     from tests.faults import Recording, Scripted
 

@@ -94,7 +94,7 @@ def test_a_low_threshold_on_a_single_collection_pairs_old_vector_warns_without_a
     index_images(edge, "photos", OnnxEncoder(models.old), items)
     if own is not None:
         edge.tune_index("photos", [""], full_scan_kb=own)
-    with caplog.at_level("WARNING", logger="rm_qdrant.backfill.create"):
+    with caplog.at_level("WARNING", logger="rm_qdrant.operations.create"):
         init_over_photos(edge, models, layout, kb)
     warnings = [r.getMessage() for r in caplog.records if "loses recall" in r.getMessage()]
     assert len(warnings) == (said is not None and not acorn)
@@ -184,7 +184,7 @@ def test_an_index_opened_exact_asks_for_exact_search(edge, layout):
     """With the graph used from 1,000 KB up, ``DualIndex(exact=True)`` (``rmq search --exact``) must
     still ask every search it sends for an exact one."""
     from rm_qdrant import DualIndex
-    from rm_qdrant.backfill.pair import SINGLE, ModelRef, PairRecord
+    from rm_qdrant.pair.record import SINGLE, ModelRef, PairRecord
 
     single = layout == "single-collection"
     edge.create_collection("old", dim=4, distance="cosine")

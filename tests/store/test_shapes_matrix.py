@@ -37,14 +37,14 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, open_store
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.pair import save_pair
-from rm_qdrant.backfill.probe import draw_sample
-from rm_qdrant.backfill.ray_engine import RayOptions
-from rm_qdrant.backfill.switch import switch_encoder
 from rm_qdrant.core.calibration import Calibration, fit_calibration
 from rm_qdrant.core.uris import UriRule
+from rm_qdrant.evaluation.probe import draw_sample
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.ray_engine import RayOptions
+from rm_qdrant.operations.cutover import finalize, rollback
+from rm_qdrant.operations.switch import switch_encoder
+from rm_qdrant.pair.record import save_pair
 from tests import shapes
 from tests.shapes import TEXT, VECTOR_NAME, Cell, Point, design
 

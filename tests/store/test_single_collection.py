@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize, rollback
-from rm_qdrant.backfill.drop import drop_pair
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.ranking import plan
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.planning import user_payload
 from rm_qdrant.errors import ConfigError, MigrationError, Unsupported
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.ranking import plan
+from rm_qdrant.operations.cutover import finalize, rollback
+from rm_qdrant.operations.drop import drop_pair
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant.store import Where
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
 from tests.faults import Scripted, hammer_migration

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.errors import MigrationError, RmqError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write

@@ -16,8 +16,8 @@ from rm_qdrant import (
     open_store,
     scan_image_folder,
 )
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store, scan_image_folder
-from rm_qdrant.backfill.cutover import finalize
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
-from rm_qdrant.backfill.status import pair_status
 from rm_qdrant.errors import MigrationError
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.cutover import finalize
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant.store import Where
 from tests.conftest import OLD_DIM, make_image_folder
 from tests.faults import Scripted

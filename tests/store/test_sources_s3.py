@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.backfill.dual import DualIndex
-from rm_qdrant.backfill.loading import preflight
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import SourceError
+from rm_qdrant.migration.loading import preflight
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import ImageSource, SourceConfig, retry, shown
 from rm_qdrant.sources.s3 import GS_ENDPOINT, gs_endpoint
 from rm_qdrant.store import Where

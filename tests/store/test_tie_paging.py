@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from rm_qdrant import AsyncDualIndex, DualIndex, OnnxEncoder, create_pair, open_store
-from rm_qdrant.backfill.pair import save_pair
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import score_to_distance
+from rm_qdrant.pair.record import save_pair
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import OLD_DIM, SPEC, make_image_folder
 

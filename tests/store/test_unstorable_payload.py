@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, load_pair, scan_image_folder
-from rm_qdrant.backfill.failures import finalize_dropping_failed, iter_failures
-from rm_qdrant.backfill.migrate import MigrateOptions, run_migration
 from rm_qdrant.core.planning import ERROR
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.operations.failures import finalize_dropping_failed, iter_failures
 from rm_qdrant.store import Store
 from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
@@ -111,7 +111,7 @@ def test_rmq_migrate_lists_the_point_in_failures_and_finalize_drop_failed_remove
 
 
 def test_the_ray_engine_fails_the_point_alike(models, tmp_path, local_ray):
-    from rm_qdrant.backfill.ray_engine import RayOptions
+    from rm_qdrant.migration.ray_engine import RayOptions
     from rm_qdrant.store.client import ClientStore
 
     store = ClientStore(path=str(tmp_path / "q"))

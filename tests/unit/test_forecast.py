@@ -80,7 +80,7 @@ def test_bad_shapes_are_refused():
 def test_a_sample_has_labels_only_when_every_point_names_a_class(labels, named) -> None:
     """rmq fit --label-field and rmq probe read these; a list or an object became a class of its
     own through str() without a word (found by an adversarial run)."""
-    from rm_qdrant.backfill.probe import ProbeSample
+    from rm_qdrant.evaluation.probe import ProbeSample
 
     n = len(labels)
     sample = ProbeSample(

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from rm_qdrant.backfill.layouts import OneCollection, Paired, PairedKeepOld, layout_of
-from rm_qdrant.backfill.pair import PAIRED, SINGLE, ModelRef, PairRecord
 from rm_qdrant.core.planning import MIGRATED
 from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.pair.layouts import OneCollection, Paired, PairedKeepOld, layout_of
+from rm_qdrant.pair.record import PAIRED, SINGLE, ModelRef, PairRecord
 from rm_qdrant.store import Where
 
 STATES = ("backfilling", "finalizing", "finalized", "rolled_back")

@@ -1,1 +1,0 @@
-"""The pair and its life: serving (DualIndex), migration, cutover, status, probe."""

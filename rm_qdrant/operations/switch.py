@@ -1,0 +1,130 @@
+"""Switching a running pair to another encoder (``rmq switch-encoder``).
+
+A naive pair can start serving as soon as the team has a plain new model, and move
+to a trained graph (ψ, and ρ held at the identity) once it exists, without starting
+over. The one rule: the vectors already in the new collection must stay valid, so
+the candidate's gallery output must reproduce them, under the collection's own metric
+(a Euclid or dot collection compares norms too: a graph that L2-normalises raw vectors
+is refused); otherwise two embedding spaces would mix in one collection, and the switch
+is refused with the measured reason.
+
+The graph a naive pair served until it switches to ψ is the plain new model that ψ's graph was
+trained from: the pair records it (unless it records one already), as ``rmq eval``'s and
+``rmq probe``'s New.
+
+A calibration (``rmq calibrate``) maps the old model's own distances for the naive merge: it
+stays with a naive pair moving to another naive graph (the new vectors and the old ones are
+unchanged, so the map still fits them), and goes with a move to an rm graph, whose old half is
+searched through ρ on another scale; :func:`calibration_after` names what happened, and
+``rmq switch-encoder`` says it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rm_qdrant.errors import ConfigError, MigrationError, Refused
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.operations.create import old_model_ref, plain_model_ref
+from rm_qdrant.operations.verify import SAME_OUTPUT, Agreement, agreement
+from rm_qdrant.pair.layouts import count_new, layout_of, new_where
+from rm_qdrant.pair.record import ModelRef, PairRecord, record_collection_model, save_pair
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.store import Store
+
+__all__ = ["SAME_OUTPUT", "calibration_after", "switch_encoder"]
+
+
+def calibration_after(before: PairRecord, after: PairRecord) -> str | None:
+    """What a switch did to the pair's calibration: "kept", "dropped", or None (it had none)."""
+    if before.calibration is None:
+        return None
+    return "kept" if after.calibration is not None else "dropped"
+
+
+def switch_encoder(
+    store: Store,
+    pair: PairRecord,
+    encoder: OnnxEncoder,
+    *,
+    old_encoder: OnnxEncoder | None = None,
+    new_model: OnnxEncoder | None = None,
+    sample: int = 64,
+    source: SourceConfig | None = None,
+) -> tuple[PairRecord, Agreement | None]:
+    """Make ``encoder`` the pair's encoder, if the vectors already in new stay valid.
+
+    The mode follows the graph: ``rm`` with ``new`` and ``rev`` outputs, else ``naive``
+    (with the pair's old model, or ``old_encoder``). The plain new model the record keeps is
+    ``new_model`` if given, else the one recorded, else (a naive pair moving to ``rm``) the
+    graph the pair served until now.
+
+    A naive pair's calibration is kept by a naive graph and dropped by an rm graph (module
+    docstring).
+
+    Returns:
+        The updated record, and the agreement measured on new (None when new is empty).
+
+    Raises:
+        MigrationError: the pair is not backfilling.
+        ConfigError: sizes or distance do not fit.
+        Refused: the candidate's output differs from the vectors already in new.
+    """
+    if pair.state != "backfilling":
+        raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
+    gallery = encoder.info.gallery_output()
+    new_dim = store.collection(pair.new_collection, pair.new_using).dim
+    old_dim = store.collection(pair.old_collection, pair.vector).dim
+    if encoder.info.outputs[gallery] != new_dim or not encoder.info.serves(pair.distance):
+        raise ConfigError(
+            f"{encoder.path} makes {encoder.info.outputs[gallery]}-d {encoder.info.distance or 'any'} "
+            f"vectors, collection {pair.new_collection!r} holds {new_dim}-d {pair.distance} ones"
+        )
+    mode = "rm" if "rm" in encoder.info.query_modes else "naive"
+    if mode == "rm" and encoder.info.outputs["rev"] != old_dim:
+        raise ConfigError(
+            f"{encoder.path} output 'rev' is {encoder.info.outputs['rev']}-d, old holds {old_dim}-d"
+        )
+    old_model = pair.old_encoder
+    if old_encoder is not None:
+        old_model = old_model_ref(store, store.collection(pair.old_collection, pair.vector), old_encoder)
+    if mode == "naive" and old_model is None:
+        raise ConfigError(f"{encoder.path} has no 'rev' output: the naive mode needs --old-encoder")
+    plain = pair.new_model
+    if new_model is not None:
+        plain = plain_model_ref(new_model, pair.name, dim=new_dim, distance=pair.distance)
+    elif plain is None and pair.mode == "naive" and mode == "rm":
+        plain = pair.encoder
+    measured = None
+    if count_new(store, pair):
+        measured = agreement(
+            store,
+            pair.new_collection,
+            encoder,
+            output=gallery,
+            vector=pair.new_using,
+            where=new_where(pair),
+            rule=pair.uri_rule,
+            sample=sample,
+            source=source,
+        )
+        reason = measured.mismatch()
+        if reason is not None:
+            raise Refused(
+                f"{encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
+                f"({reason}, {measured.checked} points); "
+                "they would mix two embedding spaces. Switch only to a graph whose gallery output is "
+                "unchanged (e.g. ψ trained with ρ = identity), or start a new pair",
+                measured=measured,
+            )
+    updated = replace(
+        pair,
+        encoder=ModelRef.of(encoder, gallery),
+        mode=mode,
+        old_encoder=old_model,
+        new_model=plain,
+        calibration=pair.calibration if mode == "naive" else None,  # module docstring
+    )
+    save_pair(store, updated)
+    record_collection_model(store, layout_of(pair).new_model_key, updated.encoder)
+    return updated, measured

@@ -1,0 +1,3 @@
+"""Serving a pair: DualIndex (dual.py; its search in pair_search.py, its point operations in
+pair_points.py, per-call options in search_options.py), AsyncDualIndex, and what ``rmq status``
+reports (status.py). Imports pair/ and below."""
