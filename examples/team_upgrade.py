@@ -1,4 +1,4 @@
-"""The README's "Upgrading an existing deployment" walk, timed, on a gallery rm-qdrant did not make.
+"""The walk of docs/guides/adopting.md, timed, on a gallery rm-qdrant did not make.
 
 A stand-in for a team's deployment is built first, with no rm-qdrant code: the
 CIFAR-10 test images (10,000 JPEGs from ../shared/data) served half over HTTP on
