@@ -27,7 +27,7 @@ import torch
 
 from rm_qdrant.core.metrics import retrieval
 from rm_qdrant.core.offline import BackfillEmbeddings, backfill_table
-from rm_qdrant.paths import CACHE_ENV
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant_train.backbone import train_backbone
 from rm_qdrant_train.cache import embeddings
 from rm_qdrant_train.config import BackboneConfig, HeadsConfig

@@ -24,16 +24,13 @@ import torch
 from torch import Tensor, nn
 
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.errors import ExportError
 from rm_qdrant_train.backbone import load_backbone
 from rm_qdrant_train.heads import load_heads
 
 log = logging.getLogger(__name__)
 OPSET = 17
 TOLERANCE = 1e-4
-
-
-class ExportError(Exception):
-    """An export that cannot be done, or whose graph does not match PyTorch."""
 
 
 class Normalise(nn.Module):

@@ -10,17 +10,25 @@ from rm_qdrant.api import migrate, optimize
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 from rm_qdrant.errors import (
+    AddressRefused,
     CollectionNotFound,
     ConfigError,
     DimensionMismatch,
     EncoderError,
+    ExportError,
     ImageError,
     InvalidFilter,
     InvalidPayload,
     InvalidPointId,
+    MigrationError,
+    Refused,
     RmqError,
+    SourceError,
     StoreError,
     StoreLocked,
+    TooLarge,
+    Unresolvable,
+    Unsupported,
 )
 from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -37,6 +45,7 @@ from rm_qdrant.store import Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddressRefused",
     "AsyncDualIndex",
     "BatchResult",
     "CollectionNotFound",
@@ -44,6 +53,7 @@ __all__ = [
     "DimensionMismatch",
     "DualIndex",
     "EncoderError",
+    "ExportError",
     "Hit",
     "ImageError",
     "ImageItem",
@@ -53,6 +63,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidPointId",
     "MigrateOptions",
+    "MigrationError",
     "MigrationReport",
     "ModelInfo",
     "OnnxEncoder",
@@ -60,10 +71,15 @@ __all__ = [
     "PairRecord",
     "PairStatus",
     "RayOptions",
+    "Refused",
     "RmqError",
+    "SourceError",
     "Store",
     "StoreError",
     "StoreLocked",
+    "TooLarge",
+    "Unresolvable",
+    "Unsupported",
     "create_pair",
     "index_images",
     "load_pair",

@@ -59,6 +59,18 @@ class SourceError(RmqError):
     """A point's source image could not be fetched (bad URI, missing file, HTTP error)."""
 
 
+class AddressRefused(SourceError):
+    """A fetch was refused because of where it would connect (a private or metadata address)."""
+
+
+class Unresolvable(SourceError):
+    """A host name did not resolve (worth another attempt: DNS fails transiently)."""
+
+
+class ExportError(RmqError):
+    """An export that cannot be done, or whose graph does not match PyTorch."""
+
+
 class MigrationError(RmqError):
     """A migration cannot start or go on (bad state, too many failures, refused cutover)."""
 

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from rm_qdrant import InputSpec, open_store
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant.cli import cli
-from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant.store import Store
 from rm_qdrant_exporters.linear import linear_encoder
 
@@ -325,3 +325,10 @@ def demo(rmq: Callable[..., object], models: Models, image_folder: Path) -> Path
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
     return sorted(image_folder.glob("b/*"))[0]
+
+
+def says_remote(store, monkeypatch) -> None:
+    """Make ``store`` declare what a remote server does: both searches of a pair sent at once."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(type(store), "capabilities", replace(store.capabilities, concurrent_search=True))

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"rm_qdrant": "rm_qdrant", "train": "rm_qdrant_train", "exporters": "rm_qdrant_exporters"}
 #: Bottom to top: a module imports its own layer and those below, never one above.
 LAYERS = [
-    ("rm_qdrant.errors", "rm_qdrant.paths", "rm_qdrant.core"),
+    ("rm_qdrant.errors", "rm_qdrant.caches", "rm_qdrant.core"),
     ("rm_qdrant.store", "rm_qdrant.sources", "rm_qdrant.models"),
     ("rm_qdrant.pair",),
     ("rm_qdrant.serving",),
@@ -169,3 +169,23 @@ def test_the_checker_sees_a_deferred_circle_and_an_upward_import(tmp_path, monke
         layer("rm_qdrant.serving.b") > layer("rm_qdrant.store.a")
         and "rm_qdrant.serving.b" in edges["rm_qdrant.store.a"]
     )
+
+
+def test_every_error_is_one_tree_exported_at_the_top():
+    """A user catches rm_qdrant.RmqError, or any kind of it, by its top-level name."""
+    import inspect
+
+    import rm_qdrant
+    from rm_qdrant import errors
+
+    kinds = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert {c.__name__ for c in kinds} <= set(rm_qdrant.__all__)
+    assert all(issubclass(c, rm_qdrant.RmqError) and getattr(rm_qdrant, c.__name__) is c for c in kinds)
+    names = [
+        node.name
+        for path in modules().values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(getattr(b, "id", "").endswith(("Error", "Exception")) for b in node.bases)
+    ]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []

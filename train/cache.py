@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rm_qdrant.paths import cache_root, human_size
+from rm_qdrant.caches import cache_root, human_size
 from rm_qdrant_train.backbone import embed, load_backbone, pick_device
 from rm_qdrant_train.data import folder_key, load_image_folder
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def cache_folder() -> Path:
-    """Where embeddings are cached: ``embeddings/`` under :func:`rm_qdrant.paths.cache_root`."""
+    """Where embeddings are cached: ``embeddings/`` under :func:`rm_qdrant.caches.cache_root`."""
     return cache_root() / "embeddings"
 
 

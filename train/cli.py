@@ -13,9 +13,9 @@ from typing import Any
 import click
 import yaml
 
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant.cli.threads import apply_threads, choose_threads, threads_option
 from rm_qdrant.core.modelinfo import parse_floats
-from rm_qdrant.paths import CACHE_ENV
 from rm_qdrant_train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
 

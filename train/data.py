@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rm_qdrant.caches import cache_root, human_size
 from rm_qdrant.models.images import pixels
 from rm_qdrant.operations.indexing import scan_image_folder
-from rm_qdrant.paths import cache_root, human_size
 
 log = logging.getLogger(__name__)
 
 
 def cache_folder() -> Path:
-    """Where decoded folders are cached: ``decoded/`` under :func:`rm_qdrant.paths.cache_root`."""
+    """Where decoded folders are cached: ``decoded/`` under :func:`rm_qdrant.caches.cache_root`."""
     return cache_root() / "decoded"
 
 

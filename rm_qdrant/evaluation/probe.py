@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.caches import cache_root
 from rm_qdrant.core.forecast import (
     DIP_TOLERANCE,
     ModeForecast,
@@ -40,7 +41,6 @@ from rm_qdrant.migration.ranking import read_all
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.pair.layouts import active_where, ids_in_new
 from rm_qdrant.pair.record import PairRecord
-from rm_qdrant.paths import cache_root
 from rm_qdrant.sources import ImageSource, SourceConfig
 from rm_qdrant.store import Store, Where
 
@@ -220,7 +220,8 @@ def forecast_sample(
 
 
 def cache_path(location: str, name: str) -> Path:
-    """Where the last probe of pair ``name`` on ``location`` is kept (:func:`~rm_qdrant.paths.cache_root`)."""
+    """Where the last probe of pair ``name`` on ``location`` is kept (see
+    :func:`~rm_qdrant.caches.cache_root`)."""
     root = cache_root()
     key = hashlib.sha256(f"{location}\n{name}".encode()).hexdigest()[:16]
     return root / f"probe-{key}.npz"

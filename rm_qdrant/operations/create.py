@@ -161,7 +161,7 @@ def create_pair(
         if full_scan_kb is None:  # the new vector only: rm-qdrant's, which drop-pair deletes
             tune_search(store, {old_collection: [new_vector or ""]}, SERVING_FULL_SCAN_KB)
             own = _threshold(store, old_collection, old_spec.vector)
-            if own is not None and own < QDRANT_FULL_SCAN_KB and not getattr(store, "filtered_recall", False):
+            if own is not None and own < QDRANT_FULL_SCAN_KB and not store.capabilities.filtered_recall:
                 _warn_filtered_recall(
                     f"the old vector {old_spec.vector or '(unnamed)'!r} of {old_collection!r} has "
                     f"full_scan_threshold {own} KB",
@@ -169,7 +169,7 @@ def create_pair(
                 )
         else:
             tune_search(store, {old_collection: [old_spec.vector, new_vector or ""]}, full_scan_kb)
-            if full_scan_kb < QDRANT_FULL_SCAN_KB and not getattr(store, "filtered_recall", False):
+            if full_scan_kb < QDRANT_FULL_SCAN_KB and not store.capabilities.filtered_recall:
                 _warn_filtered_recall(f"--full-scan-kb {full_scan_kb}", "or leave --full-scan-kb out")
     else:
         target = new_collection or f"{name}-new"
@@ -207,16 +207,14 @@ def tune_search(store: Store, vectors: dict[str, list[str]], kb: int | None = SE
     ``full_scan_threshold``, so that a segment holding a few thousand of them is searched through
     its graph rather than scanned (see :mod:`rm_qdrant.store.tuning`). A store that cannot
     (qdrant-client's local mode always scans) keeps its own."""
-    tune = getattr(store, "tune_index", None)
-    if tune is not None and kb is not None:
+    if kb is not None:
         for collection, names in vectors.items():
-            tune(collection, names, full_scan_kb=kb)
+            store.tune_index(collection, names, full_scan_kb=kb)
 
 
 def _threshold(store: Store, collection: str, vector: str) -> int | None:
     """A vector's HNSW ``full_scan_threshold`` (KB), where the store has one to read."""
-    read = getattr(store, "index_thresholds", None)
-    return None if read is None else read(collection).get(vector)
+    return store.index_thresholds(collection).get(vector)
 
 
 def _warn_filtered_recall(setting: str, remedy: str) -> None:
@@ -360,9 +358,4 @@ def _prepare_new_collection(store: Store, name: str, *, dim: int, old: Collectio
     # The team's indexes with their settings: a text index's case or tokenizer decides what a
     # filter matches, and would differ between the two collections with defaults.
     kinds = {f: kind for f, kind in store.payload_indexes(old.name).items() if f not in INTERNAL_FIELDS}
-    copy = getattr(store, "copy_indexes", None)
-    if copy is not None:
-        copy(old.name, name, list(kinds))
-    else:  # a Store written before copy_indexes: the type alone
-        for field, kind in kinds.items():
-            store.create_index(name, field, kind)
+    store.copy_indexes(old.name, name, list(kinds))

@@ -39,7 +39,7 @@ MAX_SHARE = 0.1
 
 def optimizes(store: Store) -> bool:
     """Whether ``store`` builds its indexes only when asked (the embedded store does)."""
-    return callable(getattr(store, "optimize", None))
+    return store.capabilities.optimizes
 
 
 def optimize_collections(store: Store, names: Sequence[str]) -> float:

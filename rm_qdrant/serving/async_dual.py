@@ -51,7 +51,7 @@ class AsyncDualIndex:
 
     def __init__(self, index: DualIndex, *, workers: int | None = None) -> None:
         if workers is None:
-            workers = 4 if index.store.concurrent_search else 1
+            workers = 4 if index.store.capabilities.concurrent_search else 1
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
         self.index = index

@@ -77,7 +77,9 @@ class DualIndex(PairSearch, PairPoints):
         # One collection: both searches run as one query (two, in order, where that fails).
         self._two_queries = not self.layout.one_query
         self._pool = (
-            ThreadPoolExecutor(max_workers=2) if store.concurrent_search and self._two_queries else None
+            ThreadPoolExecutor(max_workers=2)
+            if store.capabilities.concurrent_search and self._two_queries
+            else None
         )
 
     @property

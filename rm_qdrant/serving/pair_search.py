@@ -119,7 +119,7 @@ class PairSearch:
                 self._two_queries = True
         args: dict[str, Any] = {"limit": limit, "filter": filter, **request}
         old_args = {**args, "filter": self.layout.old_filter(filter), "vector": pair.vector}
-        if self.layout.one_query and getattr(self.store, "filtered_recall", False):
+        if self.layout.one_query and self.store.capabilities.filtered_recall:
             old_args["search_params"] = old_side_params(params)  # as the merged query's old prefetch
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection

@@ -2,7 +2,7 @@
 
 The guard and the deadline sit below httpx, in the network backend its connection
 pool uses: every connection (redirects included) goes to an address checked by
-:mod:`rm_qdrant.sources.guard`, and every socket read or write waits at most until
+:mod:`rm_qdrant.sources.network_guard`, and every socket read or write waits at most until
 the fetch's deadline, so a server that trickles its headers or its body one byte at
 a time is cut off at ``timeout`` seconds, not after minutes.
 """
@@ -20,8 +20,8 @@ import httpcore
 import httpx
 
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import SourceError
-from rm_qdrant.sources.guard import Refused, Unresolvable, resolve_public
+from rm_qdrant.errors import AddressRefused, SourceError, Unresolvable
+from rm_qdrant.sources.network_guard import resolve_public
 from rm_qdrant.sources.retry import Retryable, with_retries
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class HttpFetcher:
                 finally:
                     response.close()
             raise SourceError(f"{shown}: more than {self.max_redirects} redirects")
-        except Refused as exc:
+        except AddressRefused as exc:
             raise SourceError(f"{shown}: refused: {exc} (--allow-private-network to allow it)") from exc
         except Unresolvable as exc:
             raise Retryable(str(exc)) from exc

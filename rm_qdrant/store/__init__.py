@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 from rm_qdrant.errors import StoreError
-from rm_qdrant.store.base import CollectionSpec, Filter, Record, ScoredRecord, Store, Where
+from rm_qdrant.store.base import Capabilities, CollectionSpec, Filter, Record, ScoredRecord, Store, Where
 from rm_qdrant.store.ids import normalize_id
 
 __all__ = [
+    "Capabilities",
     "CollectionSpec",
     "Filter",
     "Record",
@@ -82,11 +83,9 @@ def is_local_mode_folder(folder: Path) -> bool:
 def linked_shard(store: Store, name: str) -> Path | None:
     """The real folder of collection ``name``'s shard when it is a team's shard adopted into an
     embedded store through a symbolic link; None for any other collection or store."""
-    found = getattr(store, "linked_shard", None)
-    return found(name) if found is not None else None
+    return store.linked_shard(name) if store.capabilities.shard_folders else None  # type: ignore[attr-defined]
 
 
 def shard_path(store: Store, name: str) -> Path | None:
     """The folder of collection ``name``'s shard in an embedded store; None for other stores."""
-    found = getattr(store, "shard_path", None)
-    return found(name) if found is not None else None
+    return store.shard_path(name) if store.capabilities.shard_folders else None  # type: ignore[attr-defined]

@@ -140,6 +140,28 @@ class MergedQuery:
     consistency: models.ReadConsistency | None = None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store does beyond the calls every :class:`Store` answers, declared by the store
+    (callers read this instead of probing its attributes).
+
+    Attributes:
+        concurrent_search: two searches gain from being sent at once (a remote server).
+        filtered_recall: a merged search's old prefetch keeps its recall under a filter that
+            matches few points: ACORN (store/params.py), or an exact search (qdrant-client's
+            local mode).
+        optimizes: the store builds its HNSW indexes only when asked (``optimize(name)``): the
+            embedded store, which has no background optimizer.
+        shard_folders: each collection is a folder of this machine (``shard_path(name)``,
+            ``linked_shard(name)``): the embedded store.
+    """
+
+    concurrent_search: bool = False
+    filtered_recall: bool = False
+    optimizes: bool = False
+    shard_folders: bool = False
+
+
 class Store(Protocol):
     """What rm-qdrant needs from Qdrant. Every write returns once it is durable.
 
@@ -151,11 +173,8 @@ class Store(Protocol):
     :attr:`Record.others`.
     """
 
-    #: True where two searches gain from being sent at once (a remote server).
-    concurrent_search: bool
-    #: True where a merged search's old prefetch keeps its recall under a filter that matches
-    #: few points: ACORN (store/params.py), or an exact search (qdrant-client's local mode).
-    filtered_recall: bool
+    #: What this store does beyond these calls.
+    capabilities: Capabilities
 
     def create_collection(
         self, name: str, *, dim: int, distance: str, vector: str = "", others: Sequence[OtherVector] = ()
@@ -256,6 +275,15 @@ class Store(Protocol):
         """Index ``fields`` of ``target`` as ``source`` indexes them, settings included (a text
         index's tokenizer and case, a keyword index's tenancy...); fields ``source`` does not
         index, or ``target`` already does, are left alone."""
+        ...
+
+    def tune_index(self, name: str, vectors: Sequence[str], *, full_scan_kb: int) -> None:
+        """Give ``vectors`` of collection ``name`` this HNSW ``full_scan_threshold`` (KB), where
+        the store has one (qdrant-client's local mode always scans: it keeps its own)."""
+        ...
+
+    def index_thresholds(self, name: str) -> dict[str, int]:
+        """Each vector's HNSW ``full_scan_threshold`` (KB); empty where the store has none."""
         ...
 
     def retrieve(

@@ -22,6 +22,7 @@ from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import CollectionNotFound, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
+    Capabilities,
     CollectionSpec,
     MergedQuery,
     Record,
@@ -95,7 +96,6 @@ class ClientStore:
         self.location = location or str(path)
         self._shown = redact(self.location)  # a URL may carry user:password or ?api_key=
         self._remote = location is not None and location != ":memory:"
-        self.concurrent_search = self._remote
         self._specs: dict[str, tuple[dict[str, VectorFacts], dict[str, bool]]] = {}  # a round trip saved
         self._acorn: bool | None = None  # the server takes ACORN (None: not known yet)
         # qdrant-client's local mode is not thread-safe; a server is.
@@ -394,9 +394,12 @@ class ClientStore:
             return client_thresholds(self._client.get_collection(name))
 
     @property
-    def filtered_recall(self) -> bool:
-        """Local mode searches exactly; a server from Qdrant 1.16 on takes ACORN."""
-        return not self._remote or self._takes_acorn
+    def capabilities(self) -> Capabilities:
+        """A server takes both searches at once; local mode searches exactly, and a server from
+        Qdrant 1.16 on takes ACORN (its version is read once it is first asked)."""
+        return Capabilities(
+            concurrent_search=self._remote, filtered_recall=not self._remote or self._takes_acorn
+        )
 
     @property
     def _takes_acorn(self) -> bool:

@@ -34,6 +34,7 @@ from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import CollectionNotFound, ConfigError, StoreError
 from rm_qdrant.store.base import (
     INDEX_KINDS,
+    Capabilities,
     CollectionSpec,
     MergedQuery,
     Record,
@@ -92,8 +93,8 @@ class EdgeStore:
         StoreError: no store there and ``create`` is False, or the folder cannot be made.
     """
 
-    concurrent_search = False
-    filtered_recall = True  # ACORN on the merged search's old prefetch
+    #: ACORN on the merged search's old prefetch; no background optimizer; a folder a collection
+    capabilities = Capabilities(filtered_recall=True, optimizes=True, shard_folders=True)
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)

@@ -54,7 +54,7 @@ def test_server_and_embedded_store_agree(server, models, image_folder, tmp_path)
     on_server = scenario(server, models, image_folder, prefix)
     with open_store(tmp_path / "edge") as edge:
         embedded = scenario(edge, models, image_folder, prefix)
-    assert server.concurrent_search  # DualIndex sends both searches at once here
+    assert server.capabilities.concurrent_search  # DualIndex sends both searches at once here
     assert on_server == embedded
 
 

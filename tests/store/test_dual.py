@@ -18,7 +18,7 @@ from rm_qdrant import (
 )
 from rm_qdrant.core.planning import MOVING
 from rm_qdrant.operations.drop import drop_pair
-from tests.conftest import NEW_DIM, OLD_DIM
+from tests.conftest import NEW_DIM, OLD_DIM, says_remote
 
 
 @pytest.fixture
@@ -210,7 +210,7 @@ def test_spaces_are_never_mixed(store, models, pair, image_folder):
     assert store.count("gallery") == len(pair) and not store.has_collection("n-new")
 
 
-def test_concurrent_side_searches_give_the_same_hits(tmp_path, models, image_folder):
+def test_concurrent_side_searches_give_the_same_hits(tmp_path, models, image_folder, monkeypatch):
     """The two-thread path DualIndex takes against a server returns what the sequential one does."""
     from rm_qdrant import open_store
 
@@ -221,7 +221,7 @@ def test_concurrent_side_searches_give_the_same_hits(tmp_path, models, image_fol
         sequential = DualIndex.open(store, "p", exact=True)
         sequential.upsert([i.point_id for i in items[::3]], [i.uri for i in items[::3]])
         expected = sequential.search_batch([i.uri for i in items], limit=7)
-        store.concurrent_search = True  # what a remote store says
+        says_remote(store, monkeypatch)  # what a remote store says
         with DualIndex.open(store, "p", exact=True) as threaded:
             assert threaded._pool is not None
             assert threaded.search_batch([i.uri for i in items], limit=7) == expected

@@ -24,7 +24,7 @@ from rm_qdrant import DualIndex, OnnxEncoder, create_pair
 from rm_qdrant.core.planning import MOVING, new_payload
 from rm_qdrant.serving.status import pair_status
 from rm_qdrant_exporters.linear import linear_encoder
-from tests.conftest import OLD_DIM, SPEC
+from tests.conftest import OLD_DIM, SPEC, says_remote
 from tests.faults import Crash, Scripted, crash
 
 N, K = 120, 5
@@ -105,9 +105,11 @@ def _reference(served, old, new, q_new, q_old, distance: str) -> list[tuple[int 
 @pytest.mark.parametrize("together", [False, True], ids=["one-after-the-other", "together"])
 @pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
 @pytest.mark.parametrize("distance", DISTANCES)
-def test_a_point_in_both_is_served_once_as_its_new_copy(store, tmp_path, distance, keep_old, together):
+def test_a_point_in_both_is_served_once_as_its_new_copy(
+    store, tmp_path, distance, keep_old, together, monkeypatch
+):
     if together:
-        store.concurrent_search = True  # the two searches sent at once, as to a server
+        says_remote(store, monkeypatch)  # the two searches sent at once, as to a server
     ids, old, new, served, both = _build(store, tmp_path, distance, keep_old)
     index = DualIndex.open(store, "p", exact=True)
     assert (index._pool is not None) == together
@@ -123,12 +125,12 @@ def test_a_point_in_both_is_served_once_as_its_new_copy(store, tmp_path, distanc
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["one-after-the-other", "together"])
-def test_a_copy_that_lands_during_the_search_is_served_once(store, tmp_path, together):
+def test_a_copy_that_lands_during_the_search_is_served_once(store, tmp_path, together, monkeypatch):
     """The copy of a marked point lands (a) between old's search and new's, or (b, searches sent
     together) after new's search ran: either way the point comes back once, from new, where
     its copy is the closest point to the new query."""
     if together:
-        store.concurrent_search = True
+        says_remote(store, monkeypatch)
     ids, old, new, served, _ = _build(store, tmp_path, "euclid", False)
     index = DualIndex.open(store, "p", exact=True)
     late = ids[2]  # marked moving, not yet in new

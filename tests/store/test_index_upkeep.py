@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +15,7 @@ from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, scan_im
 from rm_qdrant.api import optimize
 from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.pair.upkeep import IndexUpkeep
+from rm_qdrant.store import Capabilities
 from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
 from tests.faults import Recording
@@ -126,6 +128,8 @@ def test_optimize_builds_a_pairs_collections_after_a_users_writes(store, models,
 class FakeStore:
     """A store whose build takes ``cost`` seconds of a fake clock."""
 
+    capabilities = Capabilities(optimizes=True)
+
     def __init__(self, clock: list[float], cost: float) -> None:
         self.clock, self.cost, self.built = clock, cost, []
 
@@ -152,7 +156,8 @@ def test_builds_come_every_interval_stretched_to_ten_times_their_cost(every, cos
 
 
 def test_a_store_that_builds_by_itself_is_left_alone():
-    upkeep = IndexUpkeep(object(), ["a"], every=0)
+    builds_by_itself = SimpleNamespace(capabilities=Capabilities(optimizes=False))
+    upkeep = IndexUpkeep(builds_by_itself, ["a"], every=0)
     upkeep.written()
     upkeep.finish()
     assert upkeep.runs == 0 and upkeep.seconds == 0

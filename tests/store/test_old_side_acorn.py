@@ -112,7 +112,7 @@ def test_a_failed_version_read_is_asked_again_not_kept(tmp_path) -> None:
         return answer
 
     store._remote, store._client.info = True, info  # what a server answers, in turn
-    assert store.filtered_recall is False  # not known: no ACORN on this search
-    assert store.filtered_recall is True  # read the next time, and kept
-    assert store.filtered_recall is True
+    assert store.capabilities.filtered_recall is False  # not known: no ACORN on this search
+    assert store.capabilities.filtered_recall is True  # read the next time, and kept
+    assert store.capabilities.filtered_recall is True
     store.close()

@@ -6,6 +6,7 @@ and takes the setting without effect; a server's is checked in tests/integration
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_a_low_threshold_on_a_single_collection_pairs_old_vector_warns_without_a
     with ACORN, as the embedded store and servers from Qdrant 1.16 on do
     (tests/store/test_old_side_acorn.py). Without it (``acorn`` False: what an older server
     says), init says so, whether the threshold is init's ``--full-scan-kb`` or the team's own."""
-    monkeypatch.setattr(type(edge), "filtered_recall", acorn)
+    monkeypatch.setattr(type(edge), "capabilities", replace(edge.capabilities, filtered_recall=acorn))
     index_images(edge, "photos", OnnxEncoder(models.old), items)
     if own is not None:
         edge.tune_index("photos", [""], full_scan_kb=own)

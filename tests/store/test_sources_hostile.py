@@ -198,7 +198,7 @@ def test_names_that_do_not_resolve_are_retried_and_say_which_uri(monkeypatch):
         calls.append(args[0])
         raise sockets.gaierror(-2, "Name or service not known")
 
-    monkeypatch.setattr("rm_qdrant.sources.guard.socket.getaddrinfo", no_dns)
+    monkeypatch.setattr("rm_qdrant.sources.network_guard.socket.getaddrinfo", no_dns)
     message = fails(
         "http://images.example.com/a.jpg", "cannot resolve", SourceConfig(retries=1, backoff=0.01)
     )

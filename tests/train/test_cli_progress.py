@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant.cli import cli
-from rm_qdrant.paths import CACHE_ENV
 
 
 def rmq(cwd: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from rm_qdrant.paths import CACHE_ENV
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant_train.backbone import save_backbone
 from rm_qdrant_train.backbones import build_backbone
 from rm_qdrant_train.config import BackboneConfig, HeadsConfig

@@ -110,7 +110,7 @@ class Paired(PairedWrites, Layout):
             acknowledged = time.monotonic()
         if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
             store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
-        if store.concurrent_search:  # see REMOVAL_GRACE
+        if store.capabilities.concurrent_search:  # see REMOVAL_GRACE
             time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
         self.retire(store, outcome.remove_from_old)
         failed = prepared.failed + encoded.failed

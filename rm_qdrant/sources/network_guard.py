@@ -12,18 +12,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from rm_qdrant.errors import SourceError
+from rm_qdrant.errors import AddressRefused, Unresolvable
 
 #: Host names of cloud metadata services, refused whatever they resolve to.
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data", "metadata.azure.com"})
-
-
-class Refused(SourceError):
-    """A fetch was refused because of where it would connect."""
-
-
-class Unresolvable(SourceError):
-    """A host name did not resolve (worth another attempt: DNS fails transiently)."""
 
 
 def check_address(address: str) -> None:
@@ -32,7 +24,7 @@ def check_address(address: str) -> None:
     >>> check_address("93.184.216.34")  # public: returns
     >>> try:
     ...     check_address("169.254.169.254")
-    ... except Refused as exc:
+    ... except AddressRefused as exc:
     ...     print(exc)
     169.254.169.254 is a link-local address
     """
@@ -41,21 +33,21 @@ def check_address(address: str) -> None:
         ip = ip.ipv4_mapped
     for kind in ("loopback", "unspecified", "link_local", "private", "multicast", "reserved"):
         if getattr(ip, f"is_{kind}"):
-            raise Refused(f"{address} is a {kind.replace('_', '-')} address")
+            raise AddressRefused(f"{address} is a {kind.replace('_', '-')} address")
     if not ip.is_global:
-        raise Refused(f"{address} is not a public address")
+        raise AddressRefused(f"{address} is not a public address")
 
 
 def resolve_public(host: str, port: int) -> str:
     """The address to connect to for ``host``: every address it resolves to must be public.
 
     Raises:
-        Refused: the host is a metadata service, or resolves to a non-public address.
+        AddressRefused: the host is a metadata service, or resolves to a non-public address.
         Unresolvable: the name does not resolve.
     """
     name = host.strip("[]").rstrip(".").lower()
     if name in METADATA_HOSTS:
-        raise Refused(f"{name} is a cloud metadata service")
+        raise AddressRefused(f"{name} is a cloud metadata service")
     try:
         found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
