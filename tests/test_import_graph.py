@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The installed names of the folders (pyproject.toml's package-dir).
 PACKAGES = {"rm_qdrant": "rm_qdrant", "train": "rm_qdrant_train", "exporters": "rm_qdrant_exporters"}
@@ -121,10 +123,12 @@ def circles(edges: dict[str, dict[str, bool]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_imports_another_that_imports_it_back():
     assert circles(graph()) == []
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_layer_above_its_own():
     upward = [
         f"{name} (layer {layer(name)}) imports {target} (layer {layer(target)})"

@@ -45,6 +45,7 @@ def test_relative_links_finds_links_and_skips_code():
     assert relative_links(text) == ["a.md#x", "p/i.png", "b.md"]
 
 
+@pytest.mark.slow
 def test_site_builds_strict_offline(tmp_path):
     """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav, an API
     name griffe cannot resolve or a docstring it cannot render fails the build."""

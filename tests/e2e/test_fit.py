@@ -17,6 +17,8 @@ from rm_qdrant import OnnxEncoder, load_pair, open_store
 from rm_qdrant.cli import cli
 from tests.e2e.test_team_upgrade import MEAN, STD, N, deployment, make_local_folder, web  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 SOURCES = ["--allow-private-network"]

@@ -18,6 +18,8 @@ from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from tests.store.test_metric_scale import N, build_team, l2_normalised, rmq
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 

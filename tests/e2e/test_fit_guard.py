@@ -12,6 +12,8 @@ import pytest
 from tests.e2e.test_fit import FIT, team  # noqa: F401
 from tests.e2e.test_team_upgrade import deployment, web  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 REFUSAL = re.compile(

@@ -16,6 +16,8 @@ import pytest
 from tests.e2e.test_fit import FIT, SOURCES, team  # noqa: F401
 from tests.e2e.test_team_upgrade import deployment, make_local_folder, web  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 

@@ -22,6 +22,8 @@ from rm_qdrant.cli import cli
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, make_image_folder
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 N = 360  # 324 pairs to train on: the label-free recipe holds out 32 of them to choose on

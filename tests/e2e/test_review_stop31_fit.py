@@ -37,6 +37,7 @@ def test_a_thread_count_torch_cannot_take_is_one_line(how, tmp_path):
     assert huge in one_error_line(result)  # before: a ValueError traceback from torch
 
 
+@pytest.mark.slow
 def test_fit_on_a_gallery_of_identical_images_is_one_line_or_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr("rm_qdrant_train.label_free.STEPS", 5)
     items = scan_image_folder(make_image_folder(tmp_path / "images", per_class=120))

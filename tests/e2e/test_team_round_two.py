@@ -35,6 +35,8 @@ from rm_qdrant.core.planning import user_payload
 from tests.conftest import QuietHandler
 from tests.e2e.test_team_upgrade import MEAN, STD, export, team_embed
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 N = 40

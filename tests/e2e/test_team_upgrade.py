@@ -31,6 +31,8 @@ from rm_qdrant.cli import cli
 from rm_qdrant.core.planning import user_payload
 from rm_qdrant.pair.layouts import active_where
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 N = 40

@@ -43,6 +43,7 @@ def checkpoints(tmp_path, arch, *, embed_dim=16, d_old=12):
     return new, save_heads(heads, cfg, epoch=0, loss=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["small-cnn", "resnet18"])
 def test_parity_with_pytorch_at_batch_1_and_7(tmp_path, arch):
     new, heads = checkpoints(tmp_path, arch)

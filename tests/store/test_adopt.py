@@ -411,6 +411,7 @@ def test_search_output_is_safe_for_a_terminal_and_filters_keep_strings(tmp_path,
     assert "\x1b" not in out and "\x07" not in out and "\\x1b[31mred\\nFAKE row\\x07" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_old", [False, True])
 @pytest.mark.parametrize("link", ["shard", "collection folder"])
 def test_a_linked_shard_is_told_where_its_gallery_goes_and_loses_no_point(models, tmp_path, keep_old, link):

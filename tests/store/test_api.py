@@ -62,6 +62,7 @@ def test_an_absurd_worker_count_is_refused_before_anything_is_built(store, pair,
     assert store.count("p-new") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("options", "message"),
     [

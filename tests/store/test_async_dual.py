@@ -125,6 +125,7 @@ def test_the_event_loop_runs_while_a_search_blocks(pair):
     assert len(hits) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True])
 def test_a_bad_worker_count_is_refused(pair, workers):
     store, _ = pair

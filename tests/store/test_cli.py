@@ -78,6 +78,7 @@ def test_search_with_an_unreadable_image(rmq, models, image_folder, tmp_path):
     assert "expected FIELD=VALUE" in result.output
 
 
+@pytest.mark.slow
 def test_rmq_script_runs_as_a_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status", "--name", "x"],
@@ -146,6 +147,7 @@ def test_migrate_finalize_from_the_command_line(rmq, models, image_folder):
     assert "rolled back: alias 'live' -> gallery" in rmq("rollback", "--name", "demo").output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -192,6 +194,7 @@ def test_eval_summary_gives_auc_gain_against_old_and_new_and_the_shape_against_i
     assert summary(points[1:])["auc_map"] is None  # no t = 0: no area over [0, 1]
 
 
+@pytest.mark.slow
 def test_eval_measures_a_copy_and_leaves_the_pair_as_it_was(rmq, models, image_folder):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
     rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
@@ -274,6 +277,7 @@ def test_probe_bad_input(rmq, models, image_folder):
     assert len(errors) == 1 and "Traceback" not in result.output  # after the progress label, one line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["edge", "local"])
 @pytest.mark.parametrize(
     ("state", "why"),

@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def test_quiet_after_the_subcommand_hides_the_progress_as_before_it(rmq, demo):
     assert "migrating demo" in rmq("migrate", "--name", "demo", "--limit", 4).stderr

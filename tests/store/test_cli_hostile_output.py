@@ -53,6 +53,7 @@ def naive(tmp_path, models):
 # --- secrets ---
 
 
+@pytest.mark.slow
 def test_verbose_migration_from_s3_logs_neither_the_session_token_nor_the_key_id(
     tmp_path, models, bucket, aws
 ):
@@ -139,6 +140,7 @@ def test_a_store_path_with_escapes_in_an_error_is_printed_escaped(tmp_path):
 LONG = "x" * 5000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -173,6 +175,7 @@ def test_bad_values_are_one_error_line_and_exit_1(naive, models, tmp_path, args,
     assert not (tmp_path / "x.onnx").exists()
 
 
+@pytest.mark.slow
 def test_an_api_key_over_http_is_one_warning_line_not_a_warning_per_error(closed_port):
     done = rmq_process(
         "--qdrant", f"http://127.0.0.1:{closed_port}", "--api-key", "k", "status", "--name", "p"
@@ -206,6 +209,7 @@ def not_kept(result: object) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_calibrate_that_keeps_no_map_exits_3_with_one_not_kept_line(naive):
     store, _ = naive
     args = ["calibrate", "--name", "p", "--sample", "24", "--holdout", "0.5", "--k", "3"]
@@ -217,6 +221,7 @@ def test_calibrate_that_keeps_no_map_exits_3_with_one_not_kept_line(naive):
     assert not json.loads(invoke(store, "status", "--name", "p", "--json").output)["calibrated"]
 
 
+@pytest.mark.slow
 def test_fit_that_writes_no_graph_exits_3_with_one_not_kept_line(naive, models, tmp_path):
     pytest.importorskip("torch")
     store, _ = naive

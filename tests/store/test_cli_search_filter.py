@@ -22,6 +22,7 @@ def test_a_json_filter_in_qdrants_shape(rmq, demo):
     assert labels(rmq, demo, "label=a") == ["a"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("given", "message"),
     [
@@ -40,6 +41,7 @@ def test_a_bad_json_filter_is_one_line(rmq, demo, given, message):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("given", "what"),
     [

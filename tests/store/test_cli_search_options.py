@@ -30,6 +30,7 @@ def test_score_threshold_keeps_the_hits_at_least_that_close(rmq, demo):
     assert hits(rmq, demo, "--limit", "24", "--score-threshold", "2") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -19,6 +19,8 @@ from rm_qdrant.serving.status import pair_status
 from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_in_both_search import N, _build
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("n", range(5))
 def test_a_rollback_killed_at_any_write_serves_each_point_once_and_a_rerun_finishes_it(store, tmp_path, n):

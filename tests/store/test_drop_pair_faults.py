@@ -32,6 +32,8 @@ from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_fault_injection import rmq
 
+pytestmark = pytest.mark.slow
+
 
 def _build(store, models, items, layout):
     index_images(store, "photos", OnnxEncoder(models.old), items)

@@ -23,6 +23,7 @@ HOLDER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_second_process_gets_a_clear_locked_error_and_data_survives(tmp_path):
     path = tmp_path / "q"
     with open_store(path) as store:

@@ -18,6 +18,8 @@ from PIL import Image
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC
 
+pytestmark = pytest.mark.slow
+
 
 def _means(w: np.ndarray, columns: slice = slice(0, 3), *, half: str | None = None) -> np.ndarray:
     """``w`` with, in ``columns``, each channel's mean pixel (NHWC, flattened): of the left or right half."""

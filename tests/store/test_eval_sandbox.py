@@ -20,6 +20,8 @@ from qdrant_client import QdrantClient
 from tests.conftest import make_image_folder
 from tests.store.test_fault_injection import rmq
 
+pytestmark = pytest.mark.slow
+
 # Runs rmq with the measurement held: after the copy, it writes MARKER and waits for a line on stdin.
 HELD = textwrap.dedent(
     """

@@ -25,6 +25,7 @@ from tests.conftest import make_image_folder
 FRACTIONS = [0.0, 0.5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["integer labels", "relative paths", "a class the gallery lacks"])
 def test_served_eval_of_a_teams_gallery_equals_offline(store, models, tmp_path, shape, caplog):
     folder = make_image_folder(tmp_path / "g", per_class=6, labels=("0", "1", "2"))

@@ -15,6 +15,8 @@ from rm_qdrant.evaluation.sandbox import sandbox
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.pair.record import load_pair
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("k", [None, 5])
 def test_served_map_t_equals_offline_map_t(store, models, image_folder, k):

@@ -83,6 +83,7 @@ def test_failures_list_exactly_the_broken_points_with_reasons_and_attempts(store
     assert all(f.attempts == 2 for f in found.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_finalize_drop_failed_removes_them_writes_the_list_and_serves_every_other_point(
     store, models, tmp_path, layout
@@ -124,6 +125,7 @@ def test_an_alias_the_cutover_cannot_take_is_refused_before_a_failed_point_is_dr
     assert record.state == "finalized" and dropped.removed == len(broken)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_point_rewritten_after_the_list_was_written_is_not_dropped(store, models, tmp_path, layout):
     items, broken = build(store, models, tmp_path, layout)
@@ -169,6 +171,7 @@ def rmq(rmq, tmp_path, monkeypatch):
     return rmq
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_rmq_failures_and_finalize_drop_failed(rmq, models, tmp_path, layout):
     store = open_store(tmp_path / "q", create=True)

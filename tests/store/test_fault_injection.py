@@ -18,6 +18,8 @@ from rm_qdrant import DualIndex, open_store, scan_image_folder
 from rm_qdrant.cli import cli
 from tests.conftest import make_image_folder
 
+pytestmark = pytest.mark.slow
+
 
 def schedule(batch_kills: int) -> list[tuple[str | None, tuple[float, float]]]:
     """Where each kill lands: (the log line to wait for, or None; a window for the random delay

@@ -35,6 +35,7 @@ def filled(store):
     return store
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("first", "second"), list(itertools.product(VALUES, VALUES)))
 def test_two_conditions_on_one_field_both_hold(filled, first, second):
     both = Where(must={"f": first}) & Where(must={"f": second})

@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("keep_old", [False, True])
 def test_fit_and_probe_on_a_migrated_pair_say_what_they_need(rmq, models, image_folder, tmp_path, keep_old):

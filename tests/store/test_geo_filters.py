@@ -14,6 +14,8 @@ from rm_qdrant import ConfigError, DualIndex, create_pair
 from tests.conftest import OLD_DIM
 from tests.store.test_dual import linear_rm_with_dims, unit
 
+pytestmark = pytest.mark.slow
+
 N = 80
 GRID = np.random.default_rng(4).uniform(-10, 10, size=(N, 2))  # lon, lat in degrees
 

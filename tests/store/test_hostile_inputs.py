@@ -91,6 +91,7 @@ def _write(index, points, payload, others=None) -> None:
     index.upsert_vectors(points, vectors, payloads, other_vectors=others, **more)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", ["edge", "local"])
 def test_a_payload_nested_128_deep_leaves_the_team_collection_whole(kind, layout, tmp_path):
@@ -103,6 +104,7 @@ def test_a_payload_nested_128_deep_leaves_the_team_collection_whole(kind, layout
     still_works(store, kind, tmp_path).close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", ["edge", "local"])
 def test_a_hostile_input_writes_nothing_and_the_collection_still_opens(kind, layout, tmp_path):

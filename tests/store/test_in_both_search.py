@@ -102,6 +102,7 @@ def _reference(served, old, new, q_new, q_old, distance: str) -> list[tuple[int 
     return [(pid, side) for _, pid, side in sorted(scored)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("together", [False, True], ids=["one-after-the-other", "together"])
 @pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
 @pytest.mark.parametrize("distance", DISTANCES)

@@ -178,6 +178,7 @@ def test_a_stopped_run_ends_at_once_and_leaves_the_build_to_the_next(store, mode
     assert rest.unbuilt() == set() if isinstance(store, EdgeStore) else True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
 def test_rmq_migrate_optimize_every_refuses_what_is_not_seconds_or_end(rmq, models, image_folder, value):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)

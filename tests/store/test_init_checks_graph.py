@@ -14,6 +14,8 @@ from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, SPEC, make_image_folder
 from tests.store.test_fault_injection import rmq
 
+pytestmark = pytest.mark.slow
+
 
 def lying_graph(models, path, outputs):
     """The shared rm graph (new: NEW_DIM values, rev: OLD_DIM) with metadata that states ``outputs``."""

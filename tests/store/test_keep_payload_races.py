@@ -31,6 +31,8 @@ from rm_qdrant.store.vectors import OtherVector
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
 from tests.faults import Scripted, Step
 
+pytestmark = pytest.mark.slow
+
 TEXT = 3
 #: Store calls of one batch that a user's operation goes before (past the end: after the run).
 MOMENTS = 13

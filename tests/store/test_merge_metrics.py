@@ -27,6 +27,8 @@ from rm_qdrant.cli import cli
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import PIXELS, SPEC, make_image_folder
 
+pytestmark = pytest.mark.slow
+
 PER_CLASS = 20  # 60 images, 30 left in old at t = 0.5
 
 

@@ -230,6 +230,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("backend", ["edge", "memory"])
@@ -278,6 +279,7 @@ KILL_AFTER_DROP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_after_finalize_dropped_old_then_finalize_again(tmp_path, models):
     store_path = tmp_path / "q"
     images = make_image_folder(tmp_path / "g", per_class=10)
@@ -297,6 +299,7 @@ def test_sigkill_after_finalize_dropped_old_then_finalize_again(tmp_path, models
     assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output)["state"] == "finalized"
 
 
+@pytest.mark.slow
 def test_sigterm_acts_within_a_fetch_deadline_on_a_trickling_server(tmp_path, models, trickling_server):
     """Every image comes from a server that sends its headers a byte every 0.3 s, forever."""
     import signal
@@ -340,6 +343,7 @@ def test_sigterm_acts_within_a_fetch_deadline_on_a_trickling_server(tmp_path, mo
         )
 
 
+@pytest.mark.slow
 def test_credentials_in_uris_stay_out_of_every_output(tmp_path, models, closed_port):
     store_path = tmp_path / "q"
     images = make_image_folder(tmp_path / "g", per_class=10)

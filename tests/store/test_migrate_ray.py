@@ -39,6 +39,8 @@ from rm_qdrant.store import Where
 from tests.conftest import make_image_folder, one_error_line
 from tests.store.test_migrate_faults import nan_encoder
 
+pytestmark = pytest.mark.slow
+
 N = 30
 LAYOUTS = {
     "paired": {},

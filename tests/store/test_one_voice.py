@@ -21,6 +21,8 @@ from rm_qdrant.store import open_store
 from tests.store import test_eval_probe_ends as ends
 from tests.store import test_merge_metrics as crowded
 
+pytestmark = pytest.mark.slow
+
 pairs = ends.pairs  # the fixture: pairs 'rm' and 'naive', the images, the plain new model
 deployment = crowded.deployment  # naive pair 'p', raw vectors, new ten times longer, half migrated
 dot_only = pytest.mark.parametrize("deployment", ["dot"], indirect=True)  # old is crowded out under dot

@@ -23,6 +23,8 @@ from rm_qdrant.operations.cutover import finalize, rollback
 from rm_qdrant.store import Where
 from tests.conftest import OLD_DIM, make_image_folder
 
+pytestmark = pytest.mark.slow
+
 N = 30
 TEXT = 3
 

@@ -14,6 +14,8 @@ from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.operations.cutover import finalize, rollback
 from tests.conftest import NEW_DIM, OLD_DIM, make_image_folder
 
+pytestmark = pytest.mark.slow
+
 ADDED, MISSING = 10_000, 99_999
 LAYOUTS = {
     "paired": {},

@@ -102,6 +102,7 @@ def test_a_second_update_during_the_catch_up_wins(store, copies):
     assert (payload["tag"], payload["n"], source) == ("third", 2, "new")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["before the catch-up", "inside the catch-up"])
 def test_a_users_upsert_racing_the_catch_up_wins(store, copies, moment):
     _, items = copies

@@ -47,6 +47,7 @@ def nested_gallery(store, models, tmp_path):
     return items, payloads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["edge", "local"])
 def test_rmq_migrates_a_gallery_whose_image_address_is_nested(models, tmp_path, backend):
     folder = tmp_path / "q"

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rm_qdrant.pair.record import META_COLLECTION, PairRecord, _key, _put, load_pair
 from rm_qdrant.store import open_store
@@ -38,6 +39,7 @@ def _init_rm(rmq, tmp_path: Path, collection: str, *extra: object):
     return rmq(*args, "--old-encoder", tmp_path / "old.onnx", *extra, ok=False)
 
 
+@pytest.mark.slow
 def test_init_records_the_plain_new_model_and_eval_measures_old_and_new_without_it(rmq, pairs, tmp_path):
     images, new_model = pairs
     naive = _eval(rmq, "naive", images)
@@ -62,6 +64,7 @@ def test_init_records_the_plain_new_model_and_eval_measures_old_and_new_without_
     assert "recorded plain new model" in line and "--new-model PATH" in line
 
 
+@pytest.mark.slow
 def test_a_naive_pair_switched_to_an_rm_graph_records_the_model_it_served(rmq, pairs, tmp_path):
     images, _ = pairs
     naive = _eval(rmq, "naive", images)

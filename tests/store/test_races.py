@@ -52,6 +52,7 @@ def noop():
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "window",
     [
@@ -108,6 +109,7 @@ def test_a_hit_payload_written_back_is_the_users_not_a_migration_copy(store, gal
     assert "rmq_origin" not in store.retrieve("p-new", [moved.id])[0].payload
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_hammer_user_writes_during_a_migration_every_id_accounted_for(store, models, tmp_path, workers):
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=150))

@@ -74,6 +74,7 @@ def test_has_vector_counts_agree_with_reading_each_point(store):
         assert all_have_vector(store, "c", asked, "a") == (set(asked) <= set(ids))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("touched", [False, True])
 def test_a_paired_batch_reads_copies_back_only_where_old_changed(store, models, tmp_path, touched):
     """A batch nobody wrote to meanwhile is confirmed with a count: no vector comes back from new

@@ -145,6 +145,7 @@ def reference(gallery, query, keep, limit):
     return sorted(ids, key=lambda i: -float(gallery[i] @ query))[:limit]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_a_filter_gives_the_points_that_match_it_ranked_by_distance(index, case):
     index, gallery = index
@@ -211,6 +212,7 @@ def test_per_call_exact_and_hnsw_ef_give_the_exact_ranking(index):
     assert [h.id for h in hits] == ranked(gallery, Q)[:6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("options", "message"),
     [

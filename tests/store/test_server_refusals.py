@@ -154,6 +154,7 @@ def test_an_id_past_64_bits_is_one_line_that_names_it_on_both_stores(store, tmp_
 # -- the CLI ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -69,6 +69,7 @@ def test_init_full_scan_kb_gives_the_searched_vectors_that_threshold(edge, model
     assert edge.count("photos") == len(items)  # the shard reopened with every point
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acorn", [True, False])
 @pytest.mark.parametrize(
     ("layout", "own", "kb", "said"),

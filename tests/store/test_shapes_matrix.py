@@ -321,6 +321,7 @@ def cell(request) -> Cell:
     return request.param
 
 
+@pytest.mark.slow
 def test_every_step_serves_each_point_once_with_its_own_vectors_ranked_as_brute_force(
     cell, images, model_sets, tmp_path: Path, request
 ):

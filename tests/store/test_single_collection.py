@@ -187,6 +187,7 @@ def test_an_old_model_write_after_the_migration_read_is_migrated_again(store, ga
     assert again.moved == 1 and store.count("photos", HAS_NEW) == len(gallery)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_hammer_user_writes_during_a_migration_every_id_accounted_for(store, models, tmp_path, workers):
     items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=150))

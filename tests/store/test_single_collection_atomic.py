@@ -184,6 +184,7 @@ def user_write(kind, index, embeddings, targets, images):
         index.delete(targets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["upsert", "upsert_vectors", "keep_payload", "set_payload", "delete"])
 @pytest.mark.parametrize("backend", ["edge", "memory"])
 def test_a_write_killed_at_any_engine_write_leaves_every_point_served_right(
@@ -292,6 +293,7 @@ def old_model_writes(store, stale, embeddings, items, expected):
         expected.update(zip(targets, payloads, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_old", [False, True])
 @pytest.mark.parametrize("backend", ["edge", "memory"])
 def test_old_model_writes_between_any_two_finalize_calls_are_served_once_it_is_done(
@@ -326,6 +328,7 @@ def after_the_passes_before_the_record(drop_old: bool):
     return lambda name, args, kwargs: name == last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_old", [False, True])
 @pytest.mark.parametrize("backend", ["edge", "memory"])
 def test_finalize_killed_at_any_write_after_old_model_writes_is_completed_by_a_rerun(

@@ -24,6 +24,8 @@ from tests.faults import Crash, Scripted, crash, nth_write
 from tests.store.test_fault_injection import kill_once, rmq, schedule
 from tests.store.test_single_collection import make_pair
 
+pytestmark = pytest.mark.slow
+
 SCHEDULE = schedule(3)  # start-up, ranking, three moments among the batches
 HAS_NEW, LACKS_NEW = Where(has_vector=("new",)), Where(lacks_vector=("new",))
 

@@ -101,6 +101,7 @@ def test_a_rewrite_between_the_migration_read_and_write_is_embedded_from_its_new
     assert not any(k.startswith("rmq_") for r in store.scroll("photos", limit=100)[0] for k in r.payload)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["read-modify-write", "set_payload"])
 def test_a_rewrite_that_keeps_the_token_but_changes_the_image_is_embedded_again(store, gallery, models, how):
     """Code that reads the point, changes its image and writes the payload it read back (token
@@ -189,6 +190,7 @@ def test_finalize_refuses_a_point_it_cannot_embed_and_keeps_its_old_vector(store
     assert store.count("photos", LACKS_NEW) == 0 and search_finds(store, NEWCOMER, gallery[4].uri)
 
 
+@pytest.mark.slow
 def test_rmq_finalize_names_the_points_it_could_not_embed_in_one_line(tmp_path, models):
     """Through the command: a point left with no vector by a write between the count and the drop,
     whose image is missing, is reported (exit 1, one line) until its image is back."""

@@ -15,6 +15,8 @@ import pytest
 from rm_qdrant.store import open_store
 from tests.conftest import QuietHandler
 
+pytestmark = pytest.mark.slow
+
 SECRET = "s3cr3t-bearer-value"  # noqa: S105 - a test value
 
 

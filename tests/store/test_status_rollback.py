@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 
 def test_status_after_a_rollback_shows_no_estimate_of_a_merge(rmq, models, image_folder):
     rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)

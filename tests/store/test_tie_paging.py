@@ -184,6 +184,7 @@ def threshold_between(gallery: Gallery, q) -> float:
     return {"cosine": 1 - cut, "dot": -cut}.get(gallery.distance, cut)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("distance", "layout", "ids_kind"), CELLS)
 def test_pages_of_tied_points_are_the_reference_slices(store, encoders, distance, layout, ids_kind):
     gallery = Gallery(

@@ -14,6 +14,8 @@ from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
 from tests.store.test_failures import LAYOUTS
 
+pytestmark = pytest.mark.slow
+
 
 def deep(levels: int) -> dict:
     value: dict = {}

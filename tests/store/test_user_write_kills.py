@@ -28,6 +28,8 @@ from rm_qdrant.operations.cutover import rollback
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
 
+pytestmark = pytest.mark.slow
+
 N = 12
 ADDED = 10_000
 

@@ -29,6 +29,7 @@ def test_cases_cover_every_arch():
     assert {case[0] for case in CASES} == set(ARCHS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("arch", "stem", "size", "feature_dim"), CASES, ids=[f"{a}-{s}" for a, s, *_ in CASES]
 )
@@ -63,6 +64,7 @@ def test_one_models_classifier_scores_another_models_embeddings():
     assert all(p.grad is not None for p in new.trunk.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["small-cnn", "resnet18"])
 def test_a_few_sgd_steps_lower_the_loss_on_a_fixed_batch(arch):
     model = build_backbone(arch, num_classes=4, embed_dim=EMBED_DIM)

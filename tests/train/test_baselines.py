@@ -108,6 +108,7 @@ def test_ract_loss_matches_its_formula_and_falls_while_training():
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["bct", "ract"])
 def test_backward_compatible_methods_serve_old_vectors_until_migrated(world: World, method: str):
     cfg = config(world, f"runs/{method}.pt", backbone={**TINY, "embed_dim": 16})
@@ -148,6 +149,7 @@ def test_side_info_autoencoder_learns_without_labels(world: World):
     assert np.array_equal(side_embeddings(path, world.test, device="cpu"), side)  # served from the cache
 
 
+@pytest.mark.slow
 def test_fct_maps_the_whole_old_gallery_into_the_new_space(world: World):
     cfg = config(world, "runs/fct.pt", side="runs/side-fct.pt")
     assert not Path(cfg.side).exists()

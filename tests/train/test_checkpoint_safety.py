@@ -33,6 +33,7 @@ def _rmq(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [

@@ -102,6 +102,7 @@ BAD_HEADS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field,fields", BAD_HEADS.values(), ids=BAD_HEADS.keys())
 def test_heads_with_a_bad_field_are_one_line_on_export(good, tmp_path, field, fields):
     bad = edited(good["heads"], tmp_path / "bad_heads.pt", **fields)
@@ -224,6 +225,7 @@ def test_each_field_of_the_table_is_checked(good, tmp_path, kind, field, fields)
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_facts_that_fit_the_table_but_not_the_weights_allocate_nothing(good, tmp_path):
     # 65,536-d embeddings for 1,000,000 classes: 256 GB of classifier, were it built before the check.
     bad = edited(good["backbone"], tmp_path / "big.pt", embed_dim=1 << 16, classes=["c"] * 1_000_000)

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "cifar_table.py"
 ROWS = [
     "Old",

@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
 from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant.cli import cli
+
+pytestmark = pytest.mark.slow
 
 
 def rmq(cwd: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:

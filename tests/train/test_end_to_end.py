@@ -19,6 +19,8 @@ from rm_qdrant_train.config import BackboneConfig
 from rm_qdrant_train.data import load_image_folder, to_tensor
 from rm_qdrant_train.heads import load_heads
 
+pytestmark = pytest.mark.slow
+
 
 def rmq_train(*args):
     result = CliRunner().invoke(cli, ["train", *map(str, args)])

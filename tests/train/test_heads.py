@@ -24,6 +24,7 @@ def toy_embeddings(n=96, classes=4, seed=0):
     return new, old, labels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["rqt", "cl-s", "cl-m", "mcl"])
 @pytest.mark.parametrize("learn_rho", [True, False])
 def test_every_loss_falls_while_the_heads_train(loss, learn_rho):
@@ -97,6 +98,7 @@ def untrained_backbones(tiny_folder, tmp_path, monkeypatch):
     return tiny_folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("settings", "steps", "points"),
     [({"steps": 20}, 20, 10), ({"epochs": 2}, 6, 2)],  # the loss per tenth of the run, or per epoch

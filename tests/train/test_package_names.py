@@ -65,6 +65,7 @@ def run_side_by_side(runs: list[tuple[list[str], dict[str, str]]], cwd: Path) ->
     return done
 
 
+@pytest.mark.slow
 def test_training_commands_and_modules_ignore_the_users_train_py(project: Path):
     rmq = str(Path(sys.executable).with_name("rmq"))  # the console script pip installed
     here = dict(os.environ)

@@ -6,8 +6,11 @@ on the same held-out points."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rm_qdrant.core.calibration_check import alternatives_text, judge_map, other_maps
+
+pytestmark = pytest.mark.slow
 
 N, K = 120, 3
 

@@ -16,6 +16,8 @@ from rm_qdrant.core import forecast as fc
 from rm_qdrant.core.guard import guard
 from rm_qdrant.core.metrics import migrated_at
 
+pytestmark = pytest.mark.slow
+
 FRACTIONS = (0.0, 0.3, 0.7, 1.0)
 
 

@@ -48,6 +48,7 @@ def test_rows_run_from_old_to_new_with_gain_relative_to_both(world):
     assert new_row.curve.auc_map == pytest.approx(everywhere.curve.auc_map)
 
 
+@pytest.mark.slow
 def test_markdown_json_and_plot_carry_every_row(world, tmp_path):
     labels, new, old, order = world
     r_old, r_new = retrieval(old, old, labels), retrieval(new, new, labels)
