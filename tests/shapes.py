@@ -1,4 +1,4 @@
-"""Deployment shapes for the shapes matrix (tests/store/test_shapes_matrix.py): which cells
+"""Deployment shapes for the shapes matrix (tests/e2e/test_shapes_matrix.py): which cells
 run (:func:`design`), real ONNX graphs for each metric and scale, real PNG files, and a team's
 collection made with plain qdrant-edge or qdrant-client calls in each vector layout, with
 integer or UUID ids.

@@ -16,7 +16,7 @@ import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, load_pair, open_store
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
-from tests.store.test_metric_scale import N, build_team, l2_normalised, rmq
+from tests.models.test_metric_scale import N, build_team, l2_normalised, rmq
 
 pytestmark = pytest.mark.slow
 

@@ -248,7 +248,7 @@ def test_a_second_team_upgrades_with_rmq_alone_and_serves_from_python(tmp_path, 
         index.set_payload(
             {"on_sale": 1}, waiting
         )  # the service edits points the migration has yet to move (1, not True: the embedded
-        # store refuses true/false matches, tests/store/test_geo_filters.py)
+        # store refuses true/false matches, tests/serving/test_geo_filters.py)
         for point_id in waiting:
             by_id[point_id]["payload"]["on_sale"] = 1
         index.close()

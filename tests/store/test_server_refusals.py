@@ -21,7 +21,7 @@ from rm_qdrant.errors import ConfigError, InvalidFilter, InvalidPointId
 from rm_qdrant.store import Where
 from rm_qdrant.store.bounds import MAX_FILTER_DEPTH
 from tests.conftest import OLD_DIM, one_error_line
-from tests.store.hostile import LAYOUTS, N, build, ids
+from tests.serving.hostile import LAYOUTS, N, build, ids
 
 Q = np.ones(OLD_DIM, np.float32)
 

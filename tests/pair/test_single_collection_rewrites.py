@@ -27,9 +27,9 @@ from rm_qdrant.serving.status import pair_status
 from rm_qdrant.store import Where
 from tests.conftest import OLD_DIM, make_image_folder
 from tests.faults import Scripted
-from tests.store.test_fault_injection import rmq
-from tests.store.test_single_collection import make_pair, user_vector
-from tests.store.test_single_collection_faults import build
+from tests.migration.test_fault_injection import rmq
+from tests.pair.test_single_collection import make_pair, user_vector
+from tests.pair.test_single_collection_faults import build
 
 HAS_NEW, LACKS_NEW = Where(has_vector=("new",)), Where(lacks_vector=("new",))
 NEWCOMER = 10_001  # an id the application adds while the cutover runs

@@ -18,7 +18,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from tests.conftest import make_image_folder
-from tests.store.test_fault_injection import rmq
+from tests.migration.test_fault_injection import rmq
 
 pytestmark = pytest.mark.slow
 

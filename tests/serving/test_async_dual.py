@@ -9,7 +9,7 @@ import pytest
 
 from rm_qdrant import AsyncDualIndex, ConfigError, DualIndex, create_pair
 from tests.conftest import OLD_DIM
-from tests.store.test_dual import linear_rm_with_dims, unit
+from tests.serving.test_dual import linear_rm_with_dims, unit
 
 N = 60
 

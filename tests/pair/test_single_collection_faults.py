@@ -21,8 +21,8 @@ from rm_qdrant.operations.cutover import finalize
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
-from tests.store.test_fault_injection import kill_once, rmq, schedule
-from tests.store.test_single_collection import make_pair
+from tests.migration.test_fault_injection import kill_once, rmq, schedule
+from tests.pair.test_single_collection import make_pair
 
 pytestmark = pytest.mark.slow
 

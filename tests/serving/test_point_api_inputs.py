@@ -20,7 +20,7 @@ from rm_qdrant import ConfigError, DualIndex, StoreError
 from rm_qdrant.core.planning import MOVING, new_payload
 from rm_qdrant.errors import InvalidPayload
 from tests.conftest import OLD_DIM
-from tests.store.test_in_both_search import N, _build
+from tests.serving.test_in_both_search import N, _build
 
 LAYOUTS = pytest.mark.parametrize("keep_old", [False, True], ids=["paired", "keep-old"])
 

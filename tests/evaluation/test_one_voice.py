@@ -2,8 +2,8 @@
 ``status`` warns when one half is crowded out of the merged top k, and a refused ``calibrate``
 names the map the guard would take.
 
-The pairs are :mod:`tests.store.test_eval_probe_ends`'s (a naive pair and an rm pair over the
-same small gallery), and :mod:`tests.store.test_merge_metrics`'s dot-product pair, half migrated,
+The pairs are :mod:`tests.evaluation.test_eval_probe_ends`'s (a naive pair and an rm pair over the
+same small gallery), and :mod:`tests.evaluation.test_merge_metrics`'s dot-product pair, half migrated,
 whose new vectors are ten times longer: old hits never reach the merged top k.
 """
 
@@ -18,8 +18,8 @@ from rm_qdrant.evaluation.probe import draw_sample
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.pair.record import load_pair
 from rm_qdrant.store import open_store
-from tests.store import test_eval_probe_ends as ends
-from tests.store import test_merge_metrics as crowded
+from tests.evaluation import test_eval_probe_ends as ends
+from tests.evaluation import test_merge_metrics as crowded
 
 pytestmark = pytest.mark.slow
 

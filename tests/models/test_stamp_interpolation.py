@@ -17,7 +17,7 @@ from rm_qdrant import ConfigError, EncoderError, OnnxEncoder, open_store
 from rm_qdrant.cli import cli
 from rm_qdrant.core.modelinfo import METADATA_KEY
 from rm_qdrant.models.stamp import stamp_model
-from tests.store import test_stamp as plain
+from tests.models import test_stamp as plain
 
 FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 ALLOWED = "nearest, bilinear, bicubic, lanczos, box, hamming"

@@ -90,7 +90,7 @@ def test_a_low_threshold_on_a_single_collection_pairs_old_vector_warns_without_a
     """The old vector's filtered search walks its graph under a low threshold and loses recall
     late in a backfill (benchmarks/results/single_collection_share-kb1000.md) unless it searches
     with ACORN, as the embedded store and servers from Qdrant 1.16 on do
-    (tests/store/test_old_side_acorn.py). Without it (``acorn`` False: what an older server
+    (tests/serving/test_old_side_acorn.py). Without it (``acorn`` False: what an older server
     says), init says so, whether the threshold is init's ``--full-scan-kb`` or the team's own."""
     monkeypatch.setattr(type(edge), "capabilities", replace(edge.capabilities, filtered_recall=acorn))
     index_images(edge, "photos", OnnxEncoder(models.old), items)

@@ -12,7 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant import ConfigError, DualIndex, create_pair
 from tests.conftest import OLD_DIM
-from tests.store.test_dual import linear_rm_with_dims, unit
+from tests.serving.test_dual import linear_rm_with_dims, unit
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """A pair records its plain new model (issue 28), so ``rmq eval`` and ``rmq probe`` on an rm pair
 measure Old and New without ``--new-model``.
 
-The models and galleries are :mod:`tests.store.test_eval_probe_ends`'s: an rm graph whose ends are
+The models and galleries are :mod:`tests.evaluation.test_eval_probe_ends`'s: an rm graph whose ends are
 neither Old nor New, and the naive pair of the same images, whose ends are.
 """
 
@@ -17,7 +17,7 @@ from rm_qdrant.pair.record import META_COLLECTION, PairRecord, _key, _put, load_
 from rm_qdrant.store import open_store
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC, one_error_line
-from tests.store import test_eval_probe_ends as ends
+from tests.evaluation import test_eval_probe_ends as ends
 
 pairs = ends.pairs  # the fixture: pairs 'rm' and 'naive', the images, the plain new model
 _eval = ends._eval

@@ -16,7 +16,7 @@ from qdrant_client import models
 
 from rm_qdrant import ConfigError, DualIndex, create_pair
 from tests.conftest import OLD_DIM
-from tests.store.test_dual import linear_rm_with_dims, unit
+from tests.serving.test_dual import linear_rm_with_dims, unit
 
 N = 120
 START = datetime(2025, 1, 1, tzinfo=UTC)

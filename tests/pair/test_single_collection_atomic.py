@@ -33,7 +33,7 @@ from rm_qdrant.operations.cutover import finalize
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
-from tests.store.test_single_collection import make_pair
+from tests.pair.test_single_collection import make_pair
 
 LACKS_NEW = Where(lacks_vector=("new",))
 ADDED, ADDED_TOO = 10_001, 10_002  # ids an application adds

@@ -14,7 +14,7 @@ from qdrant_client import models as qm
 
 from rm_qdrant import DualIndex, create_pair, open_store
 from tests.conftest import OLD_DIM
-from tests.store.test_dual import linear_rm_with_dims, unit
+from tests.serving.test_dual import linear_rm_with_dims, unit
 
 N = 40
 TITLES = ["Red shirt", "red shirt", "Blue Red cap", "blue cap"]

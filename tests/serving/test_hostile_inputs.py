@@ -20,7 +20,7 @@ from qdrant_client import models
 from rm_qdrant import DualIndex
 from rm_qdrant.errors import ConfigError, InvalidPayload, InvalidPointId, RmqError
 from tests.conftest import OLD_DIM
-from tests.store.hostile import LAYOUTS, build, ids, reopen, snapshot, still_works
+from tests.serving.hostile import LAYOUTS, build, ids, reopen, snapshot, still_works
 
 
 def deep(levels: int) -> dict:

@@ -11,8 +11,8 @@ from rm_qdrant import OnnxEncoder, open_store
 from rm_qdrant.cli import cli
 from rm_qdrant.store.tuning import edge_thresholds
 from tests.conftest import OLD_DIM, one_error_line
-from tests.store import test_eval_probe_ends as ends
-from tests.store.test_adopt import team_rows
+from tests.evaluation import test_eval_probe_ends as ends
+from tests.operations.test_adopt import team_rows
 
 pairs = ends.pairs  # the fixture: pairs 'rm' and 'naive' over the same images, the plain new model
 

@@ -37,7 +37,7 @@ from rm_qdrant.errors import ConfigError
 from rm_qdrant.migration.migrate import MigrateOptions, MigrationReport, run_migration
 from rm_qdrant.store import Where
 from tests.conftest import make_image_folder, one_error_line
-from tests.store.test_migrate_faults import nan_encoder
+from tests.migration.test_migrate_faults import nan_encoder
 
 pytestmark = pytest.mark.slow
 

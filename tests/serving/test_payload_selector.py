@@ -15,7 +15,7 @@ from qdrant_client import QdrantClient, models
 
 from rm_qdrant import DualIndex, create_pair
 from tests.conftest import OLD_DIM
-from tests.store.test_in_both_search import _encoders
+from tests.serving.test_in_both_search import _encoders
 
 N = 40
 PATHS = [

@@ -30,7 +30,7 @@ from rm_qdrant.operations.drop import drop_pair
 from rm_qdrant.pair.record import META_COLLECTION, list_pairs
 from tests.conftest import make_image_folder
 from tests.faults import Crash, Scripted, crash, nth_write
-from tests.store.test_fault_injection import rmq
+from tests.migration.test_fault_injection import rmq
 
 pytestmark = pytest.mark.slow
 

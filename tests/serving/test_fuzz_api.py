@@ -24,13 +24,13 @@ import pytest
 from rm_qdrant import DualIndex
 from rm_qdrant.errors import RmqError
 from tests.conftest import OLD_DIM
-from tests.store.fuzz_inputs import Inputs
-from tests.store.hostile import LAYOUTS, build, reopen, snapshot, still_works
+from tests.serving.fuzz_inputs import Inputs
+from tests.serving.hostile import LAYOUTS, build, reopen, snapshot, still_works
 
 pytestmark = pytest.mark.slow
 
 #: Calls a store and layout (both stores, three layouts: a few seconds on 2 cores); more, and
-#: other seeds, for a longer hunt: RMQ_FUZZ_CASES=2000 RMQ_FUZZ_SEED=7 pytest tests/store/test_fuzz_api.py
+#: other seeds, for a longer hunt: RMQ_FUZZ_CASES=2000 RMQ_FUZZ_SEED=7 pytest tests/serving/test_fuzz_api.py
 CASES = int(os.environ.get("RMQ_FUZZ_CASES", "150"))
 SEED = int(os.environ.get("RMQ_FUZZ_SEED", "0"))
 CALLS = ("search_vectors", "search_batch", "upsert_vectors", "set_payload", "delete", "retrieve", "count")

@@ -19,7 +19,7 @@ from rm_qdrant import ConfigError, DualIndex, create_pair
 from rm_qdrant.store.client import ClientStore
 from rm_qdrant.store.client_query import merged_requests, query_options
 from rm_qdrant.store.edge import EdgeStore
-from tests.store.test_dual import linear_rm_with_dims, unit
+from tests.serving.test_dual import linear_rm_with_dims, unit
 
 N, DIM = 300, 16
 Q = unit(3, DIM, 11)

@@ -13,7 +13,7 @@ from rm_qdrant import DualIndex, create_pair, open_store
 from rm_qdrant.store import Store
 from rm_qdrant.store.client import ClientStore
 from tests.conftest import OLD_DIM
-from tests.store.test_in_both_search import _encoders
+from tests.serving.test_in_both_search import _encoders
 
 LAYOUTS = ("paired", "keep-old", "single")
 N = 12

@@ -12,7 +12,7 @@ from rm_qdrant.operations.failures import finalize_dropping_failed, iter_failure
 from rm_qdrant.store import Store
 from rm_qdrant.store.edge import EdgeStore
 from tests.conftest import make_image_folder
-from tests.store.test_failures import LAYOUTS
+from tests.operations.test_failures import LAYOUTS
 
 pytestmark = pytest.mark.slow
 

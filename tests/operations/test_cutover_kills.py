@@ -17,7 +17,7 @@ from rm_qdrant import DualIndex, load_pair
 from rm_qdrant.operations.cutover import rollback
 from rm_qdrant.serving.status import pair_status
 from tests.faults import Crash, Scripted, crash, nth_write
-from tests.store.test_in_both_search import N, _build
+from tests.serving.test_in_both_search import N, _build
 
 pytestmark = pytest.mark.slow
 

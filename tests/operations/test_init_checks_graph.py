@@ -12,7 +12,7 @@ from rm_qdrant.core.modelinfo import ModelInfo
 from rm_qdrant.pair.record import META_COLLECTION
 from rm_qdrant_exporters.linear import linear_encoder
 from tests.conftest import NEW_DIM, OLD_DIM, SPEC, make_image_folder
-from tests.store.test_fault_injection import rmq
+from tests.migration.test_fault_injection import rmq
 
 pytestmark = pytest.mark.slow
 
