@@ -33,12 +33,18 @@ class CalibrationReport:
     :meth:`as_dict`). A refused map's report is ``Refused.report``.
 
     Attributes:
-        pair, k, distance: as asked, and the pair's metric.
-        sample, unreadable, sample_key: points re-embedded, images that could not be read, and a
-            digest of the sample (the same key, seed and map in use: the same verdict).
+        pair: the pair's name.
+        sample: points re-embedded (unreadable ones left out).
+        sample_key: a digest of the sample: the same key, seed and map in use give the same
+            verdict.
         judged_on: what the verdict was judged on, in one line.
-        fitted_on, held_out: the split.
-        knots: the map's knots; mapping: the map (``isotonic`` or ``quantile``).
+        unreadable: sampled points whose image could not be read.
+        fitted_on: points the map was fitted on.
+        held_out: points held out to judge it.
+        k: neighbours compared.
+        knots: the map's knots.
+        distance: the pair's metric.
+        mapping: the map, ``isotonic`` or ``quantile``.
         forecasts: the plain merge's curve, the calibrated one, and the map in use's (if any).
         guard: the label-free guard's verdict on the map.
         refused: why the map is not kept on its merits (None: it passes).
@@ -127,8 +133,10 @@ def calibrate(
     raised, its ``report`` naming the map that would be kept, if one would.
 
     Args:
-        sample: points to sample (at least 8); holdout: the share kept out of the fit (0 to 0.5).
-        k: neighbours compared; seed: of the sample and the split.
+        sample: points to sample (at least 8).
+        holdout: the share of the sample kept out of the fit, in (0, 0.5].
+        k: neighbours compared.
+        seed: of the sample and the split.
         mapping: ``isotonic``, ``quantile``, or ``auto`` (isotonic for cosine, else quantile).
         force: keep the map even when it forecasts worse than the plain merge or the guard
             refuses it.

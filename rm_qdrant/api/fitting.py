@@ -62,21 +62,34 @@ class FitReport:
     is :meth:`as_dict`). A refused fit's report (``Refused.report``) has ``instead`` and no ``out``.
 
     Attributes:
-        pair, loss, k, seed, threads: as asked (``loss``: the one that ran, ``auto`` resolved).
-        sample, unreadable, sample_key: points embedded, images that could not be read, and a
-            digest of the sample (the same key, seed, threads and baseline: the same verdict).
+        pair: the pair's name.
+        loss: the loss that ran (``auto`` resolved).
+        sample: points embedded (unreadable ones left out).
+        sample_key: a digest of the sample: the same key, seed, threads and baseline give the
+            same verdict.
         judged_on: what the verdict was judged on, in one line.
-        trained_on, held_out, train_seconds: the split, and the training's time.
+        unreadable: sampled points whose image could not be read.
+        trained_on: pairs the heads were trained on.
+        held_out: points held out to judge them.
+        train_seconds: the training's time.
         learned_rho: whether ρ was learned (then the graph's ``new`` differs from the vectors
             already in new: serve it in a new pair, not by :func:`switch_encoder`).
+        k: neighbours compared.
+        seed: of the sample, the split and the training.
+        threads: PyTorch's threads.
         forecasts: the naive and the fitted curves on the held-out points.
-        better_than_naive, measure, decided_by: the verdict, why, and by what (``labels`` or
-            ``guard``); ``labels_from`` names the payload field that judged, if any.
-        guard, labelled: the label-free and the labelled guards' verdicts (None: not run).
-        recipe, selection: the recipe that made the heads (label-free: the winning candidate),
-            and ``winner``, ``why`` and every candidate's evidence.
+        better_than_naive: the verdict.
+        measure: why, in one clause.
+        decided_by: ``labels`` or ``guard``.
+        labels_from: the payload field whose labels judged (None: no labels).
+        guard: the label-free guard's verdict (None: labels decided).
+        labelled: the labelled guard's verdict (None: no labels).
+        recipe: the recipe that made the heads (label-free: the winning candidate).
+        selection: ``winner``, ``why`` and every candidate's evidence (label-free).
         instead: a refused fit's alternatives, cheapest first: ``option``, ``passes``, ``why``.
-        out, parity, seconds: the graph written, ONNX Runtime against PyTorch, and the time in all.
+        out: the graph written (None: refused).
+        parity: ONNX Runtime against PyTorch on the written graph.
+        seconds: the time in all.
         new_holds_points: whether the pair's new half held points when the graph was written.
     """
 
@@ -174,13 +187,17 @@ def fit(
     Args:
         backbone: the team's new model (.onnx), described by ``rmq model stamp``.
         out: where the fitted graph goes (its folder must exist).
-        sample: points to sample (at least 8); holdout: the share kept out of the fit (0 to 0.5).
-        k: neighbours compared; seed: of the sample, the split and the training.
+        sample: points to sample (at least 8).
+        holdout: the share of the sample kept out of the fit, in (0, 0.5].
+        k: neighbours compared.
+        seed: of the sample, the split and the training.
         label_field: payload field with a class label (``meta.dept``: nested): trains MCL + ρ.
         loss: ``auto`` (mcl with labels, else label-free), ``mcl``, ``label-free``, ``rqt`` or
             ``procrustes`` (the last two fit ψ alone; procrustes in closed form, in seconds).
-        steps, epochs, lr, batch: optimizer steps (default 2000) or passes over the training
-            part, Adam's learning rate (1e-3), pairs per step (256).
+        steps: optimizer steps (default 2000).
+        epochs: or passes over the training part of the sample.
+        lr: Adam's learning rate (default 1e-3).
+        batch: pairs per step (default 256).
         force: write the graph even when it forecasts worse than the naive merge.
         threads: PyTorch's threads (default: OMP_NUM_THREADS, else 1); set for the process.
         source: how images are fetched (default: the settings the pair recorded).
