@@ -22,8 +22,9 @@ Long calls report progress to an ``on_step`` callback (:class:`Step`).
 ========================  ==========================================================
 
 ``rmq search``, ``pairs`` and ``drop-pair`` were library calls already:
-:meth:`DualIndex.search <rm_qdrant.DualIndex.search>`, :func:`~rm_qdrant.pair.record.list_pairs`
-and :func:`~rm_qdrant.operations.drop.drop_pair`.
+:meth:`DualIndex.search <rm_qdrant.DualIndex.search>`, :func:`~rm_qdrant.list_pairs` and
+:func:`~rm_qdrant.drop_pair`. ``rmq model`` (ONNX files, not a pair) and the training commands
+(``train``, ``export``, ``demo``: ``rm_qdrant_train``'s own library) stay command-line only.
 """
 
 from __future__ import annotations
