@@ -30,7 +30,7 @@ from benchmarks import fit_table as ft  # noqa: E402
 from benchmarks.cifar import ROOT  # noqa: E402
 from benchmarks.cifar_table import machine  # noqa: E402
 from rm_qdrant import load_pair, open_store, scan_image_folder  # noqa: E402
-from rm_qdrant.cli.probe import sample_with_progress  # noqa: E402
+from rm_qdrant.api.common import draw_with_steps  # noqa: E402
 from rm_qdrant.core import calibration as quant  # noqa: E402
 from rm_qdrant.core.forecast import compare_calibrated, holdout_split  # noqa: E402
 from rm_qdrant.core.metrics import area, gain  # noqa: E402
@@ -117,8 +117,8 @@ def main() -> None:
         # same held-out rows.
         t = time.perf_counter()
         index = DualIndex.open(opened, "team")
-        sample = sample_with_progress(
-            opened, pair, index.encoder, args.sample, seed=0, source=SourceConfig(), hidden=True
+        sample = draw_with_steps(
+            opened, pair, index.encoder, args.sample, seed=0, source=SourceConfig(), on_step=None
         )
         wall["in-process sample"] = time.perf_counter() - t
     fit_idx, held_idx = holdout_split(len(sample.ids), 0.1, 0, k=10)

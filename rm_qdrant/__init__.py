@@ -6,7 +6,32 @@ searches both and the hits are merged by distance.
 
 from __future__ import annotations
 
-from rm_qdrant.api import migrate, optimize
+from rm_qdrant.api import (
+    CalibrationReport,
+    EvalReport,
+    FinalizeReport,
+    FitReport,
+    IndexSummary,
+    InitReport,
+    ProbeReport,
+    StatusReport,
+    Step,
+    SwitchReport,
+    calibrate,
+    clear_calibration,
+    evaluate,
+    failures,
+    finalize,
+    fit,
+    index,
+    init,
+    migrate,
+    optimize,
+    probe,
+    rollback,
+    status,
+    switch_encoder,
+)
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
 from rm_qdrant.errors import (
@@ -33,13 +58,16 @@ from rm_qdrant.errors import (
 from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.create import create_pair
+from rm_qdrant.operations.drop import Dropped, drop_pair
+from rm_qdrant.operations.failures import FailedPoint
 from rm_qdrant.operations.indexing import ImageItem, IndexReport, index_images, scan_image_folder
 from rm_qdrant.pair.outcome import BatchResult, MigrateOptions, MigrationReport
-from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.pair.record import PairRecord, list_pairs, load_pair
 from rm_qdrant.serving.async_dual import AsyncDualIndex
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.serving.pair_points import PairPoint
 from rm_qdrant.serving.status import PairStatus, pair_status
+from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store, open_store
 
 __version__ = "0.1.0"
@@ -48,16 +76,24 @@ __all__ = [
     "AddressRefused",
     "AsyncDualIndex",
     "BatchResult",
+    "CalibrationReport",
     "CollectionNotFound",
     "ConfigError",
     "DimensionMismatch",
+    "Dropped",
     "DualIndex",
     "EncoderError",
+    "EvalReport",
     "ExportError",
+    "FailedPoint",
+    "FinalizeReport",
+    "FitReport",
     "Hit",
     "ImageError",
     "ImageItem",
     "IndexReport",
+    "IndexSummary",
+    "InitReport",
     "InputSpec",
     "InvalidFilter",
     "InvalidPayload",
@@ -70,24 +106,43 @@ __all__ = [
     "PairPoint",
     "PairRecord",
     "PairStatus",
+    "ProbeReport",
     "RayOptions",
     "Refused",
     "RmqError",
+    "SourceConfig",
     "SourceError",
+    "StatusReport",
+    "Step",
     "Store",
     "StoreError",
     "StoreLocked",
+    "SwitchReport",
     "TooLarge",
     "Unresolvable",
     "Unsupported",
+    "calibrate",
+    "clear_calibration",
     "create_pair",
+    "drop_pair",
+    "evaluate",
+    "failures",
+    "finalize",
+    "fit",
+    "index",
     "index_images",
+    "init",
+    "list_pairs",
     "load_pair",
     "merge",
     "migrate",
     "open_store",
     "optimize",
     "pair_status",
+    "probe",
+    "rollback",
     "scan_image_folder",
     "score_to_distance",
+    "status",
+    "switch_encoder",
 ]

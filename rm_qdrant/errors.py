@@ -16,11 +16,15 @@ class Refused(ConfigError):
 
     Attributes:
         measured: what the check measured (a dataclass), for a report of the refusal.
+        report: the refused call's whole report, where it has one (:func:`rm_qdrant.fit`'s
+            :class:`~rm_qdrant.api.fitting.FitReport`, :func:`rm_qdrant.calibrate`'s
+            :class:`~rm_qdrant.api.calibrating.CalibrationReport`); None otherwise.
     """
 
-    def __init__(self, message: str, *, measured: object | None = None) -> None:
+    def __init__(self, message: str, *, measured: object | None = None, report: object | None = None) -> None:
         super().__init__(message)
         self.measured = measured
+        self.report = report
 
 
 class StoreError(RmqError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import math
 import os
 from typing import Any
@@ -14,7 +13,7 @@ import click
 import yaml
 
 from rm_qdrant.caches import CACHE_ENV
-from rm_qdrant.cli.threads import apply_threads, choose_threads, threads_option
+from rm_qdrant.cli.threads import apply_threads, choose_threads, show_progress, threads_option
 from rm_qdrant.core.modelinfo import parse_floats
 from rm_qdrant_train.config import AdapterConfig, BackboneConfig, HeadsConfig, load_config
 
@@ -28,20 +27,6 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
             raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--set")
         values[key.replace("-", "_")] = yaml.safe_load(value)
     return values
-
-
-def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
-    """Log the training's progress (epochs, caches, parity checks) unless asked to be quiet.
-
-    ``rmq`` sets up logging at WARNING; training's own loggers are raised to INFO here, so
-    a long step is never silent by default.
-    """
-    root = click.get_current_context().find_root().obj or {}
-    level = logging.WARNING if quiet or root.get("quiet") else logging.DEBUG if verbose else logging.INFO
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
-    for name in ("rm_qdrant_train", "rm_qdrant_exporters"):
-        logging.getLogger(name).setLevel(level)
 
 
 def progress_options(command: Any) -> Any:

@@ -15,7 +15,7 @@ The default therefore gives each core that is not already busy one thread:
 ``cores − round(1-minute load average)``, at least 1 and at most 4. The load average
 lags a load that has just started by up to a minute. ``OMP_NUM_THREADS``, when set to a
 whole number ≥ 1, wins over that guess; ``--threads N`` wins over both; a command may fix
-its own default instead (``rmq fit``: 1, see ``rm_qdrant.cli.fit.FIT_THREADS``).
+its own default instead (``rmq fit``: 1, see ``rm_qdrant.api.fitting.FIT_THREADS``).
 """
 
 from __future__ import annotations

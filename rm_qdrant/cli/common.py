@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from rm_qdrant.api.common import Step
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import Refused, RmqError
 from rm_qdrant.sources.settings import (
@@ -249,6 +250,48 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+
+class Steps:
+    """A library call's ``on_step`` as ``rmq`` shows it: a :class:`Progress` bar per counted step,
+    each uncounted step's line on stderr; nothing when hidden (``rmq -q``, ``--json``).
+
+    Thread-safe. Leaving the ``with`` block closes a bar a failed call left open.
+    """
+
+    def __init__(self, *, hidden: bool) -> None:
+        self.hidden = hidden
+        self._bar: Progress | None = None
+        self._shown = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, step: Step) -> None:
+        with self._lock:
+            if step.total is None:
+                if not self.hidden:
+                    click.echo(step.label, err=True)
+                return
+            if self._bar is None or (step.done == 0 and not step.finished):
+                self._close()
+                self._bar = Progress(step.label, hidden=self.hidden, unit=step.unit)
+                self._bar.start(step.total)
+                self._shown = 0
+            self._bar.advance(step.done - self._shown)
+            self._shown = step.done
+            if step.finished:
+                self._close()
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._close()
 
 
 def holdout_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
+from rm_qdrant.api.evaluating import FRACTIONS, evaluate, summary
 from rm_qdrant.cli.common import (
-    Progress,
+    Steps,
     emit,
     json_option,
     name_option,
@@ -21,65 +21,12 @@ from rm_qdrant.cli.common import (
     quiet,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.metrics import area
-from rm_qdrant.core.ordering import ORDERS, check_order
-from rm_qdrant.errors import ConfigError
-from rm_qdrant.evaluation.baseline import (
-    NO_PLAIN,
-    Ends,
-    NaiveCurve,
-    ends_of_curve,
-    measure_naive,
-    plain_new_model,
-)
+from rm_qdrant.core.ordering import ORDERS
+from rm_qdrant.evaluation.baseline import NaiveCurve
 from rm_qdrant.evaluation.evaluate import ServedPoint, evaluate_served
-from rm_qdrant.evaluation.sandbox import sandbox
-from rm_qdrant.migration.migrate import MigrateOptions
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.operations.indexing import ImageItem, scan_image_folder
-from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import PairRecord, load_pair
-from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.store import Store
 
-
-def summary(points: list[ServedPoint], ends: Ends | None = None) -> dict[str, Any]:
-    """AUC_mAP and AUC_CMC over the measured fractions; the paper's Gain, (AUC − Old) / (New − Old),
-    against ``ends`` (Old: the old model alone, New: the plain new model alone; None where unknown);
-    and the curve's shape, the same ratio against the pair's own t = 0 and t = 1 points."""
-    ts = [p.t for p in points]
-    result: dict[str, Any] = {
-        "auc_map": None,
-        "auc_cmc": None,
-        "gain_map": None,
-        "gain_cmc": None,
-        "old_map": None,
-        "old_top1": None,
-        "new_map": None,
-        "new_top1": None,
-        "gain_note": None if ends is None else ends.missing,
-        "shape_map": None,
-        "shape_cmc": None,
-    }
-    if ends is not None:
-        for side, point in (("old", ends.old), ("new", ends.new)):
-            if point is not None:
-                result[f"{side}_map"], result[f"{side}_top1"] = point.map, point.top1
-    if len(points) < 2 or ts[0] != 0.0 or ts[-1] != 1.0:
-        return result  # an area over [0, 1] needs both ends
-    for key, top in (("map", "map"), ("cmc", "top1")):
-        values = [getattr(p, top) for p in points]
-        auc = area(values, ts)
-        result[f"auc_{key}"] = auc
-        result[f"shape_{key}"] = _ratio(auc, values[0], values[-1])
-        if result[f"old_{top}"] is not None and result[f"new_{top}"] is not None:
-            result[f"gain_{key}"] = _ratio(auc, result[f"old_{top}"], result[f"new_{top}"])
-    return result
-
-
-def _ratio(auc: float, start: float, end: float) -> float | None:
-    return (auc - start) / (end - start) if end != start else None
+__all__ = ["eval_command", "summary"]  # summary: the pure totals, where tests have always found them
 
 
 class _Terminated(BaseException):
@@ -110,16 +57,6 @@ def _sigterm_stops(name: str, in_place: bool) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
-def _copy(store: Store, pair: PairRecord, silent: bool) -> Iterator[Store]:
-    """The pair copied into a temporary embedded store (a progress bar meanwhile), removed afterwards."""
-    with contextlib.ExitStack() as stack:
-        with Progress("copying the pair", hidden=silent, unit="points") as bar:
-            bar.start(layout_of(pair).stored_points(store))
-            copy, _ = stack.enter_context(sandbox(store, pair, on_points=bar.advance))
-        yield copy
-
-
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
@@ -135,7 +72,7 @@ def _percent(value: float | None) -> str:
 @click.option(
     "--at",
     "fractions",
-    default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+    default=FRACTIONS,
     show_default=True,
     help="Backfill fractions to measure at.",
 )
@@ -181,115 +118,45 @@ def eval_command(
     pair on another copy at the same fractions: that naive curve is printed beside the pair's,
     and its t = 0 and t = 1 points are Old and New.
     """
-    try:
-        points = sorted(float(t) for t in fractions.split(","))
-    except ValueError:
-        raise ConfigError(f"bad --at {fractions!r}: expected fractions like 0,0.5,1") from None
-    if not points or not all(0.0 <= t <= 1.0 for t in points):
-        raise ConfigError(f"bad --at {fractions!r}: fractions lie in [0, 1]")
-    items = scan_image_folder(queries)
     store = open_cli_store(ctx)
-    pair = load_pair(store, name)
-    if pair.state != "backfilling":
-        raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to measure")
-    options = MigrateOptions(batch=batch, order=check_order(order) if order else None, source=source)
     silent = quiet(ctx)
-    plain = plain_new_model(pair, new_model)
 
-    def show(point: ServedPoint, curve: str = "") -> None:
+    def show(curve: str, point: ServedPoint) -> None:
         if not silent:
             click.echo(
-                f"{curve}t={point.t:<4} in new {point.fraction:6.1%}   mAP {100 * point.map:5.1f}   "
-                f"top-1 {100 * point.top1:5.1f}",
+                f"{'naive ' if curve == 'naive' else ''}t={point.t:<4} in new {point.fraction:6.1%}   "
+                f"mAP {100 * point.map:5.1f}   top-1 {100 * point.top1:5.1f}",
                 err=as_json,  # with --json, stdout is for the JSON
             )
 
-    naive = None  # a naive pair's curve is the naive curve
-    if pair.mode != "naive":  # measured before the curve: --in-place moves the pair
-        naive = _rm_naive(
+    with _sigterm_stops(name, in_place), Steps(hidden=silent) as steps:
+        report = evaluate(
             store,
-            pair,
-            items,
-            plain,
-            points,
-            options=options,
+            name,
+            queries,
+            at=fractions,
+            order=order,
             k=k,
+            batch=batch,
             exact=exact,
-            silent=silent,
-            on_point=lambda p: show(p, "naive "),
+            in_place=in_place,
+            new_model=new_model,
+            source=source,
+            on_point=show,
+            on_step=steps,
+            on_copied=store.close,  # measured on the copy: other commands may open the live store meanwhile
+            _measure=evaluate_served,  # this module's name: a test holds the measure through it
         )
-
-    def measure(index: DualIndex) -> list[ServedPoint]:
-        if index.progress() > points[0] and not silent:
-            click.echo(f"note: {index.progress():.1%} of the gallery is already in new", err=True)
-        return evaluate_served(index, items, points, options=options, k=k, on_point=show)
-
-    with _sigterm_stops(name, in_place), contextlib.ExitStack() as stack:
-        target = store
-        if not in_place:
-            target = stack.enter_context(_copy(store, pair, silent))
-            store.close()  # measured on the copy: other commands may open the live store meanwhile
-        results = measure(DualIndex.open(target, name, exact=exact))
-    totals = summary(results, naive.ends() if naive is not None else ends_of_curve(pair, results))
+    results, totals, naive = list(report.points), report.totals, report.naive
     text = "\n".join(
         [
-            *(_naive_lines(results, naive, plain is not None) if naive is not None else []),
+            *(_naive_lines(results, naive, report.plain_new_model) if naive is not None else []),
             f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}"
             + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved"),
             *_gain_lines(totals),
         ]
     )
-    data = {"points": [dataclasses.asdict(p) for p in results], **totals, "in_place": in_place}
-    emit({**data, **_naive_data(results, naive)}, as_json, text)
-
-
-def _rm_naive(
-    store: Store,
-    pair: PairRecord,
-    items: list[ImageItem],
-    plain: OnnxEncoder | None,
-    points: list[float],
-    *,
-    options: MigrateOptions,
-    k: int | None,
-    exact: bool,
-    silent: bool,
-    on_point: Callable[[ServedPoint], None],
-) -> NaiveCurve:
-    """An rm pair's naive curve (and so Old and New), served as the naive pair (old model, plain
-    new model) on a copy at the same fractions."""
-    if plain is None:
-        return NaiveCurve(missing=NO_PLAIN.format(name=pair.name))
-    with Progress("copying the pair for the naive curve", hidden=silent, unit="points") as bar:
-        bar.start(layout_of(pair).stored_points(store))
-        return measure_naive(
-            store,
-            pair,
-            items,
-            plain,
-            points,
-            options=options,
-            k=k,
-            exact=exact,
-            on_points=bar.advance,
-            on_point=on_point,
-        )
-
-
-def _naive_data(points: list[ServedPoint], naive: NaiveCurve | None) -> dict[str, Any]:
-    """--json: the naive curve beside the pair's (None for a naive pair, whose own curve it is)."""
-    if naive is None or naive.missing is not None:
-        return {"naive": None, "naive_note": naive.missing if naive else "the pair serves the naive merge"}
-    auc = summary(list(naive.points))
-    return {
-        "naive": {
-            "points": [dataclasses.asdict(p) for p in naive.points],
-            "auc_map": auc["auc_map"],
-            "auc_cmc": auc["auc_cmc"],
-            "below_naive": [{"t": t, "map_margin": margin} for t, margin in naive.below(points)],
-        },
-        "naive_note": None,
-    }
+    emit(report.as_dict(), as_json, text)
 
 
 def _naive_lines(points: list[ServedPoint], naive: NaiveCurve, plain: bool) -> list[str]:

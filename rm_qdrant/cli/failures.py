@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
-import time
 from pathlib import Path
 
 import click
 
+from rm_qdrant.api import inspecting
 from rm_qdrant.cli.common import json_option, name_option, open_cli_store, public, safe_text
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.operations.failures import as_json as failure_json
-from rm_qdrant.operations.failures import failure_line, iter_failures, plural, write_failures
-from rm_qdrant.pair.record import load_pair
-
-
-def default_list_path(name: str) -> Path:
-    """Where ``rmq finalize --drop-failed`` writes the list without ``--out``: the current
-    folder, ``rmq-failures-<pair>-<UTC time>.jsonl`` (the pair's name made file-safe)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]
-    return Path(f"rmq-failures-{safe}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.jsonl")
+from rm_qdrant.operations.failures import failure_line, plural, write_failures
 
 
 @click.command(name="failures")
@@ -40,24 +31,23 @@ def failures_command(ctx: click.Context, name: str, out: str | None, as_json: bo
     """
     if out is not None and as_json:
         raise ConfigError("use --json (to stdout) or --out FILE (JSON lines), not both")
-    store = open_cli_store(ctx)
-    pair = load_pair(store, name)
+    found = inspecting.failures(open_cli_store(ctx), name)
     if out is not None:
-        written = write_failures(Path(out), iter_failures(store, pair))
+        written = write_failures(Path(out), found)
         click.echo(safe_text(f"wrote {plural(written, 'failed point')} of pair {name!r} to {out}"))
         return
     if as_json:
         # Streamed: a page of points at a time, whatever the number of failures.
         click.echo(json.dumps({"pair": public(name)}, ensure_ascii=True)[:-1] + ', "points": [')
         count = 0
-        for failure in iter_failures(store, pair):
+        for failure in found:
             separator = "," if count else ""
             click.echo(separator + json.dumps(public(failure_json(failure)), ensure_ascii=True))
             count += 1
         click.echo(f'], "failed": {count}}}')
         return
     count = 0
-    for failure in iter_failures(store, pair):
+    for failure in found:
         click.echo(safe_text(failure_line(failure)))
         count += 1
     click.echo(safe_text(f"{plural(count, 'failed point')} in pair {name!r}"))

@@ -7,17 +7,16 @@ and joined to the team's backbone as one graph (outputs ``new`` and ``rev``).
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import click
 
+from rm_qdrant.api.fitting import FIT_LOSSES, FitReport, fit
+from rm_qdrant.api.training import informative  # noqa: F401 (where tests have always found it)
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     FiniteFloat,
+    Steps,
     emit,
     holdout_options,
     json_option,
@@ -25,25 +24,11 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
-from rm_qdrant.cli.instead import calibrate_options, instead_text, loss_options
-from rm_qdrant.cli.probe import curve_table, sample_line, sample_with_progress
+from rm_qdrant.cli.probe import curve_table
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.cli.threads import apply_threads, choose_threads, needs_torch, threads_option
-from rm_qdrant.core.forecast import holdout_split
-from rm_qdrant.core.paths import check_path
-from rm_qdrant.errors import ConfigError, Refused
-from rm_qdrant.evaluation.probe import ProbeSample
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.pair.layouts import count_new
-from rm_qdrant.pair.record import load_pair
+from rm_qdrant.cli.threads import show_progress, threads_option
+from rm_qdrant.errors import Refused
 from rm_qdrant.sources import SourceConfig
-
-FIT_LOSSES = ("auto", "mcl", "label-free", "rqt", "procrustes")
-#: Torch threads when neither --threads nor OMP_NUM_THREADS says: the heads are small (an idle
-#: 16-core machine trains them 1.2-1.4x faster on 2 to 4 threads, a busy 2-core one 4-26x
-#: slower on 2: benchmarks/results/threads.md), and a fixed count keeps the graph from
-#: depending on how busy the machine was (another count sums floats in another order).
-FIT_THREADS = 1
 
 
 @click.command(name="fit", epilog=EXIT_STATUS_HELP)
@@ -110,211 +95,39 @@ def fit_command(
     The same --seed, gallery, backbone and thread count give the same graph; another thread
     count (--threads, OMP_NUM_THREADS; default 1) can change the last digits, and so the graph.
     """
-    choice = choose_threads(threads, default=FIT_THREADS)  # before torch loads: it reads OMP_NUM_THREADS
-    # ONNX Runtime embeds the sample (byte-identical on 1 and 2 threads, a ResNet-18 measured):
-    # one thread per idle core.
-    onnx_threads = choose_threads(threads).threads
-    try:
-        from rm_qdrant_exporters.compose import attach_model
-        from rm_qdrant_exporters.serving import ExportError
-        from rm_qdrant_train.cli import show_progress
-        from rm_qdrant_train.fit import FitSettings, fit_recipe, resolve_loss
-        from rm_qdrant_train.heads import steps_per_epoch
-        from rm_qdrant_train.holdout import decide
-        from rm_qdrant_train.holdout import judge as judge_heads
-    except ModuleNotFoundError as exc:
-        raise needs_torch(exc) from exc
     silent = as_json or quiet(ctx)
-    show_progress(quiet=silent)
-    used = apply_threads(choice)
-    target = Path(out)
-    if target.resolve() == Path(backbone).resolve():
-        raise ConfigError("--out is the backbone itself: write the fitted graph to another file")
-    if not target.parent.is_dir():
-        raise ConfigError(f"cannot write {out}: folder {target.parent} does not exist")
+    show_progress(quiet=silent)  # the training's own log lines (epochs, parity checks)
     store = open_cli_store(ctx)
-    pair = load_pair(store, name)
-    if pair.state != "backfilling":
-        raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
-    encoder = OnnxEncoder(backbone, threads=onnx_threads)
-    if "rev" in encoder.info.outputs:
-        raise ConfigError(f"{backbone} already has heads (a 'rev' output): give the plain backbone")
-    role = encoder.info.gallery_output()
-    new_dim = store.collection(pair.new_collection, pair.new_using).dim
-    if encoder.info.outputs[role] != new_dim:
-        raise ConfigError(
-            f"{backbone} gives {encoder.info.outputs[role]}-d embeddings ({role!r}); "
-            f"pair {name!r}'s new collection holds {new_dim}-d vectors"
-        )
-    if label_field is not None:
-        check_path(label_field, "--label-field")
-    try:
-        chosen = resolve_loss(loss, label_field is not None)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    sample = in_id_order(
-        sample_with_progress(
-            store, pair, encoder, size, seed=seed, source=source, hidden=silent, label="embedding the sample"
-        )
-    )
-    labels = sample.labels(label_field) if label_field else None
-    if label_field and labels is None:
-        raise ConfigError(
-            f"payload field {label_field!r} is missing on some sampled points, or holds a list, an object or "
-            "true/false instead of a class name (a string or a number): no labels to train on"
-        )
-    # Labels judge wherever the payload has them, even when they do not train (issue 39).
-    judge = (
-        labels
-        if labels is not None
-        else informative(sample.labels(pair.label_field) if pair.label_field else None)
-    )
-    try:
-        train_idx, held_idx = holdout_split(len(sample.ids), holdout, seed, k=k)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    defaults = FitSettings()
-    chosen_batch = batch or defaults.batch
-    settings = FitSettings(
-        loss=chosen,
-        steps=epochs * steps_per_epoch(len(train_idx), chosen_batch) if epochs else steps or defaults.steps,
-        batch=chosen_batch,
-        lr=lr or defaults.lr,
-        seed=seed,
-    )
-
-    def rows(values: list[Any] | None, idx: Any) -> list[Any] | None:
-        return None if values is None else [values[i] for i in idx]
-
-    started = time.perf_counter()
-    if not silent:
-        click.echo(f"training {chosen} on {len(train_idx)} pairs ({len(held_idx)} held out)...", err=True)
-        click.echo(reproducible(used.threads, used.reason), err=True)
-    try:
-        fitted = fit_recipe(
-            sample.new[train_idx],
-            sample.old[train_idx],
-            rows(labels, train_idx),
-            settings,
-            judge=rows(judge, train_idx),
-        )
-        heads = fitted.heads
-        trained_s = time.perf_counter() - started
-        served = {
-            "k": k,
-            "seed": seed,
-            "metric": pair.distance,  # as the pair will serve the graph
-            "unit": encoder.info.derived_scale(pair.distance) == "unit",
-        }
-        # The held-out points query the whole sample, as the graph will query the whole gallery.
-        # Labels decide where there are any; else the guard, against the naive merge as the pair
-        # serves it (calibrated or not).
-        forecasts, verdict, labelled = judge_heads(
-            heads, sample.new, sample.old, judge, held=held_idx, naive_distance=pair.old_distance, **served
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    ok, measure = decide(forecasts, verdict, labelled)
-    data: dict[str, Any] = {
-        "pair": name,
-        "loss": chosen,
-        "sample": len(sample.ids),
-        "sample_key": sample.key,  # the same key, --seed, threads and baseline: the same verdict
-        "judged_on": sample_line(
-            sample, seed, "the calibrated naive merge" if pair.old_distance else "the plain naive merge"
-        ),
-        "unreadable": sample.failed,
-        "trained_on": len(train_idx),
-        "held_out": len(held_idx),
-        "train_seconds": round(trained_s, 1),
-        "learned_rho": bool(heads.learn_rho),
-        "k": k,
-        "seed": seed,
-        "threads": used.threads,
-        "forecasts": [f.as_dict() for f in forecasts],
-        "better_than_naive": ok,
-        "measure": measure,
-        "decided_by": "labels" if verdict is None else "guard",
-        "labels_from": None if judge is None else label_field or pair.label_field,
-        "guard": None if verdict is None else verdict.as_dict(),
-        "labelled": None if labelled is None else labelled.as_dict(),
-        "recipe": fitted.recipe,
-        **(fitted.selection.as_dict() if fitted.selection else {"winner": fitted.recipe, "candidates": []}),
-    }
-    if not ok and not force:
-        # What the guard would take instead, cheapest first, on the same split (issue 38).
-        split = (sample.old[train_idx], sample.new[train_idx]), (sample.old[held_idx], sample.new[held_idx])
-        data["instead"] = [
-            *calibrate_options(pair, encoder, split, k=k, seed=seed),
-            *loss_options(
-                chosen, (sample.old, sample.new, train_idx, held_idx), labels, judge, settings, served, pair
-            ),
-        ]
-        if as_json:
-            emit(data, True, "")
-        elif not silent:
-            click.echo("\n".join(selection_lines(data)), err=True)
-        refused_by = labelled if labelled is not None and not labelled.passed else verdict
-        worse = (
-            f"forecasts worse than the naive merge ({measure})"
-            if refused_by is None or refused_by.passed
-            else f"is refused by the {'labels' if refused_by is labelled else 'guard'}: {measure}"
-        )
-        raise Refused(
-            f"on the {len(held_idx)} held-out points the fitted graph ({chosen}) {worse}; "
-            f"the naive merge is kept, not written to {out} "
-            "(try another --loss, a larger --sample, or --force); " + instead_text(data["instead"]),
-            measured=verdict,
-        )
-    try:
-        path, parity = attach_model(
-            backbone,
-            heads,
-            out,
-            output_name=encoder.info.graph_output(role),
-            name=f"{Path(backbone).stem}+fit-{chosen}",
-            distance=pair.distance,
-            fit={"recipe": fitted.recipe, "loss": chosen, "seed": seed},
-        )
-    except ExportError as exc:
-        raise ConfigError(str(exc)) from exc
-    data.update(out=str(path), parity=parity, seconds=round(time.perf_counter() - started, 1))
-    emit(data, as_json, _text(data, forecasts, count_new(store, pair) > 0))
-
-
-def informative(labels: list[Any] | None) -> list[Any] | None:
-    """The pair's labels where they can judge (some class holds two or more points, and there are
-    two or more classes), else None: a field that names each point apart (a caption, an id) or
-    one value everywhere would make every AP 0 or 1 for both curves, and refuse every fit."""
-    if labels is None:
-        return None
-    counts = Counter(map(str, labels)).values()
-    return labels if len(counts) > 1 and max(counts) > 1 else None
-
-
-def in_id_order(sample: ProbeSample) -> ProbeSample:
-    """The sample's rows sorted by point id (numbers, then UUIDs): the split and the training
-    order then do not depend on the order a store hands the points back in."""
-    order = sorted(range(len(sample.ids)), key=lambda i: (isinstance(sample.ids[i], str), sample.ids[i]))
-    if order == list(range(len(order))):
-        return sample
-    return dataclasses.replace(
-        sample,
-        ids=[sample.ids[i] for i in order],
-        payloads=[sample.payloads[i] for i in order],
-        old=sample.old[order],
-        new=sample.new[order],
-        rev=None if sample.rev is None else sample.rev[order],
-    )
-
-
-def reproducible(threads: int, reason: str) -> str:
-    """The one line on what makes a fit repeatable: PyTorch sums floats in an order that
-    depends on its thread count, and the label-free recipe's choice can turn on the last digits."""
-    return (
-        f"torch threads: {threads} ({reason}); the same --seed, sample and thread count give the same "
-        "graph, another thread count may not"
-    )
+    with Steps(hidden=silent) as bars:
+        try:
+            report = fit(
+                store,
+                name,
+                backbone=backbone,
+                out=out,
+                sample=size,
+                holdout=holdout,
+                k=k,
+                seed=seed,
+                label_field=label_field,
+                loss=loss,
+                steps=steps,
+                epochs=epochs,
+                lr=lr,
+                batch=batch,
+                force=force,
+                threads=threads,
+                source=source,
+                on_step=bars,
+            )
+        except Refused as exc:
+            if isinstance(exc.report, FitReport):  # what was judged, then the one line
+                if as_json:
+                    emit(exc.report.as_dict(), True, "")
+                elif not silent:
+                    click.echo("\n".join(selection_lines(exc.report.as_dict())), err=True)
+            raise
+    emit(report.as_dict(), as_json, _text(report.as_dict(), list(report.forecasts), report.new_holds_points))
 
 
 def selection_lines(data: dict[str, Any]) -> list[str]:

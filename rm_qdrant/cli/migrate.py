@@ -8,11 +8,11 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import click
 
+from rm_qdrant.api import lifecycle
 from rm_qdrant.cli.common import (
     SEED,
     FiniteFloat,
@@ -23,8 +23,6 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     quiet,
 )
-from rm_qdrant.cli.failures import default_list_path
-from rm_qdrant.cli.linked import linked_after_finalize, linked_before_finalize
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS, check_order
 from rm_qdrant.core.planning import parse_shard
@@ -33,11 +31,7 @@ from rm_qdrant.migration.loading import preflight
 from rm_qdrant.migration.migrate import MigrateOptions, MigrationReport, check_workers, run_migration
 from rm_qdrant.migration.ranking import budget, order_ready
 from rm_qdrant.migration.ray_engine import RayOptions, import_ray
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.operations.cutover import finalize, rollback
-from rm_qdrant.operations.failures import finalize_dropping_failed
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import load_pair
 from rm_qdrant.pair.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
@@ -122,7 +116,7 @@ def _ray_options(
 
 
 def _bypassed(report: MigrationReport) -> str:
-    """What writers that bypass rm-qdrant did (see pair/bypass.py), and why points the run
+    """What writers that bypass rm-qdrant did (see backfill/bypass.py), and why points the run
     took stay in old; empty if nothing."""
     text = ""
     if report.stale_dropped or report.writer_deleted:
@@ -351,32 +345,23 @@ def finalize_command(
     Points whose image cannot be read never migrate: --drop-failed writes their list, removes
     them from the gallery, then cuts over (points that still wait without having failed stop it).
     """
-    if out is not None and not drop_failed:
-        raise ConfigError("--out is the list of --drop-failed: give both, or neither")
-    store = open_cli_store(ctx)
-    pair = load_pair(store, name)
-    linked = linked_before_finalize(store, pair)
-    if not drop_failed:
-        record = finalize(store, pair, alias=alias, drop_old=drop_old, encoder=encoder, source=source)
-        text = layout_of(record).finalized_text(record, drop_old)
-        emit(
-            dataclasses.asdict(record),
-            as_json,
-            text + linked_after_finalize(store, record, linked, dropped_old=drop_old),
-        )
-        return
-    path = Path(out) if out is not None else default_list_path(name)
-    record, dropped = finalize_dropping_failed(
-        store, pair, path, alias=alias, drop_old=drop_old, encoder=encoder, source=source
+    report = lifecycle.finalize(
+        open_cli_store(ctx),
+        name,
+        alias=alias,
+        drop_old=drop_old,
+        encoder=encoder,
+        drop_failed=drop_failed,
+        out=out,
+        source=source,
     )
-    text = layout_of(record).finalized_text(record, drop_old)
-    if dropped.path is not None:
+    text = layout_of(report.pair).finalized_text(report.pair, drop_old)
+    dropped = report.dropped
+    if dropped is not None and dropped.path is not None:
         text = f"removed {dropped.removed} failed points (listed in {dropped.path}); {text}"
-    else:
+    elif dropped is not None:
         text = f"no failed points to remove; {text}"
-    text += linked_after_finalize(store, record, linked, dropped_old=drop_old, removed=dropped.removed)
-    data = {**dataclasses.asdict(record), "dropped_failed": dropped.removed, "failures_list": dropped.path}
-    emit(data, as_json, text)
+    emit(report.as_dict(), as_json, text + report.note)
 
 
 @click.command(name="rollback")
@@ -390,7 +375,5 @@ def rollback_command(
 ) -> None:
     """Serve the old model again from the old collection (pairs created with --keep-old) or
     the old vector (single-collection pairs)."""
-    store = open_cli_store(ctx)
-    model = OnnxEncoder(old_encoder) if old_encoder else None
-    record = rollback(store, load_pair(store, name), alias=alias, old_encoder=model)
+    record = lifecycle.rollback(open_cli_store(ctx), name, alias=alias, old_encoder=old_encoder)
     emit(dataclasses.asdict(record), as_json, layout_of(record).rolled_back_text(record))

@@ -6,6 +6,7 @@ import dataclasses
 
 import click
 
+from rm_qdrant.api import lifecycle
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
     emit,
@@ -16,11 +17,9 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.errors import Refused
-from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.drop import drop_pair
-from rm_qdrant.operations.switch import calibration_after, switch_encoder
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import list_pairs, load_pair
+from rm_qdrant.pair.record import list_pairs
 from rm_qdrant.sources import SourceConfig
 
 
@@ -89,15 +88,13 @@ def switch_encoder_command(
     A sample of new is re-encoded with the graph; if it does not reproduce the vectors
     stored there, the pair is left as it was and rmq exits 3.
     """
-    store = open_cli_store(ctx)
-    before = load_pair(store, name)
     try:
-        updated, measured = switch_encoder(
-            store,
-            before,
-            OnnxEncoder(encoder),
-            old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
-            new_model=OnnxEncoder(new_model) if new_model else None,
+        report = lifecycle.switch_encoder(
+            open_cli_store(ctx),
+            name,
+            encoder,
+            old_encoder=old_encoder,
+            new_model=new_model,
             sample=sample,
             source=source,
         )
@@ -105,33 +102,23 @@ def switch_encoder_command(
         if as_json and dataclasses.is_dataclass(exc.measured):  # the report, then the one line
             emit({"pair": name, "switched": False, "check": dataclasses.asdict(exc.measured)}, True, "")
         raise
-
+    updated, measured, calibration = report.pair, report.check, report.calibration
     check = (
         f"; checked on {measured.checked} points of new ({measured.metric}): {measured.describe()}"
         if measured
         else "; new was empty"
     )
     text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
-    calibration = calibration_after(before, updated)
     if calibration is not None:
         text += "\n" + _calibration_line(name, calibration)
     recorded = updated.new_model
-    if recorded is not None and recorded != before.new_model:
+    if recorded is not None and recorded != report.previous.new_model:
         how = "as given" if new_model else f"the graph pair {name!r} served until now"
         text += (
             f"\nplain new model recorded: {plain(recorded.name)} ({recorded.fingerprint}), {how}; "
             "rmq eval and rmq probe measure New with it"
         )
-    emit(
-        {
-            "pair": dataclasses.asdict(updated),
-            "switched": True,
-            "check": measured and dataclasses.asdict(measured),
-            "calibration": calibration,  # kept | dropped | null (the pair had none)
-        },
-        as_json,
-        text,
-    )
+    emit(report.as_dict(), as_json, text)
 
 
 def _calibration_line(name: str, what: str) -> str:

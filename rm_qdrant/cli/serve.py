@@ -1,4 +1,4 @@
-"""``rmq init``, ``index``, ``search`` and ``status``: creating a pair and serving it."""
+"""``rmq init``, ``index`` and ``search``: creating a pair and serving it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
+from rm_qdrant.api import creating
 from rm_qdrant.cli.common import (
     COLLECTION,
     FiniteFloat,
-    Progress,
+    Steps,
     emit,
     json_option,
     name_option,
@@ -21,17 +22,12 @@ from rm_qdrant.cli.common import (
     plain,
     quiet,
 )
-from rm_qdrant.cli.linked import linked_at_init
 from rm_qdrant.cli.sourceopts import recorded_source_options
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
-from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, InvalidFilter
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.operations.create import create_pair
-from rm_qdrant.operations.indexing import index_images, scan_image_folder
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import PAIRED, SINGLE, PairRecord, load_pair
+from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Where, qfilter
@@ -200,55 +196,33 @@ def init(
 
     The source options given are recorded: every later command that reads the pair's
     images uses them (a value given to that command overrides it for that run)."""
-    if (
-        uri_template is not None
-        and ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
-    ):
-        raise ConfigError("give --uri-field or --uri-template, not both")
-    layout, query_mode = _layout(mode, query_mode)
-    if layout == SINGLE:
-        if (collection is None) == (old_collection is None):
-            raise ConfigError("--mode single-collection takes the collection as --collection C")
-        if new_vector is None:
-            raise ConfigError("--mode single-collection needs --new-vector NAME (the new model's vector)")
-    elif collection is not None or new_vector is not None or old_collection is None:
-        raise ConfigError(
-            "a paired pair takes --old-collection (and --new-collection); --collection and --new-vector "
-            "are for --mode single-collection"
-        )
-    record = create_pair(
+    given = ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
+    report = creating.init(
         open_cli_store(ctx),
         name,
-        old_collection=collection or old_collection or "",
-        encoder=OnnxEncoder(encoder),
-        old_encoder=OnnxEncoder(old_encoder) if old_encoder else None,
-        new_model=OnnxEncoder(new_model) if new_model else None,
-        new_collection=new_collection,
-        mode=query_mode,  # type: ignore[arg-type]
-        keep_old=keep_old,
+        encoder=encoder,
+        old_collection=old_collection,
+        collection=collection,
         old_vector=old_vector,
-        uri=UriRule(uri_field, uri_template),
-        label_field=label_field,
-        layout=layout,
         new_vector=new_vector,
-        source=source_settings,
+        old_encoder=old_encoder,
+        new_model=new_model,
+        new_collection=new_collection,
+        mode=mode,
+        query_mode=query_mode,
+        keep_old=keep_old,
+        uri_field=uri_field if given else None,
+        uri_template=uri_template,
+        label_field=label_field,
         full_scan_kb=full_scan_kb,
+        source=source_settings,
     )
-    layout = layout_of(record)
+    record = report.pair
     images = record.uri_rule.describe()
-    text = f"pair {record.name!r} ({record.mode}): {plain(layout.created)}; images from {plain(images)}"
-    linked = linked_at_init(open_cli_store(ctx), record)
-    text += f"\n{plain(linked)}" if linked else ""
-    emit(dataclasses.asdict(record), as_json, text)
-
-
-def _layout(mode: str | None, query_mode: str | None) -> tuple[str, str | None]:
-    """``--mode`` names the layout, or (as before layouts existed) a paired pair's query mode."""
-    if mode in ("rm", "naive"):
-        if query_mode not in (None, mode):
-            raise ConfigError(f"--mode {mode} and --query-mode {query_mode} disagree")
-        return PAIRED, mode
-    return mode or PAIRED, query_mode
+    created = plain(layout_of(record).created)
+    text = f"pair {record.name!r} ({record.mode}): {created}; images from {plain(images)}"
+    text += f"\n{plain(report.note)}" if report.note else ""
+    emit(report.as_dict(), as_json, text)
 
 
 @click.command()
@@ -275,41 +249,22 @@ def index(
     as_json: bool,
 ) -> None:
     """Load an image folder into a collection (reproduces an existing deployment)."""
-    if (name is None) == (collection is None):
+    if (name is None) == (collection is None):  # before the store is opened: this one may create it
         raise ConfigError("give exactly one of --name and --collection")
-    store = open_cli_store(ctx, create=True)
-    pair = None if collection else load_pair(store, name or "")
-    if pair is not None:
-        _check_index_into_old(store, pair)
-    target = collection if pair is None else pair.old_collection
-    vector = None if pair is None else layout_of(pair).index_vector
-    items = scan_image_folder(data)
-    model = OnnxEncoder(encoder)
-    with Progress(f"indexing into {target}", hidden=as_json or quiet(ctx), unit="images") as bar:
-        bar.start(len(items))
-        report = index_images(
-            store, target, model, items, batch_size=batch, on_batch=bar.advance, vector=vector
+    with Steps(hidden=as_json or quiet(ctx)) as bars:
+        report = creating.index(
+            open_cli_store(ctx, create=True),
+            data,
+            encoder=encoder,
+            name=name,
+            collection=collection,
+            batch=batch,
+            on_step=bars,
         )
-    summary = {"collection": target, "indexed": report.indexed, "failed": report.failed}
-    text = f"indexed {report.indexed} images into {target!r}"
+    text = f"indexed {report.indexed} images into {report.collection!r}"
     if report.failed:
         text += f"; skipped {len(report.failed)} unreadable, first: {report.failed[0][1]}"
-    emit(summary, as_json, text)
-
-
-def _check_index_into_old(store: Any, pair: PairRecord) -> None:
-    """Refuse to write the old model's points into a paired layout's old collection once new
-    holds points: a point in both would serve twice (in one collection, a rewritten point just
-    loses its new vector and migrates again)."""
-    if layout_of(pair).one_query:
-        return
-    moved = store.count(pair.new_collection) if store.has_collection(pair.new_collection) else 0
-    if pair.state != "backfilling" or moved:
-        raise ConfigError(
-            f"pair {pair.name!r} is {pair.state} with {moved} points in {pair.new_collection!r}: indexing "
-            f"into its old collection now would serve points twice; add images through the pair "
-            "(DualIndex.upsert, the new model), or index into a collection of its own (--collection)"
-        )
+    emit(report.as_dict(), as_json, text)
 
 
 @click.command()

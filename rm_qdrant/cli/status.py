@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import click
 
+from rm_qdrant.api import inspecting
 from rm_qdrant.cli.common import (
     emit,
     json_option,
     name_option,
     open_cli_store,
     plain,
-    store_location,
 )
-from rm_qdrant.cli.probe import crowding_advice, status_estimate
+from rm_qdrant.cli.probe import crowding_advice
 from rm_qdrant.cli.sourceopts import source_lines
-from rm_qdrant.pair.record import PairRecord, load_pair
-from rm_qdrant.serving.status import pair_status
+from rm_qdrant.pair.record import PairRecord
 
 
 @click.command()
@@ -27,22 +25,8 @@ from rm_qdrant.serving.status import pair_status
 @click.pass_context
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
     """Both collections' sizes, the fraction migrated, the query mode and the models."""
-    store = open_cli_store(ctx)
-    pair = load_pair(store, name)
-    state = pair_status(store, pair)
-    # a forecast of the merge a backfill serves: none after a rollback (old serves all) or a cutover
-    backfilling = pair.state == "backfilling"
-    estimate = (
-        status_estimate(store, pair, store_location(ctx), fraction=state.fraction) if backfilling else None
-    )
-    calibrated = pair.old_distance is not None
-    data = {
-        **dataclasses.asdict(state),
-        "fraction": state.fraction,
-        "estimate": estimate,
-        "calibrated": calibrated,
-        "source": pair.source or {},
-    }
+    report = inspecting.status(open_cli_store(ctx), name)
+    pair, state, estimate, calibrated = report.pair, report.status, report.estimate, report.calibrated
     rolled_back = state.state == "rolled_back"
     old_where, new_where = plain(state.old_place), plain(state.new_place)
     text = "\n".join(
@@ -70,7 +54,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"estimate      {_estimate_line(estimate, pair.state)}",
         ]
     )
-    emit(data, as_json, text)
+    emit(report.as_dict(), as_json, text)
 
 
 def _bypass_lines(state: Any) -> list[str]:

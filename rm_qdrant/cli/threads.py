@@ -1,9 +1,10 @@
-"""``--threads`` and what a command that needs PyTorch says without it: shared by ``rmq fit`` and
-the training commands (train/cli.py), which import this module and not the commands'
-(training.py, which loads train/cli.py: the two would import each other)."""
+"""``--threads``, the training's log lines, and what a command that needs PyTorch says without it:
+shared by ``rmq fit`` and the training commands (train/cli.py), which import this module and not
+the commands' (training.py, which loads train/cli.py: the two would import each other)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -17,6 +18,21 @@ def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
             f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
         )
     raise exc
+
+
+def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
+    """Log the training's progress (epochs, caches, parity checks) unless asked to be quiet.
+
+    ``rmq`` sets up logging at WARNING; training's own loggers are raised to INFO here, so
+    a long step is never silent by default. Here, not in ``rm_qdrant_train``: ``rmq fit`` sets
+    them before :func:`rm_qdrant.fit` imports the training code (and torch).
+    """
+    root = click.get_current_context().find_root().obj or {}
+    level = logging.WARNING if quiet or root.get("quiet") else logging.DEBUG if verbose else logging.INFO
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    for name in ("rm_qdrant_train", "rm_qdrant_exporters"):
+        logging.getLogger(name).setLevel(level)
 
 
 #: As train/threads.py: rm_qdrant loads rm_qdrant_train only when a command trains.

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from rm_qdrant.cli.common import emit, json_option
-from rm_qdrant.cli.threads import apply_threads, choose_threads, needs_torch, threads_option
+from rm_qdrant.cli.threads import apply_threads, choose_threads, needs_torch, show_progress, threads_option
 from rm_qdrant.errors import ConfigError
 
 
@@ -64,7 +64,6 @@ def export_command(
     try:
         from rm_qdrant_exporters.compose import attach_heads
         from rm_qdrant_exporters.serving import ExportError, export_backbone, export_serving
-        from rm_qdrant_train.cli import show_progress
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
     show_progress()
@@ -134,7 +133,6 @@ def demo(out: str, data: str | None, epochs: int, threads: int | None, as_json: 
     choice = choose_threads(threads)
     try:
         from rm_qdrant_exporters.serving import ExportError
-        from rm_qdrant_train.cli import show_progress
         from rm_qdrant_train.demo import run_demo, summary
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc

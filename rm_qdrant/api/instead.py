@@ -1,4 +1,5 @@
-"""What a refused ``rmq fit`` would have had pass instead, cheapest first (issue 38: one voice).
+"""What a refused :func:`~rm_qdrant.api.fitting.fit` (``rmq fit``) would have had pass instead,
+cheapest first (issue 38: one voice).
 
 Without training anything for minutes: each map ``rmq calibrate`` knows (where the pair is
 naive and serves the backbone, so calibrate's sample is the same), then each closed-form

@@ -1,4 +1,4 @@
-"""The library's one-call entry points for code that would otherwise shell out to ``rmq``."""
+"""Moving a pair's gallery to the new model: :func:`migrate` (``rmq migrate``) and :func:`optimize`."""
 
 from __future__ import annotations
 
