@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant.core.metrics import retrieval
 from rm_qdrant.core.offline import BackfillEmbeddings, backfill_table
-from rm_qdrant.caches import CACHE_ENV
 from rm_qdrant_train.backbone import train_backbone
 from rm_qdrant_train.cache import embeddings
 from rm_qdrant_train.config import BackboneConfig, HeadsConfig
