@@ -23,7 +23,8 @@ No label is read anywhere, not even to choose a setting:
 4. Labels, where the payload has them, never train here but judge: a candidate whose held-out
    mAP falls below the naive merge's at any t is dropped, and the best mAP area wins.
 
-Measured (CIFAR-10 and digits; ``benchmarks/fit_table.py``): see the README's ``rmq fit`` section.
+Measured (CIFAR-10 and digits; ``benchmarks/fit_table.py``): see docs/guides/fit-calibrate.md
+and docs/benchmarks.md.
 """
 
 from __future__ import annotations

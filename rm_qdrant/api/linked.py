@@ -1,5 +1,6 @@
 """What ``init`` and ``finalize`` say of a team's shard adopted into the embedded store through
-a symbolic link (README "Stores"): a paired migration moves the gallery into the store's folder."""
+a symbolic link (docs/guides/operations.md, "Stores"): a paired migration moves the gallery
+into the store's folder."""
 
 from __future__ import annotations
 

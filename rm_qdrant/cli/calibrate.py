@@ -41,7 +41,7 @@ from rm_qdrant.sources import SourceConfig
     show_default=True,
     help="isotonic: the mean new distance given the old one; quantile: the new distance at the old "
     "one's quantile (each side about its share of the top k); auto: isotonic for cosine, quantile "
-    "for dot, Euclid and Manhattan (see the README).",
+    "for dot, Euclid and Manhattan (see docs/guides/fit-calibrate.md).",
 )
 @click.option(
     "--force",

@@ -105,7 +105,8 @@ MAPS = ("isotonic", "quantile")
 def default_map(metric: str) -> str:
     """``isotonic`` for cosine, ``quantile`` for the raw-scale metrics (dot, Euclid, Manhattan).
 
-    On the cosine pairs measured (README, "rmq calibrate") the isotonic map served a higher
+    On the cosine pairs measured (docs/benchmarks.md, "rmq fit and rmq calibrate on six
+    pairs") the isotonic map served a higher
     mAP than the quantile one on two of three pairs (+1.5 and +0.6 AUC points) and the same
     on the third: where the new model is the better one, ranking old hits at the mean new
     distance of their old distance pushes them back, rightly. Under dot or Euclid with raw
