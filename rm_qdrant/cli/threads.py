@@ -9,15 +9,16 @@ from typing import Any
 
 import click
 
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.api.common import needs_torch as library_needs_torch
+
+# --threads chosen and applied as rm_qdrant.fit does, for the training commands too
+from rm_qdrant.api.training import apply_threads, choose_threads  # noqa: F401
 
 
 def needs_torch(exc: ModuleNotFoundError) -> click.ClickException:
-    if exc.name in ("torch", "yaml", "onnx"):
-        return click.ClickException(
-            f"this needs {exc.name}: pip install -e '.[train,export]' (pins the CPU build, torch==2.13.0)"
-        )
-    raise exc
+    """The library's error for a missing training dependency, as a click error (raised where
+    click resolves ``rmq train``'s commands); any other missing module is raised as it is."""
+    return click.ClickException(str(library_needs_torch(exc)))
 
 
 def show_progress(*, verbose: bool = False, quiet: bool = False) -> None:
@@ -63,26 +64,3 @@ def threads_option(
     return click.option(
         "--threads", type=ThreadCount(), help=f"CPU threads for PyTorch [default: {default}]."
     )
-
-
-def choose_threads(threads: int | None, *, default: int | None = None) -> Any:
-    """The thread count a training command will use (``--threads``, ``OMP_NUM_THREADS``, the
-    load), chosen before torch loads: a bad ``OMP_NUM_THREADS`` is one line, exit 1."""
-    try:
-        from rm_qdrant_train.threads import choose_threads as choose
-    except ModuleNotFoundError as exc:
-        raise needs_torch(exc) from exc
-    try:
-        return choose(threads, default=default)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-
-
-def apply_threads(choice: Any) -> Any:
-    """Give PyTorch the chosen thread count (:func:`rm_qdrant_train.threads.apply_threads`)."""
-    from rm_qdrant_train.threads import apply_threads as apply
-
-    try:
-        return apply(choice)
-    except ModuleNotFoundError as exc:
-        raise needs_torch(exc) from exc
