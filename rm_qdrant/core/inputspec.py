@@ -28,6 +28,17 @@ CHANNEL_ORDERS = ("RGB", "BGR")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 #: The filter of an entry that names none (every graph stamped before the setting existed).
 DEFAULT_INTERPOLATION = "bilinear"
+#: How the EXIF orientation tag is treated: ``ignore`` it (what ``PIL.Image.open`` and
+#: torchvision's ``default_loader`` do, and rm-qdrant always did) or turn the photo as
+#: the tag says (``exif``: ``PIL.ImageOps.exif_transpose``), as the team's pipeline does.
+ORIENTATIONS = ("ignore", "exif")
+DEFAULT_ORIENTATION = "ignore"
+#: How a pair decodes its images (recorded at ``rmq init``, changed by ``switch-encoder``):
+#: ``exact`` gives every pixel the team's pipeline gives; ``fast`` decodes JPEGs at
+#: libjpeg-turbo's smallest DCT scale that still covers the resize, then resizes only
+#: the pixels the crop keeps (see :func:`rm_qdrant.models.images.pixels`).
+DECODES = ("exact", "fast")
+DEFAULT_DECODE = "exact"
 #: The largest input side (height, width, resize, crop) a graph may declare.
 MAX_INPUT_SIDE = 8192
 
@@ -52,6 +63,8 @@ class InputSpec:
     channel_order: str = "RGB"
     #: The Pillow filter of every resize, one of :data:`INTERPOLATIONS`.
     interpolation: str = DEFAULT_INTERPOLATION
+    #: The EXIF orientation tag, ignored or applied: one of :data:`ORIENTATIONS`.
+    orientation: str = DEFAULT_ORIENTATION
 
     def tensor_shape(self, batch: int) -> tuple[int, int, int, int]:
         """The input tensor's shape for ``batch`` images."""
@@ -67,6 +80,8 @@ class InputSpec:
         text = f"{self.layout} {self.dtype} {self.height}x{self.width}x{self.channels} {self.channel_order}"
         text += f", resize {self.resize} + centre crop {self.crop}" if self.resize else ", resized directly"
         text += f" ({self.interpolation})"
+        if self.orientation == "exif":
+            text += ", turned as the EXIF orientation tag says"
         if self.dtype == "uint8":
             return text + ", raw pixels (normalised inside the graph)"
         if all(m == 0 for m in self.mean) and all(s == 1 for s in self.std):
@@ -90,7 +105,20 @@ class InputSpec:
         }
         if self.interpolation != DEFAULT_INTERPOLATION:
             body["interpolation"] = self.interpolation
+        if self.orientation != DEFAULT_ORIENTATION:
+            body["orientation"] = self.orientation
         return body
+
+
+def check_decode(decode: str) -> str:
+    """``decode`` if it is one of :data:`DECODES`.
+
+    Raises:
+        ConfigError: any other value (one line naming both).
+    """
+    if decode not in DECODES:
+        raise ConfigError(f"unknown decode {decode!r}; expected one of {', '.join(DECODES)}")
+    return decode
 
 
 def check_input_shape(spec: InputSpec, shape: Sequence[object], what: str) -> int | None:
@@ -162,6 +190,7 @@ def parse_input(raw: Any) -> InputSpec:
         interpolation=choice(
             raw.get("interpolation", DEFAULT_INTERPOLATION), "input.interpolation", INTERPOLATIONS
         ),
+        orientation=choice(raw.get("orientation", DEFAULT_ORIENTATION), "input.orientation", ORIENTATIONS),
     )
     _check_geometry(spec)
     return spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
 from rm_qdrant.core.modelinfo import ModelInfo, check_input_shape, parse_metadata
 from rm_qdrant.errors import EncoderError, RmqError
 from rm_qdrant.models.images import MAX_PIXELS, ImageLike, as_batch, pixels
@@ -168,10 +170,23 @@ def run_in_chunks(
 
 class PixelDecoder:
     """Decodes images as a graph takes them, from its metadata alone (no ONNX Runtime session):
-    what a process that only fetches and decodes needs (see migration/ray_engine.py)."""
+    what a process that only fetches and decodes needs (see migration/ray_engine.py).
 
-    def __init__(self, info: ModelInfo) -> None:
+    ``decode``: ``exact`` or ``fast`` (see :func:`rm_qdrant.models.images.pixels`); a pair's
+    commands use the mode it records.
+    """
+
+    def __init__(self, info: ModelInfo, *, decode: str = DEFAULT_DECODE) -> None:
         self.info = info
+        self.decoding = check_decode(decode)
+
+    def decoding_as(self, decode: str) -> PixelDecoder:
+        """This decoder (or encoder: the same ONNX Runtime session) decoding ``exact`` or ``fast``."""
+        if check_decode(decode) == self.decoding:
+            return self
+        other = copy.copy(self)
+        other.decoding = decode
+        return other
 
     def decode(self, image: ImageLike, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
         """One image's ``(height, width, channels)`` uint8 pixels, sized as the graph takes them.
@@ -189,6 +204,8 @@ class PixelDecoder:
             crop=spec.crop,
             channel_order=spec.channel_order,
             interpolation=spec.interpolation,
+            orientation=spec.orientation,
+            decode=self.decoding,
             max_pixels=max_pixels,
         )
 
@@ -206,6 +223,7 @@ class OnnxEncoder(PixelDecoder):
             an encoder that has the machine to itself, slower beside other work.
         providers: ONNX Runtime execution providers, in order of preference (None: CUDA where
             it is installed, else the CPU).
+        decode: how images are decoded, ``exact`` or ``fast`` (:class:`PixelDecoder`).
 
     Raises:
         EncoderError: the file is missing, not an ONNX graph, keeps tensors in external
@@ -225,7 +243,9 @@ class OnnxEncoder(PixelDecoder):
         threads: int = 0,
         spin: bool = False,
         providers: Sequence[str] | None = None,
+        decode: str = DEFAULT_DECODE,
     ):
+        self.decoding = check_decode(decode)
         self.path = Path(path)
         try:
             data = self.path.read_bytes()

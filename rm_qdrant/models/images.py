@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from rm_qdrant.core.inputspec import DEFAULT_INTERPOLATION, INTERPOLATIONS
+from rm_qdrant.core.inputspec import (
+    DECODES,
+    DEFAULT_DECODE,
+    DEFAULT_INTERPOLATION,
+    DEFAULT_ORIENTATION,
+    INTERPOLATIONS,
+    ORIENTATIONS,
+)
 from rm_qdrant.errors import ConfigError, ImageError, SourceError, TooLarge
 from rm_qdrant.sources.files import read_file
 
@@ -70,7 +77,7 @@ def _too_large(what: str, width: int, height: int, max_pixels: int) -> ImageErro
     return TooLarge(f"{what} is {width}x{height} pixels, over the {max_pixels:,}-pixel limit")
 
 
-def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
+def _decode(data: bytes, what: str, max_pixels: int, cover: tuple[int, int] | None = None) -> Image.Image:
     try:
         # Only formats whose header gives the size before any pixel is decoded: an ICO or
         # ICNS file decodes its embedded picture while it is opened, past the pixel cap.
@@ -78,6 +85,8 @@ def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
         width, height = picture.size
         if width * height > max_pixels:
             raise _too_large(what, width, height, max_pixels)
+        if cover is not None and picture.format == "JPEG":  # a CMYK JPEG, say: Pillow's DCT scaling
+            picture.draft(picture.mode, cover)
         picture.load()  # decode now: a truncated file fails here, not later
     except ImageError:
         raise
@@ -88,13 +97,37 @@ def _decode(data: bytes, what: str, max_pixels: int) -> Image.Image:
     return picture
 
 
-def _jpeg_rgb(data: bytes, what: str, max_pixels: int) -> np.ndarray | None:
-    """A YCbCr or grey JPEG's RGB pixels through libjpeg-turbo directly, or None where that does not apply.
+#: ``Image.transpose`` for each EXIF orientation value (what ``ImageOps.exif_transpose`` does).
+_TURNS = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
-    The pixels are Pillow's to the bit (the same library, the same default DCT and
-    upsampling), several times faster on small images: Pillow parses the headers in
-    Python. Anything else (CMYK, not a JPEG, a fault, or no simplejpeg) returns None,
-    and Pillow decodes it and words the error.
+
+def _turn(data: bytes) -> Image.Transpose | None:
+    """The transposition the EXIF orientation tag of ``data`` asks for (None: upright or no tag)."""
+    try:
+        value = Image.open(io.BytesIO(data), formats=FORMATS).getexif().get(0x0112, 1)
+    except Exception:  # no readable EXIF (or not an image: the decode says so)
+        return None
+    return _TURNS.get(value) if isinstance(value, int) else None
+
+
+def _jpeg_rgbx(data: bytes, what: str, max_pixels: int, cover: tuple[int, int] | None) -> Image.Image | None:
+    """A YCbCr or grey JPEG decoded by libjpeg-turbo directly, or None where that does not apply.
+
+    The image is RGBX, Pillow's own layout of an RGB image, so it is wrapped without a
+    copy; resized, its RGB bytes are those of the RGB image Pillow would have decoded
+    (the same library, the same default DCT and upsampling), several times faster on
+    small images: Pillow parses the headers in Python. ``cover`` (width, height): decode
+    at libjpeg-turbo's smallest DCT scale (1/8 to 1) whose image is still at least that
+    large. Anything else (CMYK, not a JPEG, a fault, or no simplejpeg) returns None, and
+    Pillow decodes it and words the error.
     """
     if simplejpeg is None or data[:2] != b"\xff\xd8":
         return None
@@ -104,21 +137,44 @@ def _jpeg_rgb(data: bytes, what: str, max_pixels: int) -> np.ndarray | None:
             return None
         if width * height > max_pixels:
             raise _too_large(what, width, height, max_pixels)
-        return simplejpeg.decode_jpeg(data, colorspace="RGB")  # strict: a recoverable fault raises
+        low_w, low_h = cover or (0, 0)
+        # strict: a recoverable fault raises; the decode runs without the GIL
+        array = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=low_w, min_height=low_h)
     except ImageError:
         raise
     except Exception:  # whatever it cannot take (a 4:4:1 file raises KeyError): Pillow decides
         return None
+    return Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
 
 
-def _decoded(image: ImageLike, mode: str, max_pixels: int) -> Image.Image | np.ndarray:
-    """``image`` decoded in ``mode`` (``RGB`` or ``L``): an RGB array where the fast JPEG path applies."""
-    if mode == "RGB" and isinstance(image, (bytes, bytearray, memoryview, str, os.PathLike)):
-        local = isinstance(image, (str, os.PathLike))
-        data, what = _read(image) if local else (bytes(image), "the image")  # type: ignore[arg-type]
-        fast = _jpeg_rgb(data, what, max_pixels)
-        return fast if fast is not None else _convert(_decode(data, what, max_pixels), mode)
-    return _convert(to_pil(image, max_pixels=max_pixels), mode)
+def _decoded(
+    image: ImageLike, mode: str, max_pixels: int, cover: tuple[int, int] | None, orientation: str
+) -> Image.Image:
+    """``image`` decoded, turned as ``orientation`` says, in ``mode`` (``RGB``, or ``RGBX`` from the
+    fast JPEG path, or ``L``); ``cover``: a JPEG may be decoded at a DCT scale that covers it."""
+    if not isinstance(image, (bytes, bytearray, memoryview, str, os.PathLike)):
+        picture = to_pil(image, max_pixels=max_pixels)
+        if orientation == "exif" and isinstance(image, Image.Image):
+            turn = _TURNS.get(picture.getexif().get(0x0112, 1))
+            picture = picture.transpose(turn) if turn is not None else picture
+        return _convert(picture, mode)
+    local = isinstance(image, (str, os.PathLike))
+    data, what = _read(image) if local else (bytes(image), "the image")  # type: ignore[arg-type]
+    turn = _turn(data) if orientation == "exif" else None
+    if cover is not None and turn in _SIDEWAYS:
+        cover = (cover[1], cover[0])  # decoded before it is turned
+    picture = _jpeg_rgbx(data, what, max_pixels, cover) if mode == "RGB" else None
+    if picture is None:
+        picture = _convert(_decode(data, what, max_pixels, cover), mode)
+    return picture.transpose(turn) if turn is not None else picture
+
+
+_SIDEWAYS = (
+    Image.Transpose.TRANSPOSE,
+    Image.Transpose.ROTATE_270,
+    Image.Transpose.TRANSVERSE,
+    Image.Transpose.ROTATE_90,
+)
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
@@ -156,6 +212,8 @@ def pixels(
     crop: int | None = None,
     channel_order: str = "RGB",
     interpolation: str = DEFAULT_INTERPOLATION,
+    orientation: str = DEFAULT_ORIENTATION,
+    decode: str = DEFAULT_DECODE,
 ) -> np.ndarray:
     """Decode, convert and resize one image to a ``(height, width, channels)`` uint8 array.
 
@@ -166,30 +224,43 @@ def pixels(
     is Pillow's ``Image.resize`` with the ``interpolation`` filter (``bilinear``,
     ``bicubic``, ``lanczos``, ``box``, ``hamming``: antialiased when shrinking;
     ``nearest``: one source pixel each), as torchvision's ``Resize`` on a PIL image.
-    ``BGR`` reverses the channels at the end.
+    ``orientation="exif"`` first turns the image as its EXIF orientation tag says
+    (``ImageOps.exif_transpose``); ``ignore`` leaves it as stored. ``BGR`` reverses the
+    channels at the end.
+
+    ``decode="exact"`` gives those pixels to the bit. ``decode="fast"`` gives nearly the
+    same for much less work on large photos: a JPEG is decoded at libjpeg-turbo's smallest
+    DCT scale (1/8, 1/4, 3/8, ..., 1) whose image still covers the resize (the shorter side
+    at least ``resize``; without ``resize``, at least width × height), and the resize
+    computes only the pixels the crop keeps, shrinking by whole factors first where it
+    shrinks more than twice (Pillow's ``reducing_gap=2``). PNG, WebP and other formats
+    have no DCT scaling: they are decoded at full size, then resized the same way.
 
     Raises:
         ImageError: the image cannot be decoded or converted, is empty, or declares
             (or would be resized to) more than ``max_pixels``.
         ConfigError: ``resize`` without ``crop``, a crop that is not height × width, or
-            an unknown ``interpolation``.
+            an unknown ``interpolation``, ``orientation`` or ``decode``.
     """
     if (resize is None) != (crop is None) or (crop is not None and (crop != height or crop != width)):
         raise ConfigError(f"resize {resize} and crop {crop} do not make a {height}x{width} image")
-    if interpolation not in FILTERS:
-        raise ConfigError(f"unknown interpolation {interpolation!r}; expected one of {', '.join(FILTERS)}")
-    resample = FILTERS[interpolation]
-    decoded = _decoded(image, "RGB" if channels == 3 else "L", max_pixels)
-    if isinstance(decoded, np.ndarray):
-        if resize is None and decoded.shape[:2] == (height, width):  # nothing left to do: no Pillow
-            return decoded[:, :, ::-1] if channel_order == "BGR" else decoded
-        decoded = Image.fromarray(decoded, mode="RGB")
-    picture = decoded
+    for value, option, allowed in (
+        (interpolation, "interpolation", FILTERS),
+        (orientation, "orientation", ORIENTATIONS),
+        (decode, "decode", DECODES),
+    ):
+        if value not in allowed:
+            raise ConfigError(f"unknown {option} {value!r}; expected one of {', '.join(allowed)}")
+    fast = decode == "fast"
+    cover = ((resize, resize) if resize is not None else (width, height)) if fast else None
+    picture = _decoded(image, "RGB" if channels == 3 else "L", max_pixels, cover, orientation)
     width_now, height_now = picture.size
     if width_now < 1 or height_now < 1:
         raise ImageError(f"the image is empty ({width_now}x{height_now} pixels)")
+    resample = FILTERS[interpolation]
+    gap = 2.0 if fast and resample != Image.Resampling.NEAREST else None
     if resize is None:
-        picture = _resized(picture, (width, height), resample)
+        picture = _resized(picture, (width, height), resample, gap=gap)
     else:
         size = shorter_side_size(picture.size, resize)
         if size[0] * size[1] > max_pixels:
@@ -197,8 +268,16 @@ def pixels(
                 f"a {width_now}x{height_now} image resized to shorter side {resize} is "
                 f"{size[0]}x{size[1]} pixels, over the {max_pixels:,}-pixel limit"
             )
-        picture = _resized(picture, size, resample).crop(centre_box(size, crop or 0))
-    array: Any = np.asarray(picture, dtype=np.uint8).reshape(height, width, channels)
+        box = centre_box(size, crop or 0)
+        if fast:  # only the kept square, straight from the decoded image
+            scale_x, scale_y = width_now / size[0], height_now / size[1]
+            source = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+            picture = _resized(picture, (box[2] - box[0], box[3] - box[1]), resample, gap=gap, box=source)
+        else:
+            picture = _resized(picture, size, resample).crop(box)
+    array: Any = np.asarray(picture, dtype=np.uint8)
+    array = array[:, :, :3] if array.ndim == 3 and array.shape[2] == 4 else array  # RGBX
+    array = array.reshape(height, width, channels)
     return array[:, :, ::-1] if channel_order == "BGR" else array
 
 
@@ -237,10 +316,17 @@ def _convert(picture: Image.Image, mode: str) -> Image.Image:
         ) from exc
 
 
-def _resized(picture: Image.Image, size: tuple[int, int], resample: Image.Resampling) -> Image.Image:
-    if picture.size == size:
+def _resized(
+    picture: Image.Image,
+    size: tuple[int, int],
+    resample: Image.Resampling,
+    *,
+    gap: float | None = None,
+    box: tuple[float, float, float, float] | None = None,
+) -> Image.Image:
+    if picture.size == size and box is None:
         return picture
     try:
-        return picture.resize(size, resample)
+        return picture.resize(size, resample, box=box, reducing_gap=gap)
     except Exception as exc:  # Pillow can still fail on a lazily decoded or odd image
         raise ImageError(f"cannot resize a {picture.mode} image: {type(exc).__name__}: {exc}") from exc
