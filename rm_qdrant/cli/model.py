@@ -9,7 +9,7 @@ import click
 
 from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.core.inputspec import INTERPOLATIONS
+from rm_qdrant.core.inputspec import INTERPOLATIONS, ORIENTATIONS
 from rm_qdrant.core.modelinfo import parse_floats
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
@@ -63,6 +63,14 @@ def model() -> None:
     "except nearest): as the team's pipeline resizes, e.g. torchvision Resize(..., interpolation=BICUBIC).",
 )
 @click.option(
+    "--orientation",
+    type=click.Choice(ORIENTATIONS),
+    default="ignore",
+    show_default=True,
+    help="The EXIF orientation tag: ignore it (as Image.open and torchvision's default loader do) or "
+    "turn each photo as it says (exif: the team's pipeline calls ImageOps.exif_transpose).",
+)
+@click.option(
     "--distance",
     type=click.Choice(["cosine", "dot", "euclid", "manhattan"]),
     help="The only distance its vectors serve [default: any: the collection's own].",
@@ -88,6 +96,7 @@ def stamp_command(
     std: str | None,
     channel_order: str,
     interpolation: str,
+    orientation: str,
     distance: str | None,
     scale: str | None,
     name: str | None,
@@ -114,6 +123,7 @@ def stamp_command(
         std=parse_floats(std, "--std"),
         channel_order=channel_order,
         interpolation=interpolation,
+        orientation=orientation,
         distance=distance,
         scale=scale,
         name=name,
@@ -215,6 +225,6 @@ def check_command(
                 if found.metric != "cosine"
                 else ""
             )
-            + "--resize/--crop, --interpolation, --mean/--std, --channel-order and --input-size "
+            + "--resize/--crop, --interpolation, --orientation, --mean/--std, --channel-order and --input-size "
             "of 'rmq model stamp'"
         )

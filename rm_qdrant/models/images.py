@@ -305,15 +305,37 @@ def centre_box(size: tuple[int, int], crop: int) -> tuple[int, int, int, int]:
     return (left, top, left + crop, top + crop)
 
 
+#: Modes of more than 8 bits a channel (16-bit greyscale PNG, 32-bit TIFF, ...).
+_DEEP_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
 def _convert(picture: Image.Image, mode: str) -> Image.Image:
     if picture.mode == mode:
         return picture
+    if picture.mode in _DEEP_MODES:
+        _check_depth(picture)
     try:
         return picture.convert(mode)
     except Exception as exc:  # a decoded image in an unusual mode Pillow cannot convert
         raise ImageError(
             f"cannot convert a {picture.mode} image to {mode}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _check_depth(picture: Image.Image) -> None:
+    """Refuse a deep image whose values do not fit 8 bits: Pillow's conversion (what
+    ``Image.open(...).convert("RGB")`` gives a team's pipeline) clips them, so a 16-bit
+    photo comes out nearly white; a deep file that holds 8-bit values converts as is."""
+    low, high = picture.getextrema()  # type: ignore[misc]
+    if low < 0 or high > 255:
+        raise ImageError(
+            f"a {picture.mode} image ({_BITS.get(picture.mode, 'more than 8')} bits a pixel) holds values "
+            f"from {low:g} to {high:g}: converting it to 8 bits would clip them (Pillow's conversion); "
+            "save it as an 8-bit image"
+        )
+
+
+_BITS = {"I;16": "16", "I;16L": "16", "I;16B": "16", "I;16N": "16", "I": "32", "F": "32 (float)"}
 
 
 def _resized(

@@ -103,6 +103,7 @@ def stamp_model(
     std: Sequence[float] | None = None,
     channel_order: str = "RGB",
     interpolation: str = "bilinear",
+    orientation: str = "ignore",
     distance: str | None = None,
     scale: str | None = None,
     name: str | None = None,
@@ -125,6 +126,9 @@ def stamp_model(
             ``nearest``, ``bilinear`` (default), ``bicubic``, ``lanczos``, ``box`` or
             ``hamming`` (``Image.resize`` with ``Image.Resampling.<NAME>``, antialiased
             when shrinking, except ``nearest``).
+        orientation: ``ignore`` the EXIF orientation tag (default: what ``Image.open``
+            and torchvision's ``default_loader`` do) or turn each photo as it says
+            (``exif``: the team's pipeline calls ``ImageOps.exif_transpose``).
         distance: The distance the vectors are meant for; None (default): any, the
             collection's own (checked there by ``rmq model check``).
         scale: ``unit`` (every vector L2-normalised: checked on random images), ``raw``
@@ -152,6 +156,7 @@ def stamp_model(
         crop=crop,
         channel_order=channel_order,
         interpolation=interpolation,
+        orientation=orientation,
     )
     if spec.dtype == "uint8" and (spec.mean or spec.std):
         raise ConfigError("mean and std apply to float32 input; a uint8 graph normalises inside itself")
