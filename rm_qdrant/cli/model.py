@@ -225,6 +225,6 @@ def check_command(
                 if found.metric != "cosine"
                 else ""
             )
-            + "--resize/--crop, --interpolation, --orientation, --mean/--std, --channel-order and --input-size "
-            "of 'rmq model stamp'"
+            + "--resize/--crop, --interpolation, --orientation, --mean/--std, --channel-order and "
+            "--input-size of 'rmq model stamp'"
         )
