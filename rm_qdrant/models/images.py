@@ -92,6 +92,8 @@ def _decode(data: bytes, what: str, max_pixels: int, cover: tuple[int, int] | No
         raise
     except UnidentifiedImageError as exc:
         raise ImageError(f"{what} is not a readable image: not {_FORMAT_NAMES} data") from exc
+    except Image.DecompressionBombError as exc:  # Pillow's own cap, met before the header's size is ours
+        raise TooLarge(f"{what} declares too many pixels: {exc}") from exc
     except Exception as exc:  # Pillow parses untrusted bytes and raises all kinds (SyntaxError, ...)
         raise ImageError(f"{what} is not a readable image: {type(exc).__name__}: {exc}") from exc
     return picture

@@ -111,9 +111,7 @@ def decoded_sizes(monkeypatch) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(("size", "scaled"), [((2400, 1600), (600, 400)), ((1600, 2400), (400, 600))])
-def test_fast_decodes_a_large_jpeg_at_the_smallest_dct_scale_covering_the_resize(
-    monkeypatch, size, scaled
-):
+def test_fast_decodes_a_large_jpeg_at_the_smallest_dct_scale_covering_the_resize(monkeypatch, size, scaled):
     data = encoded(photo(*size), "JPEG", quality=90)
     seen = decoded_sizes(monkeypatch)
     spec = dict(height=224, width=224, channels=3, resize=256, crop=224)
