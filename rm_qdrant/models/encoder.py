@@ -303,10 +303,13 @@ class OnnxEncoder(PixelDecoder):
     def layout(self, batch: np.ndarray) -> np.ndarray:
         """Decoded pixels ``(N, height, width, channels)`` as the graph's input: dtype, scaling, layout."""
         spec = self.info.input
-        if spec.dtype == "float32":
-            mean = np.asarray(spec.mean, dtype=np.float32)
-            std = np.asarray(spec.std, dtype=np.float32)
-            batch = (batch.astype(np.float32) / 255.0 - mean) / std
+        if spec.dtype == "float32":  # the same arithmetic as (x / 255 - mean) / std, in one buffer
+            batch = batch.astype(np.float32)
+            batch /= np.float32(255.0)
+            if spec.mean:
+                batch -= np.asarray(spec.mean, dtype=np.float32)
+            if spec.std:
+                batch /= np.asarray(spec.std, dtype=np.float32)
         if spec.layout == "NCHW":
             batch = batch.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(batch)
