@@ -205,3 +205,18 @@ def test_probe_decode_forecasts_another_mode_without_recording_or_caching_it(
     # once the pair decodes fast, the exact forecast no longer is its estimate
     rmq("switch-encoder", "--name", "p", "--decode", "fast")
     assert json.loads(rmq("status", "--name", "p", "--json").output)["estimate"] is None
+
+
+def test_index_into_a_fast_pair_decodes_fast(rmq, models, photo_folder, tmp_path):
+    first = tmp_path / "first"
+    (first / "a").mkdir(parents=True)
+    (first / "a" / "000.jpg").write_bytes(next(photo_folder.glob("a/*.jpg")).read_bytes())
+    rmq("index", "--collection", "gallery", "--data", first, "--encoder", models.old)
+    rmq("init", "--name", "p", "--old-collection", "gallery", "--encoder", models.rm, "--decode", "fast")
+    rmq("index", "--name", "p", "--data", photo_folder, "--encoder", models.old)
+    stored = {u: v for u, v in _stored(tmp_path, "gallery").items() if u.startswith(str(photo_folder))}
+    uris = sorted(stored)
+    assert len(uris) == 6
+    got = np.stack([stored[u] for u in uris])
+    np.testing.assert_allclose(got, _expected(models.old, uris, "fast", "embedding"), atol=1e-5)
+    assert np.abs(got - _expected(models.old, uris, "exact", "embedding")).max() > 1e-3
