@@ -198,8 +198,10 @@ def switch_encoder(
 
     ``decode`` alone (no ``encoder``) changes only how the pair decodes its images: the points
     already in new keep the vectors their images gave decoded the old way (nothing is
-    re-encoded, nothing checked; :attr:`SwitchReport.migrated` counts them), and everything
-    from the next migration batch and the next opened :class:`DualIndex` on decodes the new way.
+    re-encoded, nothing checked; :attr:`SwitchReport.migrated` counts them), and every migration
+    started afterwards, every :class:`DualIndex` opened (or refreshed) afterwards, and every call
+    that reads the pair's images decodes the new way (a migration under way finishes in the mode
+    it started with, as it keeps the graph it started with).
     The mode is recorded only here and at :func:`init`, never changed silently.
 
     Args:

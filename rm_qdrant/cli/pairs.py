@@ -148,7 +148,7 @@ def _decode_line(report: lifecycle.SwitchReport) -> str:
         return f"decode: {after} (unchanged)"
     return (
         f"decode: {before} -> {after}; the {report.migrated} points already in new were decoded {before} "
-        f"and keep those vectors; from now on every batch, query and check decodes {after}"
+        f"and keep those vectors; every migrate run, DualIndex and command started from now decodes {after}"
     )
 
 

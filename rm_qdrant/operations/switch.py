@@ -20,7 +20,8 @@ searched through ρ on another scale; :func:`calibration_after` names what happe
 
 The switch is also the one way to change how the pair decodes its images (``exact`` or ``fast``,
 recorded at ``rmq init --decode``), with or without another graph: :func:`switch_decode`. Points
-already in new stay as they were decoded; the next migration batch, the queries of a
+already in new stay as they were decoded; the batches of a migration started after the switch
+(one under way keeps the mode it started with, as it keeps its graph), the queries of a
 :class:`~rm_qdrant.serving.dual.DualIndex` opened (or refreshed) after the switch, and every
 command that reads the pair's images decode the new way. A graph given with it is checked under
 the mode the pair had, the one the vectors already in new were made with.
