@@ -108,6 +108,37 @@ def image_folder(tmp_path: Path) -> Path:
     return make_image_folder(tmp_path / "images")
 
 
+#: The side of :func:`make_photo_folder`'s photos: large enough that ``decode="fast"`` decodes them at
+#: a reduced DCT scale (1/8 for an 8x8 input), so fast and exact pixels differ.
+PHOTO_SIZE = (1600, 1067)
+
+
+def make_photo_folder(root: Path) -> Path:
+    """Write six real camera photos (scikit-learn's two sample JPEGs, turned and cropped) as
+    1600x1067 JPEGs in the ImageFolder layout: ``a/`` the temple, ``b/`` the flower."""
+    from sklearn.datasets import load_sample_image
+
+    for label, photo in (("a", "china.jpg"), ("b", "flower.jpg")):
+        picture = Image.fromarray(load_sample_image(photo))
+        width, height = picture.size
+        variants = (
+            picture,
+            picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+            picture.crop((width // 8, height // 8, width - width // 16, height - height // 16)),
+        )
+        for i, variant in enumerate(variants):
+            target = root / label / f"{i:03d}.jpg"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            variant.resize(PHOTO_SIZE, Image.Resampling.BICUBIC).save(target, quality=90)
+    return root
+
+
+@pytest.fixture(scope="session")
+def photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six large JPEG photos (:func:`make_photo_folder`), shared by the session: read, never written."""
+    return make_photo_folder(tmp_path_factory.mktemp("photos"))
+
+
 @pytest.fixture(params=["edge", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Each store test runs on the embedded qdrant-edge store and on qdrant-client's :memory:."""

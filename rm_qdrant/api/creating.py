@@ -11,6 +11,7 @@ from typing import Any
 
 from rm_qdrant.api.common import Counted, OnStep, as_encoder, check_callback, image_items
 from rm_qdrant.api.linked import linked_at_init
+from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -58,7 +59,9 @@ def index(
     This is how a deployment that predates rm-qdrant is reproduced (the old model filling the
     old collection). Give exactly one of ``collection`` (created if missing) and ``name``, a
     pair whose old collection is filled (a paired pair: only before its new collection holds
-    points). An image that cannot be read is skipped and reported.
+    points). An image that cannot be read is skipped and reported. Into a pair, images are
+    decoded as the pair records (``exact`` or ``fast``); into a collection, as ``encoder``
+    decodes (an :class:`OnnxEncoder` loaded from a path: ``exact``).
 
     Args:
         data: the folder (``DATA/<label>/<image>``), or the images as :class:`ImageItem`.
@@ -90,6 +93,8 @@ def index(
     vector = None if pair is None else layout_of(pair).index_vector
     items = image_items(data)
     model = as_encoder(encoder)
+    if pair is not None:  # the pair's images, decoded as it records
+        model = model.decoding_as(pair.decode)
     with Counted(on_step, f"indexing into {target}", "images") as step:
         step.start(len(items))
         report = index_images(
@@ -150,6 +155,7 @@ def init(
     label_field: str = "label",
     full_scan_kb: int | None = None,
     source: Mapping[str, Any] | None = None,
+    decode: str = DEFAULT_DECODE,
 ) -> InitReport:
     """Create the new collection (mirroring the old one's schema), or the new vector of a single
     collection, and the pair record: ``rmq init``.
@@ -176,6 +182,9 @@ def init(
         source: image-source settings to record, by :class:`SourceConfig` field (``root``,
             ``schemes``, ``timeout``, ``max_pixels``, ``allow_private``, ``headers``), as plain
             data: every later call that reads the pair's images uses them unless given another.
+        decode: how every later call decodes the pair's images: ``exact`` (the default: the
+            team pipeline's pixels to the bit) or ``fast`` (JPEGs at a reduced DCT scale, nearly the
+            same pixels for much less work). Recorded; only :func:`switch_encoder` changes it.
 
     Raises:
         ConfigError: options that do not fit together, a model that does not fit the collection.
@@ -187,6 +196,7 @@ def init(
     """
     if uri_template is not None and uri_field is not None:
         raise ConfigError("give --uri-field or --uri-template, not both")
+    check_decode(decode)
     layout, query_mode = _layout(mode, query_mode)
     if layout == SINGLE:
         if (collection is None) == (old_collection is None):
@@ -216,6 +226,7 @@ def init(
         new_vector=new_vector,
         source=settings,
         full_scan_kb=full_scan_kb,
+        decode=decode,
     )
     return InitReport(record, linked_at_init(store, record))
 

@@ -302,7 +302,7 @@ def _backbone_for(
     pair = load_pair(store, name)
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
-    encoder = OnnxEncoder(backbone, threads=threads)
+    encoder = OnnxEncoder(backbone, threads=threads, decode=pair.decode)
     if "rev" in encoder.info.outputs:
         raise ConfigError(
             f"{os.fspath(backbone)} already has heads (a 'rev' output): give the plain backbone"

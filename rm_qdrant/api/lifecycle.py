@@ -14,12 +14,14 @@ from typing import Any
 
 from rm_qdrant.api.common import as_encoder, pair_source
 from rm_qdrant.api.linked import linked_after_finalize, linked_before_finalize
+from rm_qdrant.core.inputspec import check_decode
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations import cutover
 from rm_qdrant.operations import switch as switching
 from rm_qdrant.operations.failures import DroppedFailures, finalize_dropping_failed
 from rm_qdrant.operations.verify import Agreement
+from rm_qdrant.pair.layouts import count_new
 from rm_qdrant.pair.record import PairRecord, load_pair
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -148,15 +150,23 @@ class SwitchReport:
         pair: the pair's record, serving the new graph.
         previous: the record before the switch.
         check: how the graph reproduced a sample of the vectors already in new (None: new was
-            empty).
+            empty, or no graph was given).
         calibration: what became of the pair's calibration: ``kept``, ``dropped``, or None (it
             had none).
+        migrated: points already in new when the decode mode changed (decoded the old way;
+            0 when it did not change).
     """
 
     pair: PairRecord
     previous: PairRecord
     check: Agreement | None
     calibration: str | None
+    migrated: int = 0
+
+    @property
+    def decode_changed(self) -> bool:
+        """Whether the switch changed how the pair decodes its images."""
+        return self.pair.decode != self.previous.decode
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -164,37 +174,51 @@ class SwitchReport:
             "switched": True,
             "check": self.check and dataclasses.asdict(self.check),
             "calibration": self.calibration,  # kept | dropped | null (the pair had none)
+            "decode": {"before": self.previous.decode, "after": self.pair.decode},
+            "decoded_before": self.migrated,  # points in new decoded the old way (0: unchanged)
         }
 
 
 def switch_encoder(
     store: Store,
     name: str,
-    encoder: Model,
+    encoder: Model | None = None,
     *,
     old_encoder: Model | None = None,
     new_model: Model | None = None,
     sample: int = 64,
     source: SourceConfig | None = None,
+    decode: str | None = None,
 ) -> SwitchReport:
-    """Serve a running pair with another graph, if the vectors already in new stay valid:
-    ``rmq switch-encoder``.
+    """Serve a running pair with another graph, if the vectors already in new stay valid, or
+    decode its images another way: ``rmq switch-encoder``.
 
-    A sample of new is re-encoded with the graph; if it does not reproduce the vectors stored
-    there, the pair is left as it was.
+    A sample of new is re-encoded with the graph (decoded as the pair decoded until now); if it
+    does not reproduce the vectors stored there, the pair is left as it was.
+
+    ``decode`` alone (no ``encoder``) changes only how the pair decodes its images: the points
+    already in new keep the vectors their images gave decoded the old way (nothing is
+    re-encoded, nothing checked; :attr:`SwitchReport.migrated` counts them), and every migration
+    started afterwards, every :class:`DualIndex` opened (or refreshed) afterwards, and every call
+    that reads the pair's images decodes the new way (a migration under way finishes in the mode
+    it started with, as it keeps the graph it started with).
+    The mode is recorded only here and at :func:`init`, never changed silently.
 
     Args:
-        encoder: the graph to serve from now on.
+        encoder: the graph to serve from now on (None: keep the pair's; then ``decode`` is needed).
         old_encoder: the old model, if the pair has none recorded.
         new_model: the plain new model (no ψ/ρ) to record as New for :func:`evaluate` and
             :func:`probe` (default: a naive pair moving to a graph with ψ records the graph it
             served until now).
         sample: points of new re-encoded for the check.
         source: how images are fetched (default: the settings the pair recorded).
+        decode: ``exact`` or ``fast``: how the pair decodes its images from now on (None: as
+            before).
 
     Raises:
         Refused: the graph does not reproduce the vectors in new (its ``measured`` says how far).
-        ConfigError: sizes or distance do not fit.
+        ConfigError: sizes or distance do not fit; neither ``encoder`` nor ``decode``; an
+            unknown ``decode``; ``old_encoder`` or ``new_model`` without ``encoder``.
         MigrationError: the pair is not backfilling.
         CollectionNotFound: no pair of that name.
 
@@ -202,14 +226,25 @@ def switch_encoder(
         >>> rm_qdrant.switch_encoder(store, "photos", "fitted.onnx").pair.mode  # doctest: +SKIP
         'rm'
     """
+    if decode is not None:
+        check_decode(decode)
+    if encoder is None and decode is None:
+        raise ConfigError("give the graph to serve (--encoder), the decode mode (--decode), or both")
+    if encoder is None and (old_encoder is not None or new_model is not None):
+        raise ConfigError("--old-encoder and --new-model go with --encoder: the graph they are recorded with")
     before = load_pair(store, name)
-    updated, measured = switching.switch_encoder(
-        store,
-        before,
-        as_encoder(encoder),
-        old_encoder=as_encoder(old_encoder) if old_encoder is not None else None,
-        new_model=as_encoder(new_model) if new_model is not None else None,
-        sample=sample,
-        source=pair_source(before, source),
-    )
-    return SwitchReport(updated, before, measured, switching.calibration_after(before, updated))
+    if encoder is None:
+        updated, measured = switching.switch_decode(store, before, decode or before.decode), None
+    else:
+        updated, measured = switching.switch_encoder(
+            store,
+            before,
+            as_encoder(encoder),
+            old_encoder=as_encoder(old_encoder) if old_encoder is not None else None,
+            new_model=as_encoder(new_model) if new_model is not None else None,
+            sample=sample,
+            source=pair_source(before, source),
+            decode=decode,
+        )
+    migrated = count_new(store, updated) if updated.decode != before.decode else 0
+    return SwitchReport(updated, before, measured, switching.calibration_after(before, updated), migrated)

@@ -14,6 +14,7 @@ from rm_qdrant.api.common import OnStep, check_callback, draw_with_steps, pair_s
 from rm_qdrant.core.advice import Advice, advise, crowding_text
 from rm_qdrant.core.calibration_check import CHEAPEST_FIRST, judge_map
 from rm_qdrant.core.forecast import ModeForecast, holdout_split
+from rm_qdrant.core.inputspec import check_decode
 from rm_qdrant.core.ordering import check_order
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError
@@ -51,6 +52,9 @@ class ProbeReport:
     Attributes:
         pair: the pair's name.
         mode: its query mode (``rm`` or ``naive``).
+        decode: how the sample's images were decoded (``exact`` or ``fast``).
+        recorded_decode: the pair's recorded mode (another than ``decode``: a what-if forecast,
+            not kept for :func:`status`).
         sample: points re-embedded (unreadable ones left out).
         gallery: points the sample was drawn from (those still in old).
         unreadable: sampled points whose image could not be read.
@@ -74,6 +78,8 @@ class ProbeReport:
     forecasts: tuple[ModeForecast, ...]
     advice: Advice
     cache: str | None
+    decode: str = "exact"
+    recorded_decode: str = "exact"
 
     @property
     def recommendation(self) -> str:
@@ -92,6 +98,8 @@ class ProbeReport:
             "recommendation": self.advice.text,
             **self.advice.as_dict(),
             "cache": self.cache,
+            "decode": self.decode,
+            "recorded_decode": self.recorded_decode,
         }
 
 
@@ -108,6 +116,7 @@ def probe(
     new_model: str | os.PathLike[str] | None = None,
     label_field: str | None = None,
     on_step: OnStep | None = None,
+    decode: str | None = None,
 ) -> ProbeReport:
     """Forecast the backfill curve on a re-embedded sample of the gallery: ``rmq probe``.
 
@@ -129,6 +138,9 @@ def probe(
             one the pair records; a naive pair's own encoder).
         label_field: payload field with class labels (``meta.dept``: nested; default: the pair's).
         on_step: told of each image re-embedded (:class:`Step`).
+        decode: decode the sample's images ``exact`` or ``fast`` (default: as the pair records):
+            the forecast of serving with that decoding. Nothing is recorded; a forecast decoded
+            otherwise than the pair is not kept for :func:`status`'s estimate.
 
     Raises:
         CollectionNotFound: no pair of that name.
@@ -142,16 +154,19 @@ def probe(
         ('rm', 0.912)
     """
     _check_probe_options(sample, k, seed, on_step)
+    if decode is not None:
+        check_decode(decode)
     check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
     index = DualIndex.open(store, name, encoder=path_text(encoder))
     pair = index.pair
+    decode = decode or pair.decode
     spec = check_order(order) if order else (pair.order or "random")
     field = check_path(label_field, "--label-field") if label_field is not None else pair.label_field
     plain = plain_new_model(pair, path_text(new_model))  # before the sample: a wrong path stops at once
+    plain = None if plain is None else plain.decoding_as(decode)
     images = pair_source(pair, source)
-    drawn = draw_with_steps(
-        index.store, pair, index.encoder, sample, seed=seed, source=images, on_step=on_step
-    )
+    model = None if index.encoder is None else index.encoder.decoding_as(decode)
+    drawn = draw_with_steps(index.store, pair, model, sample, seed=seed, source=images, on_step=on_step)
     labelled = drawn.labels(field) is not None
     if label_field is not None and not labelled:  # asked for (as fit's label_field): an error
         raise ConfigError(
@@ -161,7 +176,7 @@ def probe(
     forecasts, advice = _curves(
         index, drawn, plain, spec=spec, seed=seed, k=k, source=images, on_step=on_step, label_field=field
     )
-    key = store_key(store)
+    key = store_key(store) if decode == pair.decode else None  # a what-if forecast is not kept
     cached = None if key is None else save_sample(drawn, cache_path(key, name), k=k)
     return ProbeReport(
         pair=name,
@@ -175,6 +190,8 @@ def probe(
         forecasts=tuple(forecasts),
         advice=advice,
         cache=None if cached is None else str(cached),
+        decode=decode,
+        recorded_decode=pair.decode,
     )
 
 
@@ -299,6 +316,6 @@ def status_estimate(
     if loaded is None:
         return None
     sample, k = loaded
-    if sample.encoder != pair.encoder.fingerprint:
-        return None  # probed with another model: not this pair's forecast
+    if sample.encoder != pair.encoder.fingerprint or sample.decode != pair.decode:
+        return None  # probed with another model, or decoded otherwise: not this pair's forecast
     return estimate_now(store, pair, sample, k=k, fraction=fraction)

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from rm_qdrant.api.common import Step
+from rm_qdrant.core.inputspec import DECODES
 from rm_qdrant.core.redact import redact
 from rm_qdrant.errors import Refused, RmqError
 from rm_qdrant.sources.settings import (
@@ -61,6 +62,20 @@ def new_model_option(use: str) -> Callable[[Callable[..., Any]], Callable[..., A
         type=click.Path(),
         help=f"The plain new model (no ψ/ρ heads) an rm pair's graph was trained from: {use} "
         "[default: a naive pair's encoder; an rm pair's recorded one (rmq init/switch-encoder --new-model)].",
+    )
+
+
+def decode_option(
+    help: str, *, default: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--decode exact|fast``: how images are decoded (see docs/guides/models.md); ``default``
+    None: the pair's recorded mode."""
+    return click.option(
+        "--decode",
+        type=click.Choice(DECODES),
+        default=default,
+        show_default=default is not None,
+        help=help,
     )
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rm_qdrant.cli.common import SEED, Group, emit, json_option, open_cli_store
+from rm_qdrant.cli.common import SEED, Group, decode_option, emit, json_option, open_cli_store
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.inputspec import INTERPOLATIONS, ORIENTATIONS
 from rm_qdrant.core.modelinfo import parse_floats
@@ -20,6 +20,7 @@ if (
     TYPE_CHECKING
 ):  # rm_qdrant.models.stamp imports onnx: loaded when a model command runs, not for every rmq call
     from rm_qdrant.models.stamp import StampReport
+    from rm_qdrant.operations.verify import Fidelity
 
 
 @click.group(name="model", cls=Group)
@@ -169,6 +170,10 @@ def _as_text(report: StampReport) -> str:
 @click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
 @click.option("--uri-template", help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg'.")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the sample.")
+@decode_option(
+    "fast: also re-encode the same images decoded fast, and print how close they come to the stored "
+    "vectors and to the exact-decoded ones [default: as the pair over the collection records, else exact].",
+)
 @source_options
 @json_option
 @click.pass_context
@@ -181,6 +186,7 @@ def check_command(
     uri_field: str,
     uri_template: str | None,
     seed: int,
+    decode: str | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
@@ -191,31 +197,55 @@ def check_command(
     <= 0.045), so a model that L2-normalises raw vectors fails. A wrong resize, crop,
     interpolation, normalisation, channel order or scale shows here, before anything moves. The
     norms of both sides are reported. Exits 1 when they do not match.
-    """
-    from rm_qdrant.operations.verify import SAME_OUTPUT, SAME_VECTOR, agreement
 
-    found = agreement(
-        open_cli_store(ctx),
+    With --decode fast the same images are also decoded fast: the fast vectors against the
+    stored ones and against the exact-decoded ones (min and median, in the collection's
+    metric) say what fast decoding costs on these images. The exact-decoded vectors still
+    decide the exit status: fast decoding is the team's choice (rmq init/switch-encoder --decode).
+    """
+    from rm_qdrant.operations.verify import (
+        SAME_OUTPUT,
+        SAME_VECTOR,
+        Fidelity,
+        agreement,
+        fidelity,
+        recorded_decode,
+    )
+
+    store = open_cli_store(ctx)
+    recorded = None
+    if decode is None:
+        decode, recorded = recorded_decode(store, collection)
+    measure = fidelity if decode == "fast" else agreement
+    measured = measure(
+        store,
         collection,
-        OnnxEncoder(model_path),
+        OnnxEncoder(model_path),  # decodes exact; fidelity decodes fast too
         vector=vector,
         rule=UriRule(uri_field, uri_template),
         sample=sample,
         seed=seed,
         source=source,
     )
+    fast = measured if isinstance(measured, Fidelity) else None
+    found = measured.exact if isinstance(measured, Fidelity) else measured
     reason = found.mismatch()
     data = {
         **dataclasses.asdict(found),
         "matches": reason is None,
         "threshold": SAME_OUTPUT,
         "max_relative_error": SAME_VECTOR,
+        "decode": decode,
+        "decode_from_pair": recorded,
+        "fast": None if fast is None else _fast_dict(fast),
     }
     text = (
         f"{model_path} against {found.checked} stored vectors of {collection!r} ({found.metric}): "
         f"{found.describe()}"
         + (f"; {found.unreadable} images unreadable (first: {found.first_error})" if found.unreadable else "")
     )
+    if fast is not None:
+        text += "\n" + _fast_text(fast, recorded)
     emit(data, as_json, text)
     if reason is not None:
         raise ConfigError(
@@ -228,3 +258,24 @@ def check_command(
             + "--resize/--crop, --interpolation, --orientation, --mean/--std, --channel-order and "
             "--input-size of 'rmq model stamp'"
         )
+
+
+def _fast_dict(fast: Fidelity) -> dict[str, object]:
+    return {
+        "checked": fast.fast.checked,
+        "against_stored": dataclasses.asdict(fast.fast),
+        "against_exact": dataclasses.asdict(fast.fast_vs_exact),
+    }
+
+
+def _fast_text(fast: Fidelity, pair: str | None) -> str:
+    """The fidelity of fast decoding, in the collection's metric (a similarity: cosine; and the
+    relative error where norms matter), on the images both decodings read."""
+    by = f" (as pair {pair!r} records)" if pair else ""
+    return (
+        f"decoded fast{by}, {fast.fast.checked} images:\n"
+        f"  fast against the stored vectors:        {fast.fast.describe()}\n"
+        f"  fast against the exact-decoded vectors: {fast.fast_vs_exact.describe()}\n"
+        "  (the exact-decoded vectors above decide whether the model matches; whether fast is close enough "
+        "is yours: rmq probe --decode fast forecasts serving with it)"
+    )

@@ -9,6 +9,7 @@ import click
 from rm_qdrant.api import lifecycle
 from rm_qdrant.cli.common import (
     EXIT_STATUS_HELP,
+    decode_option,
     emit,
     json_option,
     name_option,
@@ -16,7 +17,7 @@ from rm_qdrant.cli.common import (
     plain,
 )
 from rm_qdrant.cli.sourceopts import source_options
-from rm_qdrant.errors import Refused
+from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.operations.drop import drop_pair
 from rm_qdrant.pair.layouts import layout_of
 from rm_qdrant.pair.record import list_pairs
@@ -55,7 +56,9 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
 
 @click.command(name="switch-encoder", epilog=EXIT_STATUS_HELP)
 @name_option
-@click.option("--encoder", required=True, type=click.Path(), help="The graph to serve from now on (.onnx).")
+@click.option(
+    "--encoder", type=click.Path(), help="The graph to serve from now on (.onnx) [default: the pair's]."
+)
 @click.option("--old-encoder", type=click.Path(), help="The old model, if the pair has none recorded.")
 @click.option(
     "--new-model",
@@ -70,24 +73,37 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
     type=click.IntRange(min=1),
     help="Points of new re-encoded to check the vectors there stay valid.",
 )
+@decode_option(
+    "Decode the pair's images this way from now on: exact or fast (with or without --encoder) "
+    "[default: as the pair records].",
+)
 @source_options
 @json_option
 @click.pass_context
 def switch_encoder_command(
     ctx: click.Context,
     name: str,
-    encoder: str,
+    encoder: str | None,
     old_encoder: str | None,
     new_model: str | None,
     sample: int,
+    decode: str | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
-    """Serve a running pair with another graph, if the vectors already in new stay valid.
+    """Serve a running pair with another graph, if the vectors already in new stay valid, or
+    decode its images another way (--decode).
 
-    A sample of new is re-encoded with the graph; if it does not reproduce the vectors
-    stored there, the pair is left as it was and rmq exits 3.
+    A sample of new is re-encoded with the graph (decoded as the pair decoded until now); if
+    it does not reproduce the vectors stored there, the pair is left as it was and rmq exits 3.
+
+    --decode exact|fast alone records how the pair decodes its images from now on: the next
+    migration batch, queries, probe, eval, calibrate and fit decode that way. The points
+    already in new keep the vectors of the old way; nothing is re-encoded (rmq model check
+    --decode fast measures how far apart the two ways are on the pair's images).
     """
+    if encoder is None and decode is None:  # before the store is opened
+        raise ConfigError("give the graph to serve (--encoder), the decode mode (--decode), or both")
     try:
         report = lifecycle.switch_encoder(
             open_cli_store(ctx),
@@ -97,18 +113,23 @@ def switch_encoder_command(
             new_model=new_model,
             sample=sample,
             source=source,
+            decode=decode,
         )
     except Refused as exc:
         if as_json and dataclasses.is_dataclass(exc.measured):  # the report, then the one line
             emit({"pair": name, "switched": False, "check": dataclasses.asdict(exc.measured)}, True, "")
         raise
     updated, measured, calibration = report.pair, report.check, report.calibration
-    check = (
-        f"; checked on {measured.checked} points of new ({measured.metric}): {measured.describe()}"
-        if measured
-        else "; new was empty"
-    )
-    text = f"pair {name!r} now serves {updated.encoder.name} ({updated.mode} mode){check}"
+    if encoder is None:
+        text = f"pair {name!r} still serves {plain(updated.encoder.name)} ({updated.mode} mode)"
+    else:
+        check = (
+            f"; checked on {measured.checked} points of new ({measured.metric}): {measured.describe()}"
+            if measured
+            else "; new was empty"
+        )
+        text = f"pair {name!r} now serves {plain(updated.encoder.name)} ({updated.mode} mode){check}"
+    text += "\n" + _decode_line(report)
     if calibration is not None:
         text += "\n" + _calibration_line(name, calibration)
     recorded = updated.new_model
@@ -119,6 +140,16 @@ def switch_encoder_command(
             "rmq eval and rmq probe measure New with it"
         )
     emit(report.as_dict(), as_json, text)
+
+
+def _decode_line(report: lifecycle.SwitchReport) -> str:
+    before, after = report.previous.decode, report.pair.decode
+    if before == after:
+        return f"decode: {after} (unchanged)"
+    return (
+        f"decode: {before} -> {after}; the {report.migrated} points already in new were decoded {before} "
+        f"and keep those vectors; every migrate run, DualIndex and command started from now decodes {after}"
+    )
 
 
 def _calibration_line(name: str, what: str) -> str:

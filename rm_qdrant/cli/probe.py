@@ -11,6 +11,7 @@ from rm_qdrant.api.probing import CURVES, NO_PSI, probe
 from rm_qdrant.cli.common import (
     SEED,
     Steps,
+    decode_option,
     emit,
     json_option,
     name_option,
@@ -49,6 +50,10 @@ from rm_qdrant.sources import SourceConfig
     help="Payload field with class labels ('meta.dept': nested) [default: the pair's]: mAP is "
     "forecast too, and decides rm against naive.",
 )
+@decode_option(
+    "Decode the sample's images this way: the forecast of serving with that decoding; nothing is "
+    "recorded [default: as the pair records].",
+)
 @json_option
 @click.pass_context
 def probe_command(
@@ -62,6 +67,7 @@ def probe_command(
     encoder: str | None,
     new_model: str | None,
     label_field: str | None,
+    decode: str | None,
     as_json: bool,
 ) -> None:
     """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
@@ -87,6 +93,7 @@ def probe_command(
             new_model=new_model,
             label_field=label_field,
             on_step=steps,
+            decode=decode,
         )
     data = report.as_dict()
     emit(data, as_json, _text(data, report.mode, list(report.forecasts)))
@@ -130,7 +137,7 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
     lines = [
         f"pair {data['pair']} ({mode}): {data['sample']} gallery points re-embedded"
         + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
-        + f"; order {data['order']}; nothing written",
+        + f"; decoded {data['decode']}; order {data['order']}; nothing written",
         "",
         f"recall@{data['k']} against the new model's own neighbours (label-free{_whose(forecasts)}):",
         *recall,
@@ -150,9 +157,18 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
     lines += [
         "",
         f"recommendation: {data['recommendation']}",
-        f"sample cached in {data['cache']} (rmq status shows the estimate now)",
+        _cache_line(data),
     ]
     return "\n".join(lines)
+
+
+def _cache_line(data: dict[str, Any]) -> str:
+    if data["decode"] != data["recorded_decode"]:
+        return (
+            f"decoded {data['decode']} as asked, the pair records {data['recorded_decode']}: a what-if, not "
+            f"kept (rmq switch-encoder --decode {data['decode']} records it; rmq status keeps its estimate)"
+        )
+    return f"sample cached in {data['cache']} (rmq status shows the estimate now)"
 
 
 def _whose(forecasts: list[ModeForecast]) -> str:

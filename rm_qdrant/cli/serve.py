@@ -15,6 +15,7 @@ from rm_qdrant.cli.common import (
     COLLECTION,
     FiniteFloat,
     Steps,
+    decode_option,
     emit,
     json_option,
     name_option,
@@ -167,6 +168,12 @@ def _json_filter(item: str) -> Any:
     "searched through their graph, not scanned; the team's vector keeps it after drop-pair "
     "[default: 1000 on a single-collection pair's new vector; Qdrant's own is 10000].",
 )
+@decode_option(
+    "How every command decodes the pair's images: exact (the team pipeline's pixels to the bit) or "
+    "fast (JPEGs at a reduced DCT scale, then only the crop resized); recorded, changed only by "
+    "'rmq switch-encoder --decode'.",
+    default="exact",
+)
 @recorded_source_options
 @json_option
 @click.pass_context
@@ -188,6 +195,7 @@ def init(
     uri_template: str | None,
     label_field: str,
     full_scan_kb: int | None,
+    decode: str,
     source_settings: dict[str, Any],
     as_json: bool,
 ) -> None:
@@ -216,11 +224,13 @@ def init(
         label_field=label_field,
         full_scan_kb=full_scan_kb,
         source=source_settings,
+        decode=decode,
     )
     record = report.pair
     images = record.uri_rule.describe()
     created = plain(layout_of(record).created)
     text = f"pair {record.name!r} ({record.mode}): {created}; images from {plain(images)}"
+    text += f", decoded {record.decode}"
     text += f"\n{plain(report.note)}" if report.note else ""
     emit(report.as_dict(), as_json, text)
 

@@ -48,6 +48,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"encoder       {plain(state.encoder)}",
             f"old encoder   {plain(state.old_encoder or '-')}",
             f"plain new     {plain(state.new_model or '-')}",
+            f"decode        {_decode_text(state.decode)}",
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {plain(state.alias or '-')}",
             f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
@@ -55,6 +56,12 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         ]
     )
     emit(report.as_dict(), as_json, text)
+
+
+def _decode_text(decode: str) -> str:
+    if decode == "fast":
+        return "fast (JPEGs at a reduced DCT scale; rmq switch-encoder --decode exact changes it)"
+    return "exact (the team pipeline's pixels; rmq switch-encoder --decode fast changes it)"
 
 
 def _bypass_lines(state: Any) -> list[str]:

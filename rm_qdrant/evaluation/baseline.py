@@ -66,7 +66,7 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
     """
     if pair.mode == "naive":
         if given is not None:
-            model = OnnxEncoder(given)
+            model = OnnxEncoder(given, decode=pair.decode)
             if model.fingerprint != pair.encoder.fingerprint:
                 raise ConfigError(
                     f"pair {pair.name!r} is naive: its encoder {pair.encoder.name} is the plain new model, "
@@ -75,12 +75,14 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
             return model
         return None  # the pair's own encoder already is the plain new model
     if given is not None:  # the checks rmq init --new-model makes: no ψ, the pair's size and distance
-        model = OnnxEncoder(given)
+        model = OnnxEncoder(given, decode=pair.decode)
         plain_model_ref(model, pair.name, dim=pair.encoder.dim, distance=pair.distance)
         return model
     if pair.new_model is not None:
         try:
-            return open_encoder(None, pair.new_model, pair.name, "the recorded plain new model")
+            return open_encoder(
+                None, pair.new_model, pair.name, "the recorded plain new model", decode=pair.decode
+            )
         except EncoderError as exc:
             raise EncoderError(
                 f"pair {pair.name!r}'s recorded plain new model: {exc}; give it with --new-model PATH"

@@ -59,6 +59,7 @@ class ProbeSample:
     encoder: str  # the encoder's fingerprint
     failed: int  # sampled points whose image could not be fetched or decoded
     gallery: int = 0  # points the sample was drawn from
+    decode: str = "exact"  # how its images were decoded (a sample cached before it: exact)
 
     @property
     def key(self) -> str:
@@ -128,7 +129,8 @@ def draw_sample(
     on_plan: Callable[[int], None] | None = None,
     on_image: Callable[[], None] | None = None,
 ) -> ProbeSample:
-    """Sample ``size`` points of the old collection and embed their images with ``encoder``.
+    """Sample ``size`` points of the old collection and embed their images with ``encoder``
+    (decoded as it decodes: the caller gives it the pair's mode, or ``rmq probe --decode``'s).
 
     ``encoder`` is the pair's (``rmq probe``) or the team's new backbone (``rmq fit``); the
     sample's ``new`` is its gallery output (``new``, else ``embedding``). ``on_plan(n)`` is
@@ -181,6 +183,7 @@ def draw_sample(
         encoder=model.fingerprint,
         failed=len(records) - len(kept),
         gallery=len(ids),
+        decode=model.decoding,
     )
 
 
@@ -230,6 +233,7 @@ def cache_path(location: str, name: str) -> Path:
 def save_sample(sample: ProbeSample, path: Path, *, k: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"ids": sample.ids, "encoder": sample.encoder, "failed": sample.failed, "k": k}
+    meta["decode"] = sample.decode
     arrays: dict[str, Any] = {
         "meta": np.array(json.dumps(meta)),
         "payloads": np.array(json.dumps(sample.payloads)),
@@ -257,6 +261,7 @@ def load_sample(path: Path) -> tuple[ProbeSample, int] | None:
                 rev=saved["rev"] if "rev" in saved.files else None,
                 encoder=meta["encoder"],
                 failed=meta["failed"],
+                decode=meta.get("decode", "exact"),
             )
             return sample, int(meta["k"])
     except (OSError, ValueError, KeyError):

@@ -144,7 +144,8 @@ class RayEngine:
         self._turn = 0
         try:
             self._check_room()
-            self._start(encoder, output, distance, (encoder.info, sent(source), rule, fetch_workers))
+            args = (encoder.info, sent(source), rule, fetch_workers, encoder.decoding)
+            self._start(encoder, output, distance, args)
         except BaseException:
             self.close()  # the local Ray it started, too
             raise
@@ -228,10 +229,8 @@ class RayEngine:
         except OSError as exc:
             raise ConfigError(f"cannot read encoder {encoder.path}: {exc.strerror or exc}") from exc
         self.graph = [ray.put(graph)]  # held for the actors' restarts
-        self.actors = [
-            actor.remote(encoder.path.name, encoder.fingerprint, encoder.batch_size, options.gpus_per_encoder)
-            for _ in range(options.encoders)
-        ]
+        settings = (encoder.path.name, encoder.fingerprint, encoder.batch_size, options.gpus_per_encoder)
+        self.actors = [actor.remote(*settings, encoder.decoding) for _ in range(options.encoders)]
 
     def _check_room(self) -> None:
         """Refuse a Ray without a CPU for decoding beside the encoder actors, or (a local one)
@@ -276,7 +275,7 @@ class RayEngine:
                 if halt.is_set():
                     self.cancel(batch)
                     return None
-                decoded = self._decode.remote(*self.args[:3], points, self.args[3])
+                decoded = self._decode.remote(*self.args[:3], points, *self.args[3:])
                 self._decoding.append(decoded)
                 actor = self.actors[self._turn % len(self.actors)]
                 self._turn += 1

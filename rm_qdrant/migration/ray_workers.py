@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rm_qdrant.core.inputspec import DEFAULT_DECODE
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.modelinfo import ModelInfo
 from rm_qdrant.core.uris import UriRule
@@ -35,19 +36,25 @@ def decode_chunk(
     rule: UriRule,
     points: Sequence[tuple[PointId, dict[str, Any]]],
     fetch_workers: int | None,
+    decode: str = DEFAULT_DECODE,
 ) -> LoadedBatch:
-    """A Ray task: fetch and decode the images of ``points`` as the encoder takes them."""
+    """A Ray task: fetch and decode the images of ``points`` as the encoder takes them, ``exact``
+    or ``fast`` as the pair records (``decode``)."""
     images = _source(config)
     with ThreadPoolExecutor(fetch_workers or NETWORK_WORKERS, "rmq-fetch") as pool:
-        return load_batch(PixelDecoder(info), images, rule, points, pool, workers=fetch_workers)
+        decoder = PixelDecoder(info, decode=decode)
+        return load_batch(decoder, images, rule, points, pool, workers=fetch_workers)
 
 
 class EncoderActor:
     """A Ray actor: one ONNX Runtime session of the pair's encoder, loaded from the graph's bytes
     on its first call (and again after Ray restarts it)."""
 
-    def __init__(self, name: str, fingerprint: str, batch_size: int, gpus: float) -> None:
+    def __init__(
+        self, name: str, fingerprint: str, batch_size: int, gpus: float, decode: str = DEFAULT_DECODE
+    ) -> None:
         self.settings = name, fingerprint, batch_size, gpus
+        self.decode = decode  # the pair's mode (this actor encodes decoded pixels; kept for its encoder)
         self.encoder: OnnxEncoder | None = None
 
     def _load(self, graph: list[Any]) -> OnnxEncoder:
@@ -58,7 +65,9 @@ class EncoderActor:
         with tempfile.TemporaryDirectory(prefix="rmq-encoder-") as folder:
             path = Path(folder, name)
             path.write_bytes(ray.get(graph[0]))
-            encoder = OnnxEncoder(path, batch_size=batch_size, threads=1, providers=providers)
+            encoder = OnnxEncoder(
+                path, batch_size=batch_size, threads=1, providers=providers, decode=self.decode
+            )
         if encoder.fingerprint != fingerprint:
             raise ConfigError(f"the encoder {name} changed on disk while the run started: rerun")
         if gpus > 0 and encoder.provider != CUDA:

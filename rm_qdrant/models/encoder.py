@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -168,6 +168,9 @@ def run_in_chunks(
     return [np.concatenate(p) for p in parts] if len(tensor) else []
 
 
+_Decoder = TypeVar("_Decoder", bound="PixelDecoder")
+
+
 class PixelDecoder:
     """Decodes images as a graph takes them, from its metadata alone (no ONNX Runtime session):
     what a process that only fetches and decodes needs (see migration/ray_engine.py).
@@ -180,7 +183,7 @@ class PixelDecoder:
         self.info = info
         self.decoding = check_decode(decode)
 
-    def decoding_as(self, decode: str) -> PixelDecoder:
+    def decoding_as(self: _Decoder, decode: str) -> _Decoder:
         """This decoder (or encoder: the same ONNX Runtime session) decoding ``exact`` or ``fast``."""
         if check_decode(decode) == self.decoding:
             return self

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
@@ -64,6 +65,7 @@ def create_pair(
     new_vector: str | None = None,
     source: dict[str, Any] | None = None,
     full_scan_kb: int | None = None,
+    decode: str = DEFAULT_DECODE,
 ) -> PairRecord:
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
@@ -95,6 +97,8 @@ def create_pair(
             the collections' own in the paired layout. It suits embeddings that reach their
             recall at ef <= 64; vectors that need ef in the hundreds (random Gaussian ones) scan
             faster, and find every point, up to ~8,000 KB (Qdrant's default is 10,000).
+        decode: how every command decodes the pair's images, ``exact`` (the default: the team
+            pipeline's pixels) or ``fast`` (see :attr:`PairRecord.decode`).
 
     Raises:
         CollectionNotFound: the old collection does not exist.
@@ -105,6 +109,7 @@ def create_pair(
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    check_decode(decode)
     check_path(label_field, "--label-field")
     single = layout == SINGLE
     existing = _get(store, "pair", name)
@@ -193,6 +198,7 @@ def create_pair(
         layout=layout,
         new_vector=new_vector if single else None,
         source=source or None,
+        decode=decode,
     )
     save_pair(store, record)
     unseen = unseen_writes(record)

@@ -88,7 +88,7 @@ def _embed_late_writes(store: Store, pair: PairRecord, late: _Late) -> None:
     if not store.count(pair.old_collection, active_where(pair)):
         return  # the usual case: nothing written meanwhile
     try:
-        encoder = open_encoder(late.encoder, pair.encoder, pair.name, "encoder")
+        encoder = open_encoder(late.encoder, pair.encoder, pair.name, "encoder", decode=pair.decode)
     except RmqError as exc:
         why = f"embedding needs the pair's encoder: {exc}"
         raise _stranded(store, pair, _lacking(store, pair), {}, why) from exc

@@ -17,12 +17,21 @@ stays with a naive pair moving to another naive graph (the new vectors and the o
 unchanged, so the map still fits them), and goes with a move to an rm graph, whose old half is
 searched through ρ on another scale; :func:`calibration_after` names what happened, and
 ``rmq switch-encoder`` says it.
+
+The switch is also the one way to change how the pair decodes its images (``exact`` or ``fast``,
+recorded at ``rmq init --decode``), with or without another graph: :func:`switch_decode`. Points
+already in new stay as they were decoded; the batches of a migration started after the switch
+(one under way keeps the mode it started with, as it keeps its graph), the queries of a
+:class:`~rm_qdrant.serving.dual.DualIndex` opened (or refreshed) after the switch, and every
+command that reads the pair's images decode the new way. A graph given with it is checked under
+the mode the pair had, the one the vectors already in new were made with.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from rm_qdrant.core.inputspec import check_decode
 from rm_qdrant.errors import ConfigError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.create import old_model_ref, plain_model_ref
@@ -32,7 +41,28 @@ from rm_qdrant.pair.record import ModelRef, PairRecord, record_collection_model,
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
-__all__ = ["SAME_OUTPUT", "calibration_after", "switch_encoder"]
+__all__ = ["SAME_OUTPUT", "calibration_after", "switch_decode", "switch_encoder"]
+
+
+def _check_switchable(pair: PairRecord) -> None:
+    if pair.state != "backfilling":
+        raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
+
+
+def switch_decode(store: Store, pair: PairRecord, decode: str) -> PairRecord:
+    """Record ``decode`` (``exact`` or ``fast``) as how the pair decodes its images, keeping its
+    graph: the points already in new keep the vectors of the old mode (no check is made; ``rmq
+    model check --decode fast`` measures how far the two modes are apart on the pair's images).
+
+    Raises:
+        ConfigError: an unknown mode.
+        MigrationError: the pair is not backfilling.
+    """
+    check_decode(decode)
+    _check_switchable(pair)
+    updated = replace(pair, decode=decode)
+    save_pair(store, updated)
+    return updated
 
 
 def calibration_after(before: PairRecord, after: PairRecord) -> str | None:
@@ -51,8 +81,12 @@ def switch_encoder(
     new_model: OnnxEncoder | None = None,
     sample: int = 64,
     source: SourceConfig | None = None,
+    decode: str | None = None,
 ) -> tuple[PairRecord, Agreement | None]:
     """Make ``encoder`` the pair's encoder, if the vectors already in new stay valid.
+
+    ``decode``: record this decode mode too (None: keep the pair's); the check re-encodes new's
+    sample decoded as the pair decoded until now, as the vectors there were made.
 
     The mode follows the graph: ``rm`` with ``new`` and ``rev`` outputs, else ``naive``
     (with the pair's old model, or ``old_encoder``). The plain new model the record keeps is
@@ -70,8 +104,10 @@ def switch_encoder(
         ConfigError: sizes or distance do not fit.
         Refused: the candidate's output differs from the vectors already in new.
     """
-    if pair.state != "backfilling":
-        raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
+    if decode is not None:
+        check_decode(decode)
+    _check_switchable(pair)
+    encoder = encoder.decoding_as(pair.decode)  # as new's vectors were made (a copy: the caller's stays)
     gallery = encoder.info.gallery_output()
     new_dim = store.collection(pair.new_collection, pair.new_using).dim
     old_dim = store.collection(pair.old_collection, pair.vector).dim
@@ -124,6 +160,7 @@ def switch_encoder(
         old_encoder=old_model,
         new_model=plain,
         calibration=pair.calibration if mode == "naive" else None,  # module docstring
+        decode=pair.decode if decode is None else decode,
     )
     save_pair(store, updated)
     record_collection_model(store, layout_of(pair).new_model_key, updated.encoder)

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch
 from rm_qdrant.migration.loading import load_batch
 from rm_qdrant.migration.ranking import read_all
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.record import list_pairs
 from rm_qdrant.sources import ImageSource, SourceConfig
-from rm_qdrant.store import Store, Where
+from rm_qdrant.store import CollectionSpec, Record, Store, Where
 from rm_qdrant.store.base import resolve
 
 #: The lowest cosine between a stored vector and the model's vector for the same image
@@ -97,6 +99,35 @@ def _span(norms: tuple[float, float]) -> str:
     return f"min {norms[0]:.4g} median {norms[1]:.4g}"
 
 
+@dataclass(frozen=True)
+class Fidelity:
+    """Fast decoding against exact on the same sampled images (``rmq model check --decode fast``).
+
+    Attributes:
+        exact: the exact-decoded vectors against the stored ones: whether the graph and its
+            stamped preprocessing reproduce them (what decides the check).
+        fast: the fast-decoded vectors against the stored ones.
+        fast_vs_exact: the fast-decoded vectors against the same model's exact-decoded ones
+            (the cost of fast decoding alone, whatever the stored vectors are).
+    """
+
+    exact: Agreement
+    fast: Agreement
+    fast_vs_exact: Agreement
+
+
+def recorded_decode(store: Store, collection: str) -> tuple[str, str | None]:
+    """How the pairs over ``collection`` (an old or new collection, or an alias of one) decode
+    their images, and the pair that says so: ``("exact", None)`` where no pair covers it, or the
+    pairs that do disagree."""
+    name = resolve(store, collection)
+    over = [p for p in list_pairs(store) if name in (p.old_collection, p.new_collection)]
+    modes = {p.decode for p in over}
+    if len(modes) != 1:
+        return DEFAULT_DECODE, None
+    return modes.pop(), over[0].name
+
+
 def agreement(
     store: Store,
     collection: str,
@@ -110,13 +141,67 @@ def agreement(
     source: SourceConfig | None = None,
     where: Where | None = None,
 ) -> Agreement:
-    """Re-encode the images of up to ``sample`` random points and compare with their stored vectors.
+    """Re-encode the images of up to ``sample`` random points (decoded as ``encoder`` decodes:
+    :attr:`~rm_qdrant.models.encoder.PixelDecoder.decoding`) and compare with their stored vectors.
 
     Raises:
         DimensionMismatch: the model's output does not have the collection's size.
         ConfigError: no point could be compared (none stored, or no image readable).
     """
     output = output or encoder.info.gallery_output()
+    spec, records, usable = _sampled(store, collection, encoder, output, vector, sample, seed, where)
+    good, fresh, failed = _encoded(encoder, output, usable, records, rule, source)
+    stored = np.stack([r.vector for r in good])
+    return _compare(stored, fresh, [r.id for r in good], spec.distance, len(records), failed)
+
+
+def fidelity(
+    store: Store,
+    collection: str,
+    encoder: OnnxEncoder,
+    *,
+    output: str | None = None,
+    vector: str | None = None,
+    rule: UriRule | None = None,
+    sample: int = 200,
+    seed: int = 0,
+    source: SourceConfig | None = None,
+) -> Fidelity:
+    """:func:`agreement` of the exact-decoded and of the fast-decoded images of the same sampled
+    points, and the fast vectors against the exact ones: how much fast decoding changes this
+    model's vectors of a team's own images (each image is fetched once for each mode).
+
+    Raises:
+        DimensionMismatch: the model's output does not have the collection's size.
+        ConfigError: no point could be compared (none stored, or no image readable both ways).
+    """
+    output = output or encoder.info.gallery_output()
+    spec, records, usable = _sampled(store, collection, encoder, output, vector, sample, seed, None)
+    exact, fast = (encoder.decoding_as(mode) for mode in DECODES)
+    good, exact_rows, failed = _encoded(exact, output, usable, records, rule, source)
+    both, fast_rows, _ = _encoded(fast, output, good, records, rule, source)
+    kept = {r.id for r in both}
+    exact_rows = exact_rows[[i for i, r in enumerate(good) if r.id in kept]]
+    stored, ids = np.stack([r.vector for r in both]), [r.id for r in both]
+    sampled = len(records)
+    return Fidelity(
+        exact=_compare(stored, exact_rows, ids, spec.distance, sampled, failed),
+        fast=_compare(stored, fast_rows, ids, spec.distance, sampled, failed),
+        fast_vs_exact=_compare(exact_rows, fast_rows, ids, spec.distance, sampled, failed),
+    )
+
+
+def _sampled(
+    store: Store,
+    collection: str,
+    encoder: OnnxEncoder,
+    output: str,
+    vector: str | None,
+    sample: int,
+    seed: int,
+    where: Where | None,
+) -> tuple[CollectionSpec, list[Record], list[Record]]:
+    """The collection's vector, the sampled points, and those of them that have the vector."""
     collection = resolve(store, collection)
     spec = store.collection(collection, vector)
     if spec.multivector:
@@ -134,7 +219,19 @@ def agreement(
     rng = np.random.default_rng(seed)
     chosen = [ids[i] for i in sorted(rng.choice(len(ids), size=min(sample, len(ids)), replace=False))]
     records = store.retrieve(collection, chosen, with_vectors=True, vector=spec.vector)
-    usable = [r for r in records if r.vector is not None]
+    return spec, records, [r for r in records if r.vector is not None]
+
+
+def _encoded(
+    encoder: OnnxEncoder,
+    output: str,
+    usable: list[Record],
+    records: list[Record],
+    rule: UriRule | None,
+    source: SourceConfig | None,
+) -> tuple[list[Record], np.ndarray, list[tuple[int, str]]]:
+    """The points of ``usable`` whose image could be read, the model's vectors of them (decoded
+    as ``encoder`` decodes), and why the others could not."""
     with ImageSource(source or SourceConfig()) as images, ThreadPoolExecutor(8) as pool:
         points = [(r.id, r.payload) for r in usable]
         loaded = load_batch(encoder, images, rule or UriRule(), points, pool, workers=8)
@@ -142,9 +239,7 @@ def agreement(
     if not good:
         first = loaded.failed[0][1] if loaded.failed else "-"
         raise ConfigError(f"none of the {len(records)} sampled images could be read (first: {first})")
-    fresh = encoder.run_pixels(loaded.pixels, [output])[output]
-    stored = np.stack([r.vector for r in good])
-    return _compare(stored, fresh, [r.id for r in good], spec.distance, len(records), loaded.failed)
+    return good, encoder.run_pixels(loaded.pixels, [output])[output], loaded.failed
 
 
 def _compare(

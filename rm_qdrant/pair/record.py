@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rm_qdrant.core.calibration import Calibration
+from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE, check_decode
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError
@@ -87,6 +88,10 @@ class PairRecord:
         source: the source settings ``rmq init`` was given (``--root``, ``--timeout``, ...,
             keyed by SourceConfig field; see :mod:`rm_qdrant.sources.settings`), which every
             command reading the pair's images uses; None: the defaults.
+        decode: how every command decodes the pair's images, ``exact`` (the team pipeline's
+            pixels to the bit) or ``fast`` (JPEGs at a reduced DCT scale; see
+            :func:`rm_qdrant.models.images.pixels`). Set by ``rmq init --decode``, changed only by
+            ``rmq switch-encoder --decode``; a record written before it existed reads ``exact``.
     """
 
     name: str
@@ -112,6 +117,7 @@ class PairRecord:
     layout: str = PAIRED
     new_vector: str | None = None
     source: dict[str, Any] | None = None
+    decode: str = DEFAULT_DECODE
 
     @property
     def single(self) -> bool:
@@ -157,19 +163,32 @@ class PairRecord:
         for model in ("old_encoder", "new_model"):  # optional: absent from records written before it
             if raw.get(model):
                 raw[model] = ModelRef(**raw[model])
+        decode = raw.get("decode", DEFAULT_DECODE)  # absent from records written before it: exact
+        if decode not in DECODES:
+            raise ConfigError(
+                f"pair {raw.get('name')!r} records decode {decode!r}, which this rm-qdrant does not "
+                f"know (expected one of {', '.join(DECODES)}): a newer rm-qdrant wrote it, or the record "
+                "was edited"
+            )
         return cls(**raw)
 
 
-def open_encoder(given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str) -> OnnxEncoder:
+def open_encoder(
+    given: OnnxEncoder | str | None, ref: ModelRef, pair: str, role: str, *, decode: str
+) -> OnnxEncoder:
     """``given`` (a graph or its path; default: the one ``ref`` recorded), if it is the model ``ref``
-    says ``pair`` was created with."""
-    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path)
+    says ``pair`` was created with, decoding images as ``decode`` says (the pair's recorded mode).
+
+    An encoder given that decodes otherwise is not changed: a copy that shares its ONNX Runtime
+    session decodes the pair's way (:meth:`~rm_qdrant.models.encoder.PixelDecoder.decoding_as`)."""
+    check_decode(decode)
+    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path, decode=decode)
     if encoder.fingerprint != ref.fingerprint:
         raise ConfigError(
             f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "
             f"{pair!r} was created with ({ref.name}, fingerprint {ref.fingerprint})"
         )
-    return encoder
+    return encoder.decoding_as(decode)
 
 
 def _key(kind: str, name: str) -> str:

@@ -69,7 +69,10 @@ class DualIndex(PairSearch, PairPoints):
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
         self.pair = pair  # and self.layout
-        self.encoder, self.old_encoder = encoder, old_encoder
+        # The pair's decode mode: an encoder given that decodes otherwise is left as it is (a copy,
+        # sharing its session, decodes the pair's way)
+        self.encoder = None if encoder is None else encoder.decoding_as(pair.decode)
+        self.old_encoder = None if old_encoder is None else old_encoder.decoding_as(pair.decode)
         self.exact, self.hnsw_ef = exact, hnsw_ef
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
         self._old_dim = self.layout.old_dim(store)
@@ -114,13 +117,13 @@ class DualIndex(PairSearch, PairPoints):
             EncoderError: an encoder file cannot be loaded.
         """
         pair = load_pair(store, name)
-        new_side = open_encoder(encoder, pair.encoder, name, "encoder")
+        new_side = open_encoder(encoder, pair.encoder, name, "encoder", decode=pair.decode)
         old_side = None
         # While a rollback is possible, the old model also embeds a user's writes.
         keeps_old = layout_of(pair).keeps_writes_in_old
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
-            old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder")
+            old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder", decode=pair.decode)
         return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)
 
     # -- queries ---------------------------------------------------------------
@@ -337,12 +340,17 @@ class DualIndex(PairSearch, PairPoints):
         self.layout.delete(self.store, normalize_ids(id_list(ids)), self._old_dim is not None)
 
     def refresh(self) -> None:
-        """Re-read the pair record (a long-lived server calls this to see a cutover or rollback)."""
-        self.pair = load_pair(self.store, self.pair.name)
+        """Re-read the pair record (a long-lived server calls this to see a cutover, a rollback, or a
+        new decode mode: ``rmq switch-encoder --decode``)."""
+        self.pair = pair = load_pair(self.store, self.pair.name)
         self._carried = None
-        ref = self.pair.old_encoder
-        if self.old_encoder is None and ref is not None and self.pair.state == "rolled_back":
-            self.old_encoder = open_encoder(None, ref, self.pair.name, "old encoder")
+        if self.encoder is not None:
+            self.encoder = self.encoder.decoding_as(pair.decode)
+        if self.old_encoder is not None:
+            self.old_encoder = self.old_encoder.decoding_as(pair.decode)
+        ref = pair.old_encoder
+        if self.old_encoder is None and ref is not None and pair.state == "rolled_back":
+            self.old_encoder = open_encoder(None, ref, pair.name, "old encoder", decode=pair.decode)
 
     # -- state -----------------------------------------------------------------
 

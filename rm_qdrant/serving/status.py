@@ -39,6 +39,7 @@ class PairStatus:
             bypass.py). The migrated points such a writer deleted from a --keep-old pair's old
             collection are not counted here: finding them reads every migrated id (about 1 s
             per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
+        decode: how the pair decodes its images, ``exact`` or ``fast`` (:attr:`PairRecord.decode`).
     """
 
     name: str
@@ -63,6 +64,7 @@ class PairStatus:
     new_place: str = ""
     new_model: str | None = None
     stale_copies: int = 0
+    decode: str = "exact"
 
     @property
     def fraction(self) -> float:
@@ -117,4 +119,5 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         new_place=layout.new_place,
         new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
         stale_copies=stale,
+        decode=pair.decode,
     )
