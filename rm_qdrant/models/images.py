@@ -111,8 +111,22 @@ _TURNS = {
 }
 
 
-def _turn(data: bytes) -> Image.Transpose | None:
-    """The transposition the EXIF orientation tag of ``data`` asks for (None: upright or no tag)."""
+def _turn(picture: Image.Image) -> Image.Transpose | None:
+    """The transposition the EXIF orientation tag of a decoded ``picture`` asks for (None: upright
+    or no tag), read after it is loaded, as ``ImageOps.exif_transpose`` reads it: Pillow's TIFF
+    decoder turns the image itself while loading and drops the tag, and a PNG's tag may follow
+    its pixels."""
+    try:
+        picture.load()
+        value = picture.getexif().get(0x0112, 1)
+    except Exception:  # no readable EXIF (a fault in the pixels: the conversion says so)
+        return None
+    return _TURNS.get(value) if isinstance(value, int) else None
+
+
+def _jpeg_turn(data: bytes) -> Image.Transpose | None:
+    """The transposition the EXIF orientation tag of a JPEG's ``data`` asks for, read from its
+    header before any pixel is decoded (the DCT scale must cover the turned size)."""
     try:
         value = Image.open(io.BytesIO(data), formats=FORMATS).getexif().get(0x0112, 1)
     except Exception:  # no readable EXIF (or not an image: the decode says so)
@@ -157,17 +171,22 @@ def _decoded(
     if not isinstance(image, (bytes, bytearray, memoryview, str, os.PathLike)):
         picture = to_pil(image, max_pixels=max_pixels)
         if orientation == "exif" and isinstance(image, Image.Image):
-            turn = _TURNS.get(picture.getexif().get(0x0112, 1))
+            turn = _turn(picture)
             picture = picture.transpose(turn) if turn is not None else picture
         return _convert(picture, mode)
     local = isinstance(image, (str, os.PathLike))
     data, what = _read(image) if local else (bytes(image), "the image")  # type: ignore[arg-type]
-    turn = _turn(data) if orientation == "exif" else None
+    jpeg = data[:2] == b"\xff\xd8"
+    turn = _jpeg_turn(data) if orientation == "exif" and jpeg else None
     if cover is not None and turn in _SIDEWAYS:
         cover = (cover[1], cover[0])  # decoded before it is turned
     picture = _jpeg_rgbx(data, what, max_pixels, cover) if mode == "RGB" else None
     if picture is None:
-        picture = _convert(_decode(data, what, max_pixels, cover), mode)
+        decoded = _decode(data, what, max_pixels, cover)
+        if orientation == "exif" and not jpeg:  # read once decoded, within the pixel cap
+            turn = _turn(decoded)
+        picture = _convert(decoded, mode)
+        del decoded  # a CMYK or palette original is not kept while the converted image turns
     return picture.transpose(turn) if turn is not None else picture
 
 

@@ -150,6 +150,45 @@ def test_the_exif_turn_happens_before_the_crop_and_the_fast_cover_turns_with_it(
     assert seen[-1] == (600, 300)  # 1/4 covers 256 on the short side, turned or not
 
 
+@pytest.mark.parametrize("tag", [3, 6, 8])
+@pytest.mark.parametrize("decode", ["exact", "fast"])
+def test_a_tiff_whose_tag_pillow_applies_while_loading_is_turned_once(tmp_path, tag, decode):
+    # Pillow's TIFF decoder turns the image as its tag says while it loads, and drops the tag:
+    # exif_transpose, which loads first, then leaves it alone. Reading the tag before the
+    # decode turned it a second time.
+    data = encoded(photo(120, 90), "TIFF", orientation=tag)
+    path = tmp_path / "tagged.tif"
+    path.write_bytes(data)
+    spec = dict(height=32, width=32, channels=3, resize=36, crop=32)
+    want = team_pipeline(data, interpolation="bilinear", orientation="exif", **spec)
+    with Image.open(path) as opened:
+        for given in (data, path, opened):
+            assert np.array_equal(pixels(given, orientation="exif", decode=decode, **spec), want)
+    assert np.array_equal(pixels(data, orientation="ignore", **spec), want)  # turned by the decoder
+
+
+def test_a_png_over_the_pixel_cap_is_refused_unread_when_the_tag_is_honoured(monkeypatch):
+    # A PNG's EXIF may follow its pixels, so Pillow loads a PNG without one before the IDAT to
+    # read its tag: reading the tag before the size check decoded the whole image (hundreds
+    # of MB for a 1 MB file under the 20 MB cap) just to refuse it.
+    from PIL import PngImagePlugin
+
+    from rm_qdrant.errors import TooLarge
+
+    data = encoded(photo(400, 300), "PNG")
+    loads = []
+    real = PngImagePlugin.PngImageFile.load
+
+    def spy(self):
+        loads.append(self.size)
+        return real(self)
+
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", spy)
+    with pytest.raises(TooLarge):
+        pixels(data, height=24, width=24, channels=3, orientation="exif", max_pixels=1000)
+    assert loads == []
+
+
 def deep_png(values: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(values.astype(np.uint16)).save(buffer, format="PNG")
