@@ -154,6 +154,8 @@ def _jpeg_rgbx(data: bytes, what: str, max_pixels: int, cover: tuple[int, int] |
         if width * height > max_pixels:
             raise _too_large(what, width, height, max_pixels)
         low_w, low_h = cover or (0, 0)
+        if width < low_w or height < low_h:  # no scale covers it: libjpeg-turbo would still shrink
+            low_w, low_h = width, height  # a long side whose short side no scale changes (1 pixel)
         # strict: a recoverable fault raises; the decode runs without the GIL
         array = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=low_w, min_height=low_h)
     except ImageError:

@@ -123,6 +123,25 @@ def test_fast_decodes_a_large_jpeg_at_the_smallest_dct_scale_covering_the_resize
     assert 0 < difference.mean() < 2.0  # close, not the same pixels: never passed off as exact
 
 
+@pytest.mark.parametrize("size", [(1, 2000), (6, 900)])
+def test_fast_decodes_a_jpeg_no_dct_scale_covers_at_full_size(monkeypatch, size):
+    # libjpeg-turbo (simplejpeg's min_width/min_height) still shrinks the long side of an image
+    # whose short side is under the resize, when that side stays the same at a smaller scale
+    # (1 or a few pixels): a 1x2000 strip came out 1x250, which the resize then stretched, and
+    # fast accepted the strip that exact (and fast in grey, through Pillow's draft) refuses.
+    from rm_qdrant.errors import TooLarge
+
+    data = encoded(PHOTO.resize(size), "JPEG", quality=90)
+    seen = decoded_sizes(monkeypatch)
+    spec = dict(height=16, width=16, resize=16, crop=16)
+    pixels(data, decode="fast", channels=3, **spec)
+    assert seen == [size]
+    limit = 16 * size[1] * 16 // size[0] - 1  # under what the resize would make
+    for channels, decode in itertools.product((3, 1), ("exact", "fast")):
+        with pytest.raises(TooLarge):
+            pixels(data, decode=decode, channels=channels, max_pixels=limit, **spec)
+
+
 @pytest.mark.parametrize("name", ["png-rgb", "webp", "jpeg-cmyk"])
 def test_fast_on_formats_libjpeg_turbo_does_not_decode_stays_close(name):
     mode, fmt, options = FILES[name]
