@@ -202,8 +202,22 @@ def calibrate(
     )
     if not report.kept:
         raise _refusal(report)
-    save_pair(store, dataclasses.replace(pair, calibration=judged.calibration.as_dict()))
+    # Re-read: another command may have changed the pair while the sample was embedded, and
+    # writing back the record read at the start would silently undo it (a switch-encoder).
+    current = load_pair(store, name)
+    if _judged_on(current) != _judged_on(pair):
+        raise ConfigError(
+            f"pair {name!r} changed while it was being calibrated (now {current.state}, {current.mode} "
+            f"mode, {current.encoder.name}, decoded {current.decode}): the map is not recorded; run rmq "
+            "calibrate again"
+        )
+    save_pair(store, dataclasses.replace(current, calibration=judged.calibration.as_dict()))
     return report
+
+
+def _judged_on(pair: PairRecord) -> tuple[object, ...]:
+    """What a calibration was fitted under: the same graph, mode, state and decode mode."""
+    return (pair.state, pair.mode, pair.encoder, pair.old_encoder, pair.decode)
 
 
 def _check_options(sample: int, holdout: float, k: int, seed: int, mapping: str, on_step: object) -> None:

@@ -19,7 +19,7 @@ from rm_qdrant.core.ordering import bucket, needs_payloads, needs_vectors, order
 from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK, points_to_move
 from rm_qdrant.pair.layouts import active_where, count_new, layout_of
 from rm_qdrant.pair.outcome import MigrateOptions
-from rm_qdrant.pair.record import PairRecord, save_pair
+from rm_qdrant.pair.record import PairRecord, load_pair, save_pair
 from rm_qdrant.serving.status import in_both
 from rm_qdrant.store import Store, Where
 
@@ -55,15 +55,24 @@ def prepare_order(store: Store, pair: PairRecord, order: str, *, seed: int = 0) 
     keys = order_keys(order, ids, payloads, vectors, seed=seed, label_field=pair.label_field)
     positions = ranks(keys)
     writing = replace(pair, order=order, order_seed=seed, order_ready=False)
-    save_pair(store, writing)  # a kill while the ranks are written leaves a record that says so
+    _save_order(store, writing)  # a kill while the ranks are written leaves a record that says so
     store.set_payload(
         pair.old_collection,
         [(i, {RANK: int(r), BUCKET: bucket(i)}) for i, r in zip(ids, positions.tolist(), strict=True)],
     )
     updated = replace(writing, order_ready=True)
-    save_pair(store, updated)
+    _save_order(store, updated)
     log.info("ranked %d old points in %s order", len(ids), order)
     return updated
+
+
+def _save_order(store: Store, pair: PairRecord) -> None:
+    """Record ``pair``'s order on the record as stored now: what another command changed since
+    this run read it (``rmq switch-encoder --decode`` while a large gallery is ranked) stays."""
+    current = load_pair(store, pair.name)
+    save_pair(
+        store, replace(current, order=pair.order, order_seed=pair.order_seed, order_ready=pair.order_ready)
+    )
 
 
 def read_all(
