@@ -46,7 +46,9 @@ __all__ = ["SAME_OUTPUT", "calibration_after", "switch_decode", "switch_encoder"
 
 def _check_switchable(pair: PairRecord) -> None:
     if pair.state != "backfilling":
-        raise MigrationError(f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches encoder")
+        raise MigrationError(
+            f"pair {pair.name!r} is {pair.state}: only a backfilling pair switches its encoder or decode mode"
+        )
 
 
 def switch_decode(store: Store, pair: PairRecord, decode: str) -> PairRecord:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rm_qdrant.core.calibration import Calibration
-from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE, check_decode
+from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError
@@ -163,13 +163,10 @@ class PairRecord:
         for model in ("old_encoder", "new_model"):  # optional: absent from records written before it
             if raw.get(model):
                 raw[model] = ModelRef(**raw[model])
-        decode = raw.get("decode", DEFAULT_DECODE)  # absent from records written before it: exact
-        if decode not in DECODES:
-            raise ConfigError(
-                f"pair {raw.get('name')!r} records decode {decode!r}, which this rm-qdrant does not "
-                f"know (expected one of {', '.join(DECODES)}): a newer rm-qdrant wrote it, or the record "
-                "was edited"
-            )
+        # Absent from records written before it: exact. A mode this rm-qdrant does not know is
+        # refused where images are decoded (open_encoder), not here: `rmq pairs`, `drop-pair` and
+        # `switch-encoder --decode` still reach the pair to list, remove or repair it.
+        raw.setdefault("decode", DEFAULT_DECODE)
         return cls(**raw)
 
 
@@ -181,7 +178,12 @@ def open_encoder(
 
     An encoder given that decodes otherwise is not changed: a copy that shares its ONNX Runtime
     session decodes the pair's way (:meth:`~rm_qdrant.models.encoder.PixelDecoder.decoding_as`)."""
-    check_decode(decode)
+    if decode not in DECODES:
+        raise ConfigError(
+            f"pair {pair!r} records decode {decode!r}, which this rm-qdrant does not know (expected one "
+            f"of {', '.join(DECODES)}): a newer rm-qdrant wrote it, or the record was edited; "
+            f"'rmq switch-encoder --name {pair} --decode exact' records a known one"
+        )
     encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path, decode=decode)
     if encoder.fingerprint != ref.fingerprint:
         raise ConfigError(

@@ -37,14 +37,21 @@ def test_a_record_saved_before_the_field_existed_reads_exact(store, models, imag
     assert load_pair(store, "p").decode == "exact"
 
 
-def test_an_unknown_decode_mode_in_a_stored_record_is_one_clear_error(store, models, image_folder):
+def test_an_unknown_decode_mode_in_a_stored_record_is_one_clear_error_and_can_be_repaired(
+    store, models, image_folder
+):
     _gallery(store, models, image_folder)
     record = rm_qdrant.init(store, "p", old_collection="gallery", encoder=models.rm).pair
     save_pair(store, dataclasses.replace(record, decode="lossy"))
+    assert [p.name for p in rm_qdrant.list_pairs(store)] == ["p"]  # still listed, for every pair
     with pytest.raises(ConfigError) as raised:
-        load_pair(store, "p")
+        rm_qdrant.DualIndex.open(store, "p")
     assert str(raised.value).startswith("pair 'p' records decode 'lossy', which this rm-qdrant does not know")
-    assert "\n" not in str(raised.value)
+    assert "--decode exact" in str(raised.value) and "\n" not in str(raised.value)
+    rm_qdrant.switch_encoder(store, "p", decode="exact")  # the repair the error names
+    assert load_pair(store, "p").decode == "exact"
+    with rm_qdrant.DualIndex.open(store, "p") as index:
+        assert index.search(next(image_folder.rglob("*.png")), limit=1)
 
 
 def test_init_with_an_unknown_decode_mode_writes_nothing(store, models, image_folder):
