@@ -186,20 +186,34 @@ def _write_cost(count: int, scratch: Path) -> float:
 
 
 def fidelity(paths: list[Path], encoder: OnnxEncoder, role: str) -> dict:
-    """Before vs exact (images differing at all), fast vs exact (mean |Δ| levels a pixel), and
-    the cosines of ``encoder``'s vectors fast vs exact."""
+    """Before vs exact (images differing at all), fast vs exact (mean |Δ| levels a pixel, PSNR),
+    and the cosines of ``encoder``'s vectors fast vs exact, and, for scale, exact vs exact
+    perturbed: ±1 level of uniform noise, a 1-pixel shift (what the graph makes of changes
+    no one would call a different photo)."""
     exact = np.stack([run_variant("exact", p) for p in paths])
     before = np.stack([run_variant("before", p) for p in paths])
     fast = np.stack([run_variant("fast", p) for p in paths])
     differ = [p.name for p, b, e in zip(paths, before, exact, strict=True) if not np.array_equal(b, e)]
-    delta = np.abs(fast.astype(np.int16) - exact.astype(np.int16)).reshape(len(paths), -1).mean(1)
-    vectors = {k: encoder.run_pixels(v, [role])[role] for k, v in (("exact", exact), ("fast", fast))}
+    error = fast.astype(np.int16) - exact.astype(np.int16)
+    delta = np.abs(error).reshape(len(paths), -1).mean(1)
+    mse = np.maximum((error.astype(np.float64) ** 2).reshape(len(paths), -1).mean(1), 1e-12)
+    noise = np.random.default_rng(0).integers(-1, 2, exact.shape)
+    variants = {
+        "exact": exact,
+        "fast": fast,
+        "noise": np.clip(exact + noise, 0, 255).astype(np.uint8),
+        "shift": np.roll(exact, 1, axis=2),
+    }
+    vectors = {k: encoder.run_pixels(v, [role])[role] for k, v in variants.items()}
     unit = {k: v / np.linalg.norm(v, axis=1, keepdims=True) for k, v in vectors.items()}
-    cosines = (unit["exact"] * unit["fast"]).sum(1)
+    cosine = {k: (unit["exact"] * unit[k]).sum(1).tolist() for k in ("fast", "noise", "shift")}
     return {
         "differ": differ,
         "delta": delta.tolist(),
-        "cosine": cosines.tolist(),
+        "psnr": (10 * np.log10(255**2 / mse)).tolist(),
+        "cosine": cosine["fast"],
+        "cosine_noise": cosine["noise"],
+        "cosine_shift": cosine["shift"],
         "exact_unit": unit["exact"],
     }
 
