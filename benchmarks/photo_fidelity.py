@@ -45,7 +45,7 @@ def _gallery_module():
 
 
 def embedding_graph(size: int) -> Path:
-    """NudeNet's backbone + global mean pool, stamped: x/255, RGB, shorter side ``size * 8/7``, crop ``size``."""
+    """NudeNet's backbone + a global mean pool, stamped: x/255, RGB, shorter side size * 8/7, crop size."""
     try:
         import nudenet
     except ImportError:
@@ -69,8 +69,17 @@ def embedding_graph(size: int) -> Path:
     onnx.save(model, str(cut))
     resize = round(size * 8 / 7)
     stamp_model(
-        cut, out, outputs={"embedding": "embedding"}, size=size, layout="NCHW", dtype="float32",
-        resize=resize, crop=size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), name="nudenet-backbone",
+        cut,
+        out,
+        outputs={"embedding": "embedding"},
+        size=size,
+        layout="NCHW",
+        dtype="float32",
+        resize=resize,
+        crop=size,
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        name="nudenet-backbone",
     )
     cut.unlink()
     return out
@@ -96,22 +105,34 @@ def main() -> None:
     same = cosine(vectors["exact"], vectors["fast"])
     other = cosine(vectors["exact"], np.roll(vectors["exact"], 1, axis=0))
     print(f"# photo_fidelity: `python benchmarks/photo_fidelity.py --size {args.size}`\n")
-    print(f"- Machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
-          f"{time.perf_counter() - started:.0f} s")
-    print(f"- Graph: NudeNet 320n backbone (trained YOLOv8n), {args.size}x{args.size} input, resize "
-          f"{round(args.size * 8 / 7)} + centre crop; gallery {folder} ({len(photos)} photos)\n")
+    print(
+        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    print(
+        f"- Graph: NudeNet 320n backbone (trained YOLOv8n), {args.size}x{args.size} input, resize "
+        f"{round(args.size * 8 / 7)} + centre crop; gallery {folder} ({len(photos)} photos)\n"
+    )
     print("| class | photos | cosine fast vs exact: min | median | two different photos (exact): median |")
     print("|---|--:|--:|--:|--:|")
     classes = sorted({p["size_class"] for p in photos}, key=lambda c: int(c.split("x")[0]))
     rows = {}
     for name in [*classes, "all"]:
         pick = np.array([name in ("all", p["size_class"]) for p in photos])
-        rows[name] = (int(pick.sum()), float(same[pick].min()), float(np.median(same[pick])),
-                      float(np.median(other[pick])))
-        print(f"| {name} | {rows[name][0]} | {rows[name][1]:.4f} | {rows[name][2]:.4f} | {rows[name][3]:.3f} |")
+        rows[name] = (
+            int(pick.sum()),
+            float(same[pick].min()),
+            float(np.median(same[pick])),
+            float(np.median(other[pick])),
+        )
+        print(
+            f"| {name} | {rows[name][0]} | {rows[name][1]:.4f} | {rows[name][2]:.4f} | {rows[name][3]:.3f} |"
+        )
     worst = photos[int(np.argmin(same))]
-    print(f"\nLowest: {worst['file']} ({worst['format']} {worst['mode']}), cosine {same.min():.4f}. "
-          f"Goal (issue 42): median >= 0.995: {'met' if rows['all'][2] >= 0.995 else 'missed'}.")
+    print(
+        f"\nLowest: {worst['file']} ({worst['format']} {worst['mode']}), cosine {same.min():.4f}. "
+        f"Goal (issue 42): median >= 0.995: {'met' if rows['all'][2] >= 0.995 else 'missed'}."
+    )
     if args.json:
         args.json.write_text(json.dumps({"size": args.size, "rows": rows}, indent=1))
 

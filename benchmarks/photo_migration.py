@@ -5,10 +5,9 @@ decode alone and of its encoder alone, measured in the same run.
 Each size class gets an old collection of ``points`` points (random 64-d vectors) whose payload
 ``uri`` names the class's photos in turn (a photo serves several points: the files stay in the
 page cache, as on a warm disk). Every run migrates a fresh copy of it, paired with the cheap
-encoder, with 1 or 2 fetch workers, decoding ``exact`` or ``fast``. Until the pair records its
-decode mode (``rmq init --decode``), the fast runs hand ``DualIndex.open`` an
-``OnnxEncoder(decode="fast")``; :func:`decoded_as` checks, on the stored vectors, that the
-migration really decoded that way.
+encoder, with 1 or 2 fetch workers, the pair created decoding ``exact`` or ``fast`` (``rmq init
+--decode``); :func:`decoded_as` checks, on the stored vectors, that the migration really decoded
+that way.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ def fresh_pair(store, source: str, model: Path, name: str, decode: str) -> DualI
     ids, payloads, vectors = read_all(store, source, Where(), True)
     store.create_collection(f"{name}-old", dim=vectors.shape[1], distance="cosine")
     store.upsert(f"{name}-old", ids, vectors, payloads)
-    create_pair(store, name, old_collection=f"{name}-old", encoder=OnnxEncoder(model))
-    # TODO(issue 42): once pairs record their decode mode (rmq init --decode fast,
-    # PairRecord.decode), create the pair with it instead of handing the open an encoder.
-    index = DualIndex.open(store, name, encoder=OnnxEncoder(model, decode=decode))
+    create_pair(store, name, old_collection=f"{name}-old", encoder=OnnxEncoder(model), decode=decode)
+    index = DualIndex.open(store, name)
     index.pair = prepare_order(store, index.pair, "random")
     return index
 

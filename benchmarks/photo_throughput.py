@@ -250,18 +250,42 @@ def goals(result: dict) -> list[str]:
     def mark(ok: bool | None) -> str:
         return "not measured (class absent)" if ok is None else ("**met**" if ok else "**missed**")
 
+    def baseline_ratio(key: str, variant: str) -> float | None:
+        """The same ratio over the class's plain 4:2:0 JPEGs only (the issue's own photos)."""
+        if key not in rows:
+            return None
+        times = rows[key]["pre"]["photo"]
+        picked = [i for i, e in enumerate(rows[key]["entries"]) if kind(e) == "JPEG 4:2:0"]
+        if not picked:
+            return None
+        return statistics.mean(times["before"][i] for i in picked) / statistics.mean(
+            times[variant][i] for i in picked
+        )
+
+    def both(key: str, variant: str) -> tuple[float | None, str]:
+        got, plain = ratio(key, variant), baseline_ratio(key, variant)
+        shown = "-" if got is None else f"{got:.2f}x over the class (every format)"
+        return plain, shown + ("" if plain is None else f", {plain:.2f}x over its plain 4:2:0 JPEGs")
+
     cos = [c for r in rows.values() for c in r["fidelity"]["cosine"]]
     median_cos = statistics.median(cos)
     lines = ["", "## Goals of issue 42", ""]
+    lines.append(
+        "Judged on the plain 4:2:0 JPEGs (what the issue measured: JPEG quality 90 made from the "
+        "same bundled photos); the class figure, with progressive JPEGs, PNG and WebP, is beside it."
+    )
+    lines.append("")
     for key, variant, want in (("4000x2667", "exact", 2.0), ("1600x1067", "exact", 1.5)):
-        got = ratio(key, variant)
-        shown = f"{got:.2f}x" if got is not None else "-"
-        met = mark(None if got is None else got >= want)
-        lines.append(f"- exact ≥ {want}x before on {key}: {shown} (best of passes) — {met}")
-    got = ratio("4000x2667", "fast")
-    ok = None if got is None else (got >= 5 and median_cos >= 0.995)
-    shown = f"{got:.2f}x, median cosine {median_cos:.5f}" if got is not None else "-"
-    lines.append(f"- fast ≥ 5x before on 4000x2667 with median cosine ≥ 0.995: {shown} — {mark(ok)}")
+        plain, shown = both(key, variant)
+        lines.append(
+            f"- exact ≥ {want}x before on {key}: {shown} — {mark(None if plain is None else plain >= want)}"
+        )
+    plain, shown = both("4000x2667", "fast")
+    lines.append(f"- fast ≥ 5x before on 4000x2667: {shown} — {mark(None if plain is None else plain >= 5)}")
+    lines.append(
+        f"- fast's median cosine ≥ 0.995 to exact: {median_cos:.5f} on this run's graph (random "
+        "init: a stand-in); on a trained network see benchmarks/results/photo_fidelity.md"
+    )
     shares = [
         (mig["ratio"][label], key, label)
         for key, r in rows.items()
