@@ -59,13 +59,16 @@ def read_file(target: str | Path, *, max_bytes: int, shown: Shown, follow: bool 
             raise SourceError(f"{_text(shown)}: not a regular file")
         if info.st_size > max_bytes:
             raise SourceError(f"{_text(shown)}: {info.st_size} bytes is over the {max_bytes}-byte limit")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(_CHUNK, max_bytes + 1 - size)):
+        # One read of the size fstat gave (no chunks to join: a photo is megabytes), then
+        # chunks while the file still gives bytes (it grew, or reports no size, as /proc does).
+        first = os.read(fd, min(info.st_size, max_bytes) + 1)
+        chunks, size = [first], len(first)
+        while size <= max_bytes and (chunk := os.read(fd, min(_CHUNK, max_bytes + 1 - size))):
             chunks.append(chunk)
             size += len(chunk)
-            if size > max_bytes:
-                raise SourceError(f"{_text(shown)}: over the {max_bytes}-byte limit")
-        return b"".join(chunks)
+        if size > max_bytes:
+            raise SourceError(f"{_text(shown)}: over the {max_bytes}-byte limit")
+        return first if len(chunks) == 1 else b"".join(chunks)
     except OSError as exc:
         raise SourceError(f"{_text(shown)}: {_reason(exc)}") from exc
     finally:
