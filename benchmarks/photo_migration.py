@@ -87,13 +87,22 @@ def decode_ceiling(decoder: OnnxEncoder, uris: list[str], threads: int, repeats:
     return len(uris) / best
 
 
+def points_for(key: str, base: int) -> int:
+    """Points a migration of class ``key`` (``"640x427"``) moves: ``base`` for 4 MP and up, more
+    for smaller photos (``base`` × 4 MP / the class's MP, at most 16 × ``base``), so every run lasts long enough that
+    its first and last batches, which overlap nothing, do not set its rate."""
+    width, height = (int(side) for side in key.split("x"))
+    return min(base * 16, max(base, round(base * 4e6 / (width * height))))
+
+
 def size_class(store, key: str, paths: list[Path], model: Path, args) -> dict:  # noqa: ANN001
     """One class's runs: each mode and worker count, ``args.migration_repeats`` times (the order
     rotating), each right after its decode ceiling (the same mode, as many threads: drift on a
     shared machine hits both alike); and which mode the migrated vectors show."""
     source = f"photos-{key}"
-    old_collection(store, source, paths, args.points)
-    uris = [str(paths[i % len(paths)]) for i in range(args.points)]
+    points = points_for(key, args.points)
+    old_collection(store, source, paths, points)
+    uris = [str(paths[i % len(paths)]) for i in range(points)]
     decoders = {mode: OnnxEncoder(model, decode=mode) for mode in MODES}
     combos = [(m, w) for m in MODES for w in WORKERS]
     runs: dict[str, list[dict]] = {f"{m} {w}": [] for m, w in combos}

@@ -309,7 +309,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed passes (preprocessing, decode)")
     parser.add_argument("--migration-repeats", type=int, default=3, help="migrations of each kind per class")
-    parser.add_argument("--points", type=int, default=40, help="points per size class in a migration")
+    parser.add_argument(
+        "--points",
+        type=int,
+        default=40,
+        help="points a migration moves at 4 MP and up (more for smaller photos: × 4 MP / the class's MP)",
+    )
     parser.add_argument("--batch", type=int, default=16, help="migration batch")
     parser.add_argument("--graph", choices=["resnet50", "cheap"], default="resnet50")
     parser.add_argument(
@@ -342,7 +347,7 @@ def main() -> None:
         f"- Machine: {machine()}, no GPU; date {date.today()}; {time.perf_counter() - started:.0f} s",
         f"- Gallery: {folder} ({len(entries)} photos, benchmarks/photo_gallery.py); {args.repeats} timed "
         f"passes; {args.migration_repeats} migrations of each kind a class, {args.points} points a "
-        f"class, batch {args.batch}",
+        f"class of 4 MP and up (× 4 MP / MP below), batch {args.batch}",
         f"- 1-minute load average: start {result['load']['start']}, end {result['load']['end']}, and "
         "beside each migration (2 cores: above 2, other work shared them)",
         "",
