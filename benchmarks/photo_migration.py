@@ -89,8 +89,8 @@ def decode_ceiling(decoder: OnnxEncoder, uris: list[str], threads: int, repeats:
 
 def points_for(key: str, base: int) -> int:
     """Points a migration of class ``key`` (``"640x427"``) moves: ``base`` for 4 MP and up, more
-    for smaller photos (``base`` × 4 MP / the class's MP, at most 16 × ``base``), so every run lasts long enough that
-    its first and last batches, which overlap nothing, do not set its rate."""
+    for smaller photos (``base`` × 4 MP / the class's MP, at most 16 × ``base``), so every run
+    lasts long enough that its first and last batches, which overlap nothing, do not set its rate."""
     width, height = (int(side) for side in key.split("x"))
     return min(base * 16, max(base, round(base * 4e6 / (width * height))))
 
