@@ -12,7 +12,14 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.create import old_model_ref
 from rm_qdrant.pair.layouts import active_where, layout_of
 from rm_qdrant.pair.layouts.base import check_alias
-from rm_qdrant.pair.record import ModelRef, PairRecord, clear_bookkeeping, open_encoder, save_pair
+from rm_qdrant.pair.record import (
+    ModelRef,
+    PairRecord,
+    check_unchanged,
+    clear_bookkeeping,
+    open_encoder,
+    save_pair,
+)
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 from rm_qdrant.store.points import every_id
@@ -157,6 +164,7 @@ def rollback(
             "so that queries are encoded as the old collection's vectors were"
         )
     name = layout.rollback_alias(alias)
+    check_unchanged(store, pair, "rollback")  # the old model's check took a while: nothing undone
     if name is not None and store.alias(name) != pair.old_collection:  # a rerun may find it moved
         store.set_alias(check_alias(store, name), pair.old_collection)
     updated = replace(pair, state="rolled_back", alias=name, old_encoder=model)

@@ -18,7 +18,7 @@ from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import CollectionNotFound, ConfigError
+from rm_qdrant.errors import CollectionNotFound, ConfigError, MigrationError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.store import Store, Where
 
@@ -218,6 +218,33 @@ def _get(store: Store, kind: str, name: str) -> dict[str, Any] | None:
 def save_pair(store: Store, record: PairRecord) -> None:
     """Write (or overwrite) a pair record."""
     _put(store, "pair", record.name, record.to_payload())
+
+
+def save_unless_changed(store: Store, read: PairRecord, updated: PairRecord, command: str) -> None:
+    """Write ``updated``, made from ``read``, unless the stored record is no longer ``read``.
+
+    A command that reads the record, works a while (counts, checks, embeds a sample), then
+    writes its change would otherwise undo what another command recorded meanwhile
+    (``rmq switch-encoder --decode`` during a ``finalize``). The records carry no version, so
+    this narrows the window to one read and one write; it does not close it.
+
+    Raises:
+        MigrationError: the record changed (the fields are named); nothing was written.
+    """
+    check_unchanged(store, read, command)
+    save_pair(store, updated)
+
+
+def check_unchanged(store: Store, read: PairRecord, command: str) -> None:
+    """Raise :class:`MigrationError` naming the fields if the stored record is no longer ``read``
+    (see :func:`save_unless_changed`)."""
+    current = load_pair(store, read.name)
+    if current != read:
+        changed = [f.name for f in fields(PairRecord) if getattr(current, f.name) != getattr(read, f.name)]
+        raise MigrationError(
+            f"pair {read.name!r} changed while {command} ran ({', '.join(changed)}); nothing was "
+            f"recorded: run {command} again"
+        )
 
 
 def load_pair(store: Store, name: str) -> PairRecord:

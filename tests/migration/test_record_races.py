@@ -8,7 +8,7 @@ import pytest
 
 import rm_qdrant
 from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.migration import ranking
 from rm_qdrant.pair.record import load_pair
 from tests.conftest import make_image_folder
@@ -59,3 +59,55 @@ def test_a_calibration_does_not_undo_a_decode_switch_made_while_it_embedded(
     assert rm_qdrant.calibrate(store, "p", sample=110, holdout=0.5, k=5, force=True).kept
     pair = load_pair(store, "p")
     assert pair.decode == "fast" and pair.calibration is not None
+
+
+@pytest.mark.parametrize("layout", ["paired", "single-collection"])
+def test_a_finalize_does_not_undo_a_decode_switch_made_while_it_checked(
+    store, models, tmp_path, monkeypatch, layout
+):
+    from rm_qdrant.pair.layouts import paired, single
+
+    index_images(store, "old", OnnxEncoder(models.old), scan_image_folder(make_image_folder(tmp_path / "g")))
+    extra = {"layout": layout, "new_vector": "new"} if layout != "paired" else {}
+    create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), **extra)
+    rm_qdrant.migrate(store, "p")
+    module = paired if layout == "paired" else single
+    real = module.check_all_moved
+
+    def counting_meanwhile(*args, **kwargs):
+        real(*args, **kwargs)
+        rm_qdrant.switch_encoder(store, "p", decode="fast")  # another operator, while it counts
+
+    monkeypatch.setattr(module, "check_all_moved", counting_meanwhile)
+    with pytest.raises(MigrationError, match=r"pair 'p' changed while finalize ran \(decode\)"):
+        rm_qdrant.finalize(store, "p")
+    pair = load_pair(store, "p")
+    assert (pair.state, pair.decode) == ("backfilling", "fast")  # nothing undone, nothing cut over
+    monkeypatch.setattr(module, "check_all_moved", real)
+    rm_qdrant.finalize(store, "p")
+    assert (load_pair(store, "p").state, load_pair(store, "p").decode) == ("finalized", "fast")
+
+
+def test_a_rollback_does_not_undo_a_decode_switch_made_while_it_checked_the_old_model(
+    store, models, tmp_path, monkeypatch
+):
+    from rm_qdrant.operations import cutover
+
+    index_images(store, "old", OnnxEncoder(models.old), scan_image_folder(make_image_folder(tmp_path / "g")))
+    old = OnnxEncoder(models.old)
+    create_pair(
+        store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), keep_old=True, old_encoder=old
+    )
+    rm_qdrant.migrate(store, "p", until=0.5)
+    real = cutover._check_old_model
+
+    def checking_meanwhile(*args, **kwargs):
+        checked = real(*args, **kwargs)
+        rm_qdrant.switch_encoder(store, "p", decode="fast")  # another operator, while it embeds
+        return checked
+
+    monkeypatch.setattr(cutover, "_check_old_model", checking_meanwhile)
+    with pytest.raises(MigrationError, match=r"pair 'p' changed while rollback ran \(decode\)"):
+        rm_qdrant.rollback(store, "p", old_encoder=old)
+    pair = load_pair(store, "p")
+    assert (pair.state, pair.decode, store.alias("p")) == ("backfilling", "fast", None)

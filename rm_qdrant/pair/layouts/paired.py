@@ -35,7 +35,7 @@ from rm_qdrant.pair.confirm import having_vector
 from rm_qdrant.pair.layouts.base import Claimed, DropPlan, EmbedLate, Layout, check_alias, check_all_moved
 from rm_qdrant.pair.layouts.paired_writes import PairedWrites
 from rm_qdrant.pair.outcome import BatchResult, Encoded, Prepared, record_failures
-from rm_qdrant.pair.record import PairRecord, clear_bookkeeping, save_pair
+from rm_qdrant.pair.record import PairRecord, clear_bookkeeping, save_pair, save_unless_changed
 from rm_qdrant.store import Record, Store, Where
 from rm_qdrant.store.points import every_id
 from rm_qdrant.store.vectors import OtherVector
@@ -279,7 +279,7 @@ class Paired(PairedWrites, Layout):
         starting = replace(
             pair, state="finalizing", alias=alias or pair.alias or pair.name, drop_old=drop_old
         )
-        save_pair(store, starting)
+        save_unless_changed(store, pair, starting, "finalize")
         return self._complete_finalize(store, starting)
 
     def check_finalize(self, store: Store, alias: str | None, drop_old: bool) -> None:

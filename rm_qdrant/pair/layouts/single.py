@@ -31,7 +31,7 @@ from rm_qdrant.pair.layouts.base import (
     check_all_moved,
 )
 from rm_qdrant.pair.outcome import BatchResult, Encoded, Prepared, record_failures
-from rm_qdrant.pair.record import PairRecord, clear_bookkeeping, save_pair
+from rm_qdrant.pair.record import PairRecord, clear_bookkeeping, save_pair, save_unless_changed
 from rm_qdrant.store import Store, Where
 from rm_qdrant.store.vectors import OtherVector
 
@@ -276,7 +276,8 @@ class OneCollection(Layout):
         if pair.state == "backfilling":
             check_all_moved(store, pair, self.old_where())
             pair = replace(pair, state="finalizing", drop_old=drop_old)
-        save_pair(store, pair)  # recorded first: a run killed from here on is completed by a rerun
+        # recorded first: a run killed from here on is completed by a rerun
+        save_unless_changed(store, self.pair, pair, "finalize")
         embed_late(pair)
         if pair.drop_old and self._has_old(store):
             store.drop_vector(pair.old_collection, pair.vector)
