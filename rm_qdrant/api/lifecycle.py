@@ -163,11 +163,6 @@ class SwitchReport:
     calibration: str | None
     migrated: int = 0
 
-    @property
-    def decode_changed(self) -> bool:
-        """Whether the switch changed how the pair decodes its images."""
-        return self.pair.decode != self.previous.decode
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "pair": dataclasses.asdict(self.pair),

@@ -229,8 +229,10 @@ class RayEngine:
         except OSError as exc:
             raise ConfigError(f"cannot read encoder {encoder.path}: {exc.strerror or exc}") from exc
         self.graph = [ray.put(graph)]  # held for the actors' restarts
-        settings = (encoder.path.name, encoder.fingerprint, encoder.batch_size, options.gpus_per_encoder)
-        self.actors = [actor.remote(*settings, encoder.decoding) for _ in range(options.encoders)]
+        self.actors = [
+            actor.remote(encoder.path.name, encoder.fingerprint, encoder.batch_size, options.gpus_per_encoder)
+            for _ in range(options.encoders)
+        ]
 
     def _check_room(self) -> None:
         """Refuse a Ray without a CPU for decoding beside the encoder actors, or (a local one)

@@ -50,11 +50,8 @@ class EncoderActor:
     """A Ray actor: one ONNX Runtime session of the pair's encoder, loaded from the graph's bytes
     on its first call (and again after Ray restarts it)."""
 
-    def __init__(
-        self, name: str, fingerprint: str, batch_size: int, gpus: float, decode: str = DEFAULT_DECODE
-    ) -> None:
+    def __init__(self, name: str, fingerprint: str, batch_size: int, gpus: float) -> None:
         self.settings = name, fingerprint, batch_size, gpus
-        self.decode = decode  # the pair's mode (this actor encodes decoded pixels; kept for its encoder)
         self.encoder: OnnxEncoder | None = None
 
     def _load(self, graph: list[Any]) -> OnnxEncoder:
@@ -65,9 +62,7 @@ class EncoderActor:
         with tempfile.TemporaryDirectory(prefix="rmq-encoder-") as folder:
             path = Path(folder, name)
             path.write_bytes(ray.get(graph[0]))
-            encoder = OnnxEncoder(
-                path, batch_size=batch_size, threads=1, providers=providers, decode=self.decode
-            )
+            encoder = OnnxEncoder(path, batch_size=batch_size, threads=1, providers=providers)
         if encoder.fingerprint != fingerprint:
             raise ConfigError(f"the encoder {name} changed on disk while the run started: rerun")
         if gpus > 0 and encoder.provider != CUDA:

@@ -118,19 +118,22 @@ def _turn(picture: Image.Image) -> Image.Transpose | None:
     its pixels."""
     try:
         picture.load()
-        value = picture.getexif().get(0x0112, 1)
+        return _tagged_turn(picture)
     except Exception:  # no readable EXIF (a fault in the pixels: the conversion says so)
         return None
-    return _TURNS.get(value) if isinstance(value, int) else None
 
 
 def _jpeg_turn(data: bytes) -> Image.Transpose | None:
     """The transposition the EXIF orientation tag of a JPEG's ``data`` asks for, read from its
     header before any pixel is decoded (the DCT scale must cover the turned size)."""
     try:
-        value = Image.open(io.BytesIO(data), formats=FORMATS).getexif().get(0x0112, 1)
+        return _tagged_turn(Image.open(io.BytesIO(data), formats=FORMATS))
     except Exception:  # no readable EXIF (or not an image: the decode says so)
         return None
+
+
+def _tagged_turn(picture: Image.Image) -> Image.Transpose | None:
+    value = picture.getexif().get(0x0112, 1)
     return _TURNS.get(value) if isinstance(value, int) else None
 
 

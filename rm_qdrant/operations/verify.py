@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE
+from rm_qdrant.core.inputspec import DEFAULT_DECODE
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch
@@ -177,7 +177,7 @@ def fidelity(
     """
     output = output or encoder.info.gallery_output()
     spec, records, usable = _sampled(store, collection, encoder, output, vector, sample, seed, None)
-    exact, fast = (encoder.decoding_as(mode) for mode in DECODES)
+    exact, fast = encoder.decoding_as("exact"), encoder.decoding_as("fast")
     good, exact_rows, failed = _encoded(exact, output, usable, records, rule, source)
     both, fast_rows, _ = _encoded(fast, output, good, records, rule, source)
     kept = {r.id for r in both}
