@@ -35,13 +35,20 @@ from rm_qdrant_exporters.linear import linear_encoder
 SPEC = InputSpec(height=8, width=8, channels=3)
 
 
-def png_100mp() -> bytes:
+def png_declaring(width: int, height: int, rows: int | None = None) -> bytes:
+    """An RGB PNG whose header declares ``width`` x ``height``, with ``rows`` black rows of pixel
+    data (default: all of them; fewer: a decompression bomb's header on a small file)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    head = struct.pack(">IIBBBBB", 10_000, 10_000, 8, 2, 0, 0, 0)
-    body = zlib.compress(b"\x00" * (30_001 * 10_000), 9)
+    head = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = zlib.compress(b"\x00" * ((width * 3 + 1) * (height if rows is None else rows)), 9)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+
+
+def png_100mp() -> bytes:
+    return png_declaring(10_000, 10_000)
 
 
 def jpeg(size: int) -> bytes:

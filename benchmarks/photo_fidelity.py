@@ -16,7 +16,6 @@ Run: ``pip install nudenet`` (a benchmark-only dependency), then
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -28,20 +27,13 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from rm_qdrant import OnnxEncoder
-from rm_qdrant.caches import cache_root
-from rm_qdrant.models.stamp import stamp_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import photo_gallery  # noqa: E402
+from rm_qdrant import OnnxEncoder  # noqa: E402
+from rm_qdrant.caches import cache_root  # noqa: E402
+from rm_qdrant.models.stamp import stamp_model  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 CUT = "/model.9/cv2/act/Mul_output_0"  # the SPPF block's output: the end of YOLOv8's backbone
-
-
-def _gallery_module():
-    spec = importlib.util.spec_from_file_location("photo_gallery", HERE / "photo_gallery.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["photo_gallery"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def embedding_graph(size: int) -> Path:
@@ -95,8 +87,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224, help="the graph's input side (default 224)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
-    gallery = _gallery_module()
-    folder, photos = gallery.build(args.gallery)
+    folder, photos = photo_gallery.build(args.gallery)
     graph = embedding_graph(args.size)
     started = time.perf_counter()
     exact, fast = (OnnxEncoder(graph, decode=mode, threads=1) for mode in ("exact", "fast"))
