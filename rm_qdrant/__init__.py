@@ -57,6 +57,7 @@ from rm_qdrant.errors import (
 )
 from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.monitoring import SearchMetrics
 from rm_qdrant.operations.create import create_pair
 from rm_qdrant.operations.drop import Dropped, drop_pair
 from rm_qdrant.operations.failures import FailedPoint
@@ -110,6 +111,7 @@ __all__ = [
     "RayOptions",
     "Refused",
     "RmqError",
+    "SearchMetrics",
     "SourceConfig",
     "SourceError",
     "StatusReport",

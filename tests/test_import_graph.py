@@ -17,6 +17,7 @@ LAYERS = [
     ("rm_qdrant.store", "rm_qdrant.sources", "rm_qdrant.models"),
     ("rm_qdrant.pair",),
     ("rm_qdrant.serving",),
+    ("rm_qdrant.monitoring",),
     ("rm_qdrant.migration",),
     ("rm_qdrant.operations",),
     ("rm_qdrant.evaluation",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.migration.ray_engine import RayOptions, import_ray
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.monitoring import observing, start_metrics
 from rm_qdrant.pair.outcome import BatchResult, MigrationReport
 from rm_qdrant.pair.record import load_pair
 from rm_qdrant.pair.upkeep import optimize_collections, optimizes
@@ -32,6 +34,8 @@ def migrate(
     encoder: OnnxEncoder | str | None = None,
     on_batch: Callable[[BatchResult], None] | None = None,
     stop: threading.Event | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
     engine: str | RayOptions = "local",
     **options: Any,
 ) -> MigrationReport:
@@ -53,6 +57,11 @@ def migrate(
         on_batch: called with each settled batch (from a worker thread), for progress.
         stop: set it (from another thread, a signal handler, or ``on_batch``) to stop after
             the batch in flight; the report then says ``stopped_early``.
+        metrics_port: serve the run's Prometheus metrics on this port (1 to 65535) while it runs
+            (see docs/guides/operations.md#metrics); the port is bound before anything is read
+            or written, and released when this returns. None: no metrics.
+        metrics_host: the address they are served on (default ``0.0.0.0``, every interface, so
+            that Prometheus can scrape a pod; ``127.0.0.1`` keeps them local).
         engine: ``"local"`` (threads of this process), or ``"ray"`` / a
             :class:`~rm_qdrant.migration.ray_engine.RayOptions` (cluster address, encoder actors,
             GPUs per encoder, decode tasks): images are fetched, decoded and encoded on Ray, the
@@ -68,7 +77,8 @@ def migrate(
         What the run did: points planned, moved, repaired, failed, gone meanwhile, seconds.
 
     Raises:
-        ConfigError: an unknown option or a bad value, or an encoder that is not the pair's.
+        ConfigError: an unknown option or a bad value, or an encoder that is not the pair's; a
+            metrics port outside 1..65535, in use or not allowed (nothing was read or written).
         MigrationError: the pair is not backfilling, or too much of a batch failed (that batch
             is settled first).
 
@@ -105,8 +115,10 @@ def migrate(
             f"on_batch is a function of one BatchResult (or None), not {type(on_batch).__name__}"
         )
     ray = _engine(engine)
-    with DualIndex.open(store, name, encoder=encoder) as index:
-        return run_migration(index, settings, workers=workers, stop=stop, on_batch=on_batch, ray=ray)
+    server = start_metrics(metrics_port, metrics_host)  # first: a port in use changes nothing
+    with server or contextlib.nullcontext(), DualIndex.open(store, name, encoder=encoder) as index:
+        observed = observing(server, store, name, on_batch)
+        return run_migration(index, settings, workers=workers, stop=stop, on_batch=observed, ray=ray)
 
 
 def _engine(engine: object) -> RayOptions | None:
@@ -187,7 +199,8 @@ def _options(options: dict[str, Any]) -> MigrateOptions:
         many = "s" if len(unknown) > 1 else ""
         raise ConfigError(
             f"unknown migrate option{many} {', '.join(map(repr, unknown))}: the options are "
-            f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, on_batch and stop"
+            f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, engine, on_batch, stop, metrics_port and "
+            "metrics_host"
         )
     for key, kind, low in _TYPES:
         if options.get(key) is not None:

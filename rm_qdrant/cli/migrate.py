@@ -31,6 +31,7 @@ from rm_qdrant.migration.loading import preflight
 from rm_qdrant.migration.migrate import MigrateOptions, MigrationReport, check_workers, run_migration
 from rm_qdrant.migration.ranking import budget, order_ready
 from rm_qdrant.migration.ray_engine import RayOptions, import_ray
+from rm_qdrant.monitoring import observing, start_metrics
 from rm_qdrant.pair.layouts import layout_of
 from rm_qdrant.pair.upkeep import OPTIMIZE_EVERY
 from rm_qdrant.serving.dual import DualIndex
@@ -191,6 +192,16 @@ def _summary(report: MigrationReport, name: str) -> str:
     "(0: after each batch) and at its end; 'end': only at the end.",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve the run's Prometheus metrics on this port while it runs (docs/guides/operations.md#metrics).",
+)
+@click.option(
+    "--metrics-host",
+    help="With --metrics-port: the address to serve them on [default: 0.0.0.0, every interface, so "
+    "that Prometheus can scrape a pod; 127.0.0.1 keeps them local].",
+)
+@click.option(
     "--engine",
     type=click.Choice(["local", "ray"]),
     default="local",
@@ -238,6 +249,8 @@ def migrate(
     source: SourceConfig,
     fetch_workers: int | None,
     optimize_every: str,
+    metrics_port: int | None,
+    metrics_host: str | None,
     engine: str,
     ray_address: str | None,
     encoders: int | None,
@@ -250,6 +263,9 @@ def migrate(
 ) -> None:
     """Move gallery points from the old collection to the new one, in backfill order."""
     ray = _ray_options(engine, ray_address, encoders, gpus_per_encoder, decoders)
+    server = start_metrics(metrics_port, metrics_host)  # before the store: a port in use changes nothing
+    if server is not None:
+        ctx.with_resource(server)  # closed, and the port released, when the command ends
     store = open_cli_store(ctx)
     options = MigrateOptions(
         batch=batch,
@@ -285,9 +301,7 @@ def migrate(
                 options,
                 workers=workers,
                 stop=stop,
-                on_batch=lambda r: bar.advance(
-                    r.moved + r.repaired + len(r.failed) + r.gone + r.unconfirmed, done=r.moved
-                ),
+                on_batch=observing(server, store, name, lambda r: bar.advance(r.points, done=r.moved)),
                 on_plan=bar.start,
                 ray=ray,
             )

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -90,11 +90,16 @@ def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[
 
 
 def _decoded(
-    encoder: PixelDecoder, source: ImageSource, point_id: PointId, uri: Any
+    encoder: PixelDecoder, source: ImageSource, point_id: PointId, uri: Any, spent: list[float]
 ) -> tuple[np.ndarray | None, str]:
-    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read."""
+    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read;
+    adds the seconds its fetch and its decode took to ``spent`` ([fetch, decode])."""
+    began = time.perf_counter()
+    fetched = None
     try:
-        return encoder.decode(source.fetch(uri), max_pixels=source.config.max_pixels), ""
+        data = source.fetch(uri)
+        fetched = time.perf_counter()
+        return encoder.decode(data, max_pixels=source.config.max_pixels), ""
     except SourceError as exc:
         return None, str(exc)
     except ImageError as exc:
@@ -102,6 +107,10 @@ def _decoded(
     except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
         log.warning("unexpected failure reading the image of point %s", point_id, exc_info=True)
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
+    finally:
+        ended = time.perf_counter()
+        spent[0] += (ended if fetched is None else fetched) - began
+        spent[1] += 0.0 if fetched is None else ended - fetched
 
 
 def fetch_threads(
@@ -132,11 +141,25 @@ class LoadedBatch:
         rows: positions, in the batch given, of the points read, in order.
         pixels: their ``(len(rows), height, width, channels)`` uint8 images.
         failed: ``(position, reason)`` of the others.
+        seconds: ``fetch`` and ``decode``: the wall time the batch took to load, shared between
+            the two by the threads' time each took (:func:`stage_seconds`).
+        retries: network fetches retried meanwhile.
     """
 
     rows: list[int]
     pixels: np.ndarray
     failed: list[tuple[int, str]]
+    seconds: dict[str, float] = field(default_factory=dict)
+    retries: int = 0
+
+
+def stage_seconds(wall: float, fetch: float, decode: float) -> dict[str, float]:
+    """``wall`` seconds of loading images shared between ``fetch`` and ``decode`` in the ratio of
+    the threads' seconds in each (all ``fetch`` when no image was fetched): the two interleave,
+    image by image, on several threads, so neither has a wall time of its own."""
+    spent = fetch + decode
+    share = fetch / spent if spent > 0 else 1.0
+    return {"fetch": wall * share, "decode": wall * (1.0 - share)}
 
 
 def load_batch(
@@ -153,6 +176,8 @@ def load_batch(
     """Fetch and decode the images of ``points`` (id, payload) with ``pool``, on ``workers`` of its
     threads (None: :func:`fetch_threads` picks by where the batch's images are, and by ``pace``,
     which gets this batch's fetch-thread CPU time)."""
+    started, retried = time.perf_counter(), source.retries
+    spans: list[list[float]] = []  # [fetch, decode] seconds of each task
     spec = encoder.info.input
     images = np.empty((len(points), spec.height, spec.width, spec.channels), np.uint8)
     errors: list[str | None] = [None] * len(points)
@@ -167,10 +192,11 @@ def load_batch(
     starts = iter(range(0, len(points), size))  # shared: each task takes the next slice not taken
 
     def load(start: int) -> None:
-        began, decoded = time.thread_time(), 0
+        began, decoded, spent = time.thread_time(), 0, [0.0, 0.0]
+        spans.append(spent)
         for row in range(start, min(start + size, len(points))):
             if errors[row] is None:
-                image, error = _decoded(encoder, source, points[row][0], uris[row])
+                image, error = _decoded(encoder, source, points[row][0], uris[row], spent)
                 if image is None:
                     errors[row] = error or "the image could not be read"
                 else:
@@ -197,7 +223,11 @@ def load_batch(
         paced.batch_done()
     rows = [row for row, error in enumerate(errors) if error is None]
     failed = [(row, error) for row, error in enumerate(errors) if error is not None]
-    return LoadedBatch(rows, images if not failed else images[rows], failed)
+    fetch, decode = (sum(span[i] for span in spans) for i in (0, 1))
+    seconds = stage_seconds(time.perf_counter() - started, fetch, decode)
+    return LoadedBatch(
+        rows, images if not failed else images[rows], failed, seconds, source.retries - retried
+    )
 
 
 def preflight(

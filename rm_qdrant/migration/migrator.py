@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -70,14 +71,17 @@ def encode_loaded(
     """Embed a batch's decoded images; rows the encoder left unusable fail with the reason."""
     if not ids:
         return Encoded([], np.zeros((0, encoder.info.outputs[output]), dtype=np.float32), [])
+    started = time.perf_counter()
     vectors = encoder.run_pixels(pixels, [output])[output]
     log.debug("encoded %s", ids)
     bad = unusable_rows(vectors, distance)
+    seconds = time.perf_counter() - started
     if not bad.any():
-        return Encoded(ids, vectors, [])
+        return Encoded(ids, vectors, [], seconds)
     reason = "the encoder returned NaN, infinity or a zero vector for this image"
     failed = [(i, reason) for i, b in zip(ids, bad.tolist(), strict=True) if b]
-    return Encoded([i for i, b in zip(ids, bad.tolist(), strict=True) if not b], vectors[~bad], failed)
+    kept = [i for i, b in zip(ids, bad.tolist(), strict=True) if not b]
+    return Encoded(kept, vectors[~bad], failed, seconds)
 
 
 class Migrator:
@@ -275,7 +279,9 @@ class Migrator:
         return encode_loaded(self.encoder, self.output, self.pair.distance, prepared.loaded, prepared.pixels)
 
     def _settle(self, prepared: Prepared, encoded: Encoded) -> BatchResult:
+        started = time.perf_counter()
         result = self.layout.settle(self.store, prepared, encoded, self.dim)
+        stages = {**prepared.stages, "encode": encoded.seconds, "write": time.perf_counter() - started}
         if self.upkeep is not None:
             self.upkeep.written()  # on the writer thread: no write of this run races the build
-        return result
+        return replace(result, stages=stages, retries=prepared.retries)

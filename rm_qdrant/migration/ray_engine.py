@@ -33,15 +33,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
-from rm_qdrant.migration.loading import LoadedBatch
 from rm_qdrant.migration.migrator import Migrator
-from rm_qdrant.migration.ray_workers import EncoderActor, decode_chunk
+from rm_qdrant.migration.ray_workers import EncoderActor, assemble, decode_chunk
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.pair.outcome import MAX_WORKERS, ClaimedBatch, Encoded, Prepared
 from rm_qdrant.sources import SourceConfig
@@ -296,21 +293,7 @@ class RayEngine:
         if waiting:
             self.cancel(batch)
             return None
-        parts = self._get(batch.results)
-        failed = [
-            (start + row, why)
-            for start, (bad, _) in zip(batch.starts, parts, strict=True)
-            for row, why in bad
-        ]
-        encoded = [e for _, e in parts]
-        read = sorted(set(range(len(batch.claim.todo))) - {row for row, _ in failed})
-        prepared = batch.claim.prepared(LoadedBatch(read, np.zeros((0, 0, 0, 0), np.uint8), failed))
-        vectors = [e.vectors for e in encoded if len(e.ids)]
-        return prepared, Encoded(
-            [i for e in encoded for i in e.ids],
-            np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32),
-            [f for e in encoded for f in e.failed],
-        )
+        return assemble(batch.claim, batch.starts, self._get(batch.results), dim)
 
     def cancel(self, batch: InFlight) -> None:
         """Stop a batch's decode tasks (their processes: a fetch may be waiting on a slow server);

@@ -6,9 +6,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rm_qdrant.core.inputspec import DEFAULT_DECODE
 from rm_qdrant.core.merge import PointId
@@ -18,7 +21,7 @@ from rm_qdrant.errors import ConfigError
 from rm_qdrant.migration.loading import NETWORK_WORKERS, LoadedBatch, load_batch
 from rm_qdrant.migration.migrator import encode_loaded
 from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
-from rm_qdrant.pair.outcome import Encoded
+from rm_qdrant.pair.outcome import ClaimedBatch, Encoded, Prepared
 from rm_qdrant.sources import ImageSource, SourceConfig
 
 CUDA = "CUDAExecutionProvider"
@@ -74,12 +77,52 @@ class EncoderActor:
 
     def encode(
         self, graph: list[Any], output: str, distance: str, ids: list[PointId], loaded: LoadedBatch
-    ) -> tuple[list[tuple[int, str]], Encoded]:
-        """Embed a decoded chunk: its decode failures (positions in the chunk), and what the
-        encoder made. ``graph``: [the ObjectRef of the graph's bytes], nested so that only a
-        first call (of this actor, or of its restart) reads it."""
+    ) -> Chunk:
+        """Embed a decoded chunk: what the encoder made, and what the decode task reported.
+        ``graph``: [the ObjectRef of the graph's bytes], nested so that only a first call (of
+        this actor, or of its restart) reads it."""
         if self.encoder is None:
             self.encoder = self._load(graph)
-        return loaded.failed, encode_loaded(
+        encoded = encode_loaded(
             self.encoder, output, distance, [ids[row] for row in loaded.rows], loaded.pixels
         )
+        return Chunk(loaded.failed, encoded, loaded.seconds, loaded.retries)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one chunk of a batch comes back to the driver as (never its pixels).
+
+    Attributes:
+        failed: ``(position in the chunk, reason)`` of the images that could not be read.
+        encoded: what the encoder made of the others.
+        seconds: the decode task's ``fetch`` and ``decode`` seconds.
+        retries: network fetches the decode task retried.
+    """
+
+    failed: list[tuple[int, str]]
+    encoded: Encoded
+    seconds: dict[str, float]
+    retries: int
+
+
+def assemble(
+    claim: ClaimedBatch, starts: list[int], chunks: list[Chunk], dim: int
+) -> tuple[Prepared, Encoded]:
+    """A batch from its chunks (each starting at ``starts[k]`` in ``claim.todo``), as settle takes
+    it; the stages' seconds are summed over the chunks (worker seconds, not wall time)."""
+    failed = [
+        (start + row, why) for start, chunk in zip(starts, chunks, strict=True) for row, why in chunk.failed
+    ]
+    read = sorted(set(range(len(claim.todo))) - {row for row, _ in failed})
+    seconds = {stage: sum(c.seconds.get(stage, 0.0) for c in chunks) for stage in ("fetch", "decode")}
+    retries = sum(c.retries for c in chunks)
+    prepared = claim.prepared(LoadedBatch(read, np.zeros((0, 0, 0, 0), np.uint8), failed, seconds, retries))
+    encoded = [c.encoded for c in chunks]
+    vectors = [e.vectors for e in encoded if len(e.ids)]
+    return prepared, Encoded(
+        [i for e in encoded for i in e.ids],
+        np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32),
+        [f for e in encoded for f in e.failed],
+        sum(e.seconds for e in encoded),
+    )

@@ -23,6 +23,8 @@ from rm_qdrant.store.bounds import check_stored
 # --decoders) a run takes: each is an entry built up front (a shard, a thread, an actor), so an
 # absurd count would exhaust memory before anything moved; more than this only contend anyway.
 MAX_WORKERS = 256
+#: The stages of a batch whose seconds :attr:`BatchResult.stages` gives (see docs/guides/operations.md).
+STAGES = ("fetch", "decode", "encode", "write")
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Encoded:
     ids: list[PointId]  # encoded to storable vectors, in row order
     vectors: np.ndarray
     failed: list[tuple[PointId, str]]  # the encoder's output was unusable
+    seconds: float = 0.0  # the encoder's time (Ray: summed over the batch's chunks)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class Prepared:
     gone: int
     token: str | None  # one collection: the batch's token (see BATCH)
     others: dict[PointId, dict[str, Any]]  # two collections: each point's other vectors, if any
+    stages: dict[str, float] = field(default_factory=dict)  # fetch and decode seconds (BatchResult)
+    retries: int = 0  # network fetches retried while its images were read
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class ClaimedBatch:
             self.gone,
             self.token,
             self.others,
+            dict(loaded.seconds),
+            loaded.retries,
         )
 
 
@@ -129,11 +136,23 @@ class LoadedRows(Protocol):
     rows: list[int]
     pixels: np.ndarray
     failed: list[tuple[int, str]]
+    seconds: Mapping[str, float]
+    retries: int
 
 
 @dataclass(frozen=True)
 class BatchResult:
-    """One settled batch."""
+    """One settled batch.
+
+    Attributes:
+        stages: seconds the batch spent in each of :data:`STAGES`, as the migration's metrics
+            show them: ``fetch`` and ``decode`` share the wall time its images took to load (the
+            fetch threads interleave the two, image by image: each stage gets the share of the
+            threads' time it took), ``encode`` the encoder's time, ``write`` the settling (write
+            to new, read-backs, retire from old). With ``--engine ray``, fetch, decode and encode
+            are the Ray workers' seconds, summed over the batch's chunks. Empty where not measured.
+        retries: network fetches retried while its images were read.
+    """
 
     moved: int
     repaired: int
@@ -142,6 +161,8 @@ class BatchResult:
     unconfirmed: int
     failed_again: int = 0  # of ``failed``: points whose last attempt had failed too
     rewritten: int = 0  # of ``unconfirmed``: rewritten in old meanwhile by a writer that bypasses rm-qdrant
+    stages: Mapping[str, float] = field(default_factory=dict)
+    retries: int = 0
 
     @property
     def points(self) -> int:

@@ -17,6 +17,7 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.pair.layouts import Layout, Write, layout_of
 from rm_qdrant.pair.record import PairRecord, load_pair, open_encoder
+from rm_qdrant.serving.observing import SearchObserver, Watch, observed
 from rm_qdrant.serving.pair_points import PairPoints, id_list
 from rm_qdrant.serving.pair_search import PairSearch
 from rm_qdrant.serving.search_options import (
@@ -59,6 +60,7 @@ class DualIndex(PairSearch, PairPoints):
         *,
         exact: bool = False,
         hnsw_ef: int | None = None,
+        metrics: SearchObserver | None = None,
     ) -> None:
         if pair.state == "dropping":  # its new collection or vector may be half gone
             raise ConfigError(
@@ -74,6 +76,7 @@ class DualIndex(PairSearch, PairPoints):
         self.encoder = None if encoder is None else encoder.decoding_as(pair.decode)
         self.old_encoder = None if old_encoder is None else old_encoder.decoding_as(pair.decode)
         self.exact, self.hnsw_ef = exact, hnsw_ef
+        self._watch = None if metrics is None else Watch(metrics)  # see observing.py
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
         self._old_dim = self.layout.old_dim(store)
         self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
@@ -105,11 +108,14 @@ class DualIndex(PairSearch, PairPoints):
         old_encoder: OnnxEncoder | str | None = None,
         exact: bool = False,
         hnsw_ef: int | None = None,
+        metrics: SearchObserver | None = None,
     ) -> DualIndex:
         """Open a pair by name, loading its encoders from the paths it recorded unless given.
 
         ``exact`` scans every point instead of using the HNSW index; ``hnsw_ef``
-        sets the index's search breadth (Qdrant's default when None).
+        sets the index's search breadth (Qdrant's default when None). ``metrics``: a
+        :class:`~rm_qdrant.SearchMetrics` that each search is observed by (seconds in all and
+        by side, the merged hits by the side they came from); None: no observation, no cost.
 
         Raises:
             CollectionNotFound: no such pair, or one of its collections is gone.
@@ -124,7 +130,7 @@ class DualIndex(PairSearch, PairPoints):
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder", decode=pair.decode)
-        return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef)
+        return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef, metrics=metrics)
 
     # -- queries ---------------------------------------------------------------
 
@@ -155,6 +161,7 @@ class DualIndex(PairSearch, PairPoints):
             raise ConfigError("this DualIndex has no encoder: pass vectors (search_vectors, upsert_vectors)")
         return self.encoder
 
+    @observed(batch=False)
     def search(
         self, image: ImageLike, limit: int = 10, filter: Filter | None = None, **options: Any
     ) -> list[Hit]:
@@ -164,6 +171,7 @@ class DualIndex(PairSearch, PairPoints):
         """
         return self.search_batch([image], limit=limit, filter=filter, **options)[0]
 
+    @observed(batch=True)
     def search_batch(
         self, images: Sequence[ImageLike], limit: int = 10, filter: Filter | None = None, **options: Any
     ) -> list[list[Hit]]:
@@ -171,6 +179,7 @@ class DualIndex(PairSearch, PairPoints):
         new, old = self.query_vectors(images)
         return self.search_vectors_batch(new, old, limit=limit, filter=filter, **options)
 
+    @observed(batch=False)
     def search_vectors(
         self, new_vector: np.ndarray | None, old_vector: np.ndarray | None, *, limit: int = 10, **options: Any
     ) -> list[Hit]:
@@ -180,6 +189,7 @@ class DualIndex(PairSearch, PairPoints):
         old = None if old_vector is None else as_floats(old_vector, "old_vector").reshape(1, -1)
         return self.search_vectors_batch(new, old, limit=limit, **options)[0]
 
+    @observed(batch=True)
     def search_vectors_batch(
         self,
         new_vectors: np.ndarray | None,

@@ -14,6 +14,7 @@ from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.merge import Hit, Source, merge, settled
 from rm_qdrant.core.planning import INTERNAL_FIELDS, user_payload
 from rm_qdrant.errors import ConfigError, DimensionMismatch, Unsupported
+from rm_qdrant.serving.observing import Watch, timed
 from rm_qdrant.serving.search_options import (
     SearchOptions,
     with_late_copies,
@@ -45,6 +46,7 @@ class PairSearch:
     _two_queries: bool
     _pool: ThreadPoolExecutor | None
     _to_distance: tuple[float, float]
+    _watch: Watch | None
 
     def _search(
         self,
@@ -123,19 +125,22 @@ class PairSearch:
             old_args["search_params"] = old_side_params(params)  # as the merged query's old prefetch
         new_args = {**args, "vector": pair.new_using}
         old_name, new_name = self.pair.old_collection, self.pair.new_collection
+        timing = None if self._watch is None else self._watch.current()
         # A migrating point is written to new before it leaves old, so searching old
         # first and new second can see it twice (merge keeps one), never zero times.
         # Searches sent together to a server have no order; the migration then waits
         # REMOVAL_GRACE seconds between the two writes instead (see migrate.py).
         pending = None
         if self._pool is not None and new_q is not None and old_q is not None:
-            pending = self._pool.submit(self.store.search, old_name, old_q, **old_args)
+            pending = self._pool.submit(timed, timing, "old", self.store.search, old_name, old_q, **old_args)
         old_raw: list[list[ScoredRecord]] | None = None
         if pending is None and old_q is not None:
-            old_raw = self.store.search(old_name, old_q, **old_args)
+            old_raw = timed(timing, "old", self.store.search, old_name, old_q, **old_args)
             if new_q is not None:  # before new's search: a copy found now is there for it too
                 old_raw, _ = without_copies(self.store, pair, old_raw, old_q, old_args)
-        new_raw = None if new_q is None else self.store.search(new_name, new_q, **new_args)
+        new_raw = None
+        if new_q is not None:
+            new_raw = timed(timing, "new", self.store.search, new_name, new_q, **new_args)
         if pending is not None and new_raw is not None:
             old_raw, dropped = without_copies(self.store, pair, pending.result(), old_q, old_args)
             new_raw = with_late_copies(self.store, pair, new_raw, dropped, new_q, new_args)

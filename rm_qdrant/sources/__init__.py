@@ -143,6 +143,17 @@ class ImageSource:
         self._http: HttpFetcher | None = None
         self._objects: S3Fetcher | None = None
         self._lock = threading.Lock()
+        self._retries = 0
+
+    @property
+    def retries(self) -> int:
+        """Network fetches retried so far (each retry of a timeout, a refused connection, a 5xx
+        or throttling counts once; see :mod:`rm_qdrant.sources.retry`)."""
+        return self._retries
+
+    def _retried(self) -> None:
+        with self._lock:
+            self._retries += 1
 
     def fetch(self, uri: object) -> bytes:
         """The bytes at ``uri``.
@@ -168,9 +179,9 @@ class ImageSource:
             )
         name = shown(uri)
         if scheme in ("http", "https"):
-            return self._fetcher().get(uri, shown=name, stop=self._stop)
+            return self._fetcher().get(uri, shown=name, stop=self._stop, on_retry=self._retried)
         if scheme in ("s3", "gs"):
-            return self._object_fetcher().get(uri, shown=name, stop=self._stop)
+            return self._object_fetcher().get(uri, shown=name, stop=self._stop, on_retry=self._retried)
         raise SourceError(f"{name}: rm-qdrant cannot fetch {scheme!r} URIs")
 
     def _path(self, uri: str, has_scheme: bool, name: Callable[[], str]) -> str | Path:

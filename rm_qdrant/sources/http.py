@@ -145,7 +145,14 @@ class HttpFetcher:
     def _remaining(self) -> float:
         return getattr(self._local, "deadline", float("inf")) - time.monotonic()
 
-    def get(self, uri: str, *, shown: str, stop: threading.Event | None = None) -> bytes:
+    def get(
+        self,
+        uri: str,
+        *,
+        shown: str,
+        stop: threading.Event | None = None,
+        on_retry: Callable[[], None] | None = None,
+    ) -> bytes:
         """The body at ``uri``, retried with backoff; ``stop`` set means no further attempt.
 
         Raises:
@@ -157,6 +164,7 @@ class HttpFetcher:
             retries=self.retries,
             backoff=self.backoff,
             stop=stop,
+            on_retry=on_retry,
         )
 
     def _attempt(self, uri: str, shown: str) -> bytes:

@@ -23,11 +23,13 @@ def with_retries(
     retries: int,
     backoff: float,
     stop: threading.Event | None = None,
+    on_retry: Callable[[], None] | None = None,
 ) -> bytes:
     """``attempt()``, again after each :class:`Retryable` failure, up to ``retries`` more times.
 
     The wait before a retry starts at ``backoff`` seconds and doubles; once ``stop`` is
-    set no further attempt starts.
+    set no further attempt starts. ``on_retry`` is called before each retry's wait (the
+    migration's metrics count them).
 
     Raises:
         SourceError: the last failure, with ``shown`` (the redacted URI) and the count.
@@ -40,6 +42,8 @@ def with_retries(
             if number > retries or (stop is not None and stop.is_set()):
                 raise SourceError(f"{shown}: {exc} (after {number} attempts)") from exc
             log.info("retrying %s in %.1fs: %s", shown, delay, exc)
+            if on_retry is not None:
+                on_retry()
         if stop is not None and stop.wait(delay):
             raise SourceError(f"{shown}: not retried, the run is stopping")
         if stop is None:

@@ -39,6 +39,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +141,14 @@ class S3Fetcher:
         self._lock = threading.Lock()  # boto3 sessions are not thread-safe; clients are
         self._narrow_reads = True
 
-    def get(self, uri: str, *, shown: str, stop: threading.Event | None = None) -> bytes:
+    def get(
+        self,
+        uri: str,
+        *,
+        shown: str,
+        stop: threading.Event | None = None,
+        on_retry: Callable[[], None] | None = None,
+    ) -> bytes:
         """The object at ``uri``, retried with backoff; ``stop`` set means no further attempt.
 
         Raises:
@@ -154,6 +162,7 @@ class S3Fetcher:
             retries=self.retries,
             backoff=self.backoff,
             stop=stop,
+            on_retry=on_retry,
         )
 
     def _attempt(self, client: Any, ref: ObjectRef, shown: str) -> bytes:
