@@ -101,35 +101,19 @@ def read_figures(store: Store, name: str) -> PairFigures:
     )
 
 
-#: The gauges of :class:`PairFigures`: name, help, the figure (None: not known, no sample).
-_GAUGES: tuple[tuple[str, str, Callable[[PairFigures], float | None]], ...] = (
-    (
-        "rmq_gallery_points",
-        "Points in the gallery: served from old plus served from new.",
-        lambda f: f.gallery,
-    ),
-    ("rmq_migrated_points", "Points served from the new collection.", lambda f: f.migrated),
-    ("rmq_remaining_points", "Points still to migrate (in old, no recorded failure).", lambda f: f.remaining),
-    (
-        "rmq_failed_points",
-        "Points whose last migration attempt failed (served from old).",
-        lambda f: f.failed,
-    ),
+#: The gauges of :class:`PairFigures`: name, help, the field (None: not known, no sample).
+_GAUGES = (
+    ("rmq_gallery_points", "Points in the gallery: served from old plus served from new.", "gallery"),
+    ("rmq_migrated_points", "Points served from the new collection.", "migrated"),
+    ("rmq_remaining_points", "Points still to migrate (in old, no recorded failure).", "remaining"),
+    ("rmq_failed_points", "Points whose last migration attempt failed (served from old).", "failed"),
     (
         "rmq_migrate_points_per_second",
         "Points moved per second lately, every process migrating the pair together.",
-        lambda f: f.points_per_second,
+        "points_per_second",
     ),
-    (
-        "rmq_migrate_eta_seconds",
-        "Seconds until the remaining points are moved at that pace.",
-        lambda f: f.eta_seconds,
-    ),
-    (
-        "rmq_migrate_paused",
-        "1 while rmq pause holds the pair's migrations, else 0.",
-        lambda f: float(f.paused),
-    ),
+    ("rmq_migrate_eta_seconds", "Seconds until the remaining points are moved at that pace.", "eta_seconds"),
+    ("rmq_migrate_paused", "1 while rmq pause holds the pair's migrations, else 0.", "paused"),
 )
 
 
@@ -168,9 +152,9 @@ class PairCollector:
 
     def _families(self, figures: PairFigures | None) -> list[Metric]:
         families: list[Metric] = []
-        for name, text, figure in _GAUGES:
+        for name, text, field in _GAUGES:
             family = GaugeMetricFamily(name, text, labels=["pair"])
-            value = None if figures is None else figure(figures)
+            value = None if figures is None else getattr(figures, field)
             if value is not None:
                 family.add_metric([self.pair], float(value))
             families.append(family)

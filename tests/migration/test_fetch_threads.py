@@ -130,7 +130,10 @@ def _busiest(monkeypatch, cost: float | None = None) -> list[int]:
     fetch = ImageSource.fetch
     if cost is not None:
         clock = threading.local()
-        monkeypatch.setattr(loading, "time", SimpleNamespace(thread_time=lambda: getattr(clock, "t", 0.0)))
+        thread_time = lambda: getattr(clock, "t", 0.0)  # noqa: E731
+        monkeypatch.setattr(
+            loading, "time", SimpleNamespace(thread_time=thread_time, perf_counter=time.perf_counter)
+        )
 
     def slow(self, uri):
         with lock:

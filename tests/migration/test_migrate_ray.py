@@ -131,6 +131,35 @@ def test_a_poison_image_and_a_nan_are_recorded_as_the_local_engine_records_them(
     assert "NaN" in failed[ids[1]] and "poison.jpg" in failed[ids[4]] and "missing.png" in failed[ids[7]]
 
 
+def test_the_drivers_metrics_carry_the_ray_workers_stage_seconds(models, tmp_path, local_ray):
+    """``--engine ray --metrics-port``: the driver serves the seconds its decode tasks and encoder
+    actors spent, one observation a batch, beside its own write seconds."""
+    from rm_qdrant import migrate
+    from tests.monitoring.test_migration_metrics import free_port, scrape, value
+
+    folder = make_image_folder(tmp_path / "g", per_class=N // 3)
+    port, seen = free_port(), []
+    with open_store(tmp_path / "q") as store:
+        gallery(store, models, folder, "paired")
+        report = migrate(
+            store,
+            "p",
+            batch=10,
+            engine=RayOptions(encoders=1, decoders=2),
+            metrics_port=port,
+            on_batch=lambda result: seen.append((result, scrape(port))),
+        )
+    assert report.moved == N and len(seen) == N // 10
+    result, samples = seen[-1]
+    assert value(samples, "rmq_migrate_moved_points_total") == N
+    for stage in ("fetch", "decode", "encode", "write"):
+        assert value(samples, "rmq_migrate_batch_seconds_count", stage=stage) == N // 10
+        assert value(samples, "rmq_migrate_batch_seconds_sum", stage=stage) == pytest.approx(
+            sum(r.stages[stage] for r, _ in seen)
+        )
+    assert all(r.stages["decode"] > 0 and r.stages["encode"] > 0 for r, _ in seen)  # measured on Ray
+
+
 def _encoder_actor_pids() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

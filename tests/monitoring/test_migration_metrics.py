@@ -220,3 +220,10 @@ def test_bad_metrics_options_are_one_line(rmq, demo, tmp_path, args, message):
     line = one_error_line(rmq("migrate", "--name", "demo", *args, ok=False))
     assert message in line
     _untouched(tmp_path)
+
+
+def test_a_batchs_load_time_is_shared_between_fetch_and_decode_by_their_threads_time():
+    from rm_qdrant.migration.loading import stage_seconds
+
+    assert stage_seconds(2.0, fetch=1.0, decode=3.0) == {"fetch": 0.5, "decode": 1.5}
+    assert stage_seconds(0.25, fetch=0.0, decode=0.0) == {"fetch": 0.25, "decode": 0.0}  # no image read
