@@ -77,7 +77,7 @@ def watching(
     try:
         while True:
             text = frame()
-            click.echo(("\x1b[H\x1b[2J" if clear else "") + text)
+            click.echo(("\x1b[H\x1b[2J" if clear else "") + text, color=clear or None)
             if stop.wait(every):
                 return
     except KeyboardInterrupt:
