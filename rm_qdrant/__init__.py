@@ -62,6 +62,7 @@ from rm_qdrant.operations.create import create_pair
 from rm_qdrant.operations.drop import Dropped, drop_pair
 from rm_qdrant.operations.failures import FailedPoint
 from rm_qdrant.operations.indexing import ImageItem, IndexReport, index_images, scan_image_folder
+from rm_qdrant.pair.control import Paused, pause, resume
 from rm_qdrant.pair.outcome import BatchResult, MigrateOptions, MigrationReport
 from rm_qdrant.pair.record import PairRecord, list_pairs, load_pair
 from rm_qdrant.serving.async_dual import AsyncDualIndex
@@ -107,6 +108,7 @@ __all__ = [
     "PairPoint",
     "PairRecord",
     "PairStatus",
+    "Paused",
     "ProbeReport",
     "RayOptions",
     "Refused",
@@ -140,8 +142,10 @@ __all__ = [
     "migrate",
     "open_store",
     "optimize",
+    "pause",
     "pair_status",
     "probe",
+    "resume",
     "rollback",
     "scan_image_folder",
     "score_to_distance",

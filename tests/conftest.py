@@ -363,3 +363,14 @@ def says_remote(store, monkeypatch) -> None:
     from dataclasses import replace
 
     monkeypatch.setattr(type(store), "capabilities", replace(store.capabilities, concurrent_search=True))
+
+
+#: ``rmq status --json`` fields that change with the clock alone (the recorded pace slides).
+PACE_FIELDS = ("points_per_second", "eta_seconds", "pace_seconds", "migrating_now")
+
+
+def settled(status_json: str) -> dict:
+    """``rmq status --json`` output less the fields the clock changes: equal means nothing changed."""
+    import json
+
+    return {k: v for k, v in json.loads(status_json).items() if k not in PACE_FIELDS}

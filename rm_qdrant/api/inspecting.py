@@ -45,6 +45,8 @@ class StatusReport:
         return {
             **dataclasses.asdict(self.status),
             "fraction": self.fraction,
+            "remaining": self.status.remaining,
+            "paused": self.status.paused_since is not None,
             "estimate": self.estimate,
             "calibrated": self.calibrated,
             "source": self.pair.source or {},

@@ -37,6 +37,7 @@ def migrate(
     metrics_port: int | None = None,
     metrics_host: str | None = None,
     engine: str | RayOptions = "local",
+    on_pause: Callable[[bool], None] | None = None,
     **options: Any,
 ) -> MigrationReport:
     """Move the gallery of pair ``name`` to the new model: what ``rmq migrate --name NAME`` does.
@@ -67,11 +68,14 @@ def migrate(
             GPUs per encoder, decode tasks): images are fetched, decoded and encoded on Ray, the
             store is written from this process. Inside a Ray job (``ray.init`` called), its
             connection is used and left open; otherwise a local Ray is started for the run.
+        on_pause: told ``True`` when the run starts waiting because :func:`pause` holds the pair,
+            ``False`` when :func:`resume` lets it go on.
         **options: the fields of :class:`~rm_qdrant.migration.migrate.MigrateOptions`:
             ``batch``, ``until``, ``limit``, ``order``, ``seed``, ``shard`` (``(i, n)`` or
             ``"i/n"``), ``retry_failed``, ``max_failure_share``, ``fetch_workers``, ``source``
             (a :class:`~rm_qdrant.sources.SourceConfig`), ``optimize_every`` (seconds between
-            index builds on the embedded store while the run goes on; None: at the end only).
+            index builds on the embedded store while the run goes on; None: at the end only),
+            ``rate`` (at most this many points a second on average, all workers together).
 
     Returns:
         What the run did: points planned, moved, repaired, failed, gone meanwhile, seconds.
@@ -110,15 +114,19 @@ def migrate(
     _check(workers, int, "workers", low=1)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise ConfigError(f"stop is a threading.Event (or None), not {type(stop).__name__}")
-    if on_batch is not None and not callable(on_batch):
-        raise ConfigError(
-            f"on_batch is a function of one BatchResult (or None), not {type(on_batch).__name__}"
-        )
+    for hook, what in (
+        (on_batch, "on_batch is a function of one BatchResult"),
+        (on_pause, "on_pause is a function of one bool"),
+    ):
+        if hook is not None and not callable(hook):
+            raise ConfigError(f"{what} (or None), not {type(hook).__name__}")
     ray = _engine(engine)
     server = start_metrics(metrics_port, metrics_host)  # first: a port in use changes nothing
     with server or contextlib.nullcontext(), DualIndex.open(store, name, encoder=encoder) as index:
         observed = observing(server, store, name, on_batch)
-        return run_migration(index, settings, workers=workers, stop=stop, on_batch=observed, ray=ray)
+        return run_migration(
+            index, settings, workers=workers, stop=stop, on_batch=observed, ray=ray, on_pause=on_pause
+        )
 
 
 def _engine(engine: object) -> RayOptions | None:
@@ -181,6 +189,7 @@ _TYPES = (
     ("until", float, 0),
     ("max_failure_share", float, 0),
     ("optimize_every", float, 0),
+    ("rate", float, 0),
 )
 
 
@@ -199,8 +208,8 @@ def _options(options: dict[str, Any]) -> MigrateOptions:
         many = "s" if len(unknown) > 1 else ""
         raise ConfigError(
             f"unknown migrate option{many} {', '.join(map(repr, unknown))}: the options are "
-            f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, engine, on_batch, stop, metrics_port and "
-            "metrics_host"
+            f"{', '.join(MIGRATE_OPTIONS)}, workers, encoder, engine, on_batch, on_pause, stop, "
+            "metrics_port and metrics_host"
         )
     for key, kind, low in _TYPES:
         if options.get(key) is not None:

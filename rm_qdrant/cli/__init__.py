@@ -10,6 +10,7 @@ from PIL import Image
 
 from rm_qdrant.cli.calibrate import calibrate_command
 from rm_qdrant.cli.common import Group, RedactingFormatter
+from rm_qdrant.cli.control import pause_command, resume_command
 from rm_qdrant.cli.evaluate import eval_command
 from rm_qdrant.cli.failures import failures_command
 from rm_qdrant.cli.fit import fit_command
@@ -126,6 +127,8 @@ cli.add_command(model)
 cli.add_command(pairs_command)
 cli.add_command(drop_pair_command)
 cli.add_command(switch_encoder_command)
+cli.add_command(pause_command)
+cli.add_command(resume_command)
 for _command in cli.commands.values():
     if not isinstance(_command, TrainGroup):  # its commands have their own -q and -v
         _accept_flags_after(_command)

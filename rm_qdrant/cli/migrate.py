@@ -7,7 +7,7 @@ import dataclasses
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -155,6 +155,16 @@ def _summary(report: MigrationReport, name: str) -> str:
     return text
 
 
+def _paused_line(name: str) -> Callable[[bool], None]:
+    def tell(paused: bool) -> None:
+        if paused:
+            click.echo(f"paused by rmq pause: waiting for 'rmq resume {name}' (Ctrl-C stops)", err=True)
+        else:
+            click.echo("resumed", err=True)
+
+    return tell
+
+
 @click.command()
 @name_option
 @click.option(
@@ -229,6 +239,12 @@ def _summary(report: MigrationReport, name: str) -> str:
     type=click.IntRange(min=1),
     help="With --engine ray: fetch-and-decode tasks at once, a CPU each [default: 2].",
 )
+@click.option(
+    "--rate",
+    type=FiniteFloat(min=0, min_open=True),
+    help="At most this many points a second on average, every worker of this run together "
+    "[default: as fast as it goes]. Each --shard process has its own: give each rate/n.",
+)
 @click.option("--prepare", is_flag=True, help="Rank the gallery in backfill order, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
@@ -256,6 +272,7 @@ def migrate(
     encoders: int | None,
     gpus_per_encoder: float | None,
     decoders: int | None,
+    rate: float | None,
     prepare: bool,
     dry_run: bool,
     encoder: str | None,
@@ -279,6 +296,7 @@ def migrate(
         fetch_workers=fetch_workers,
         source=source,
         optimize_every=_seconds_or_end(optimize_every),
+        rate=rate,
     )
     check_workers(workers, options)  # before --dry-run too: it plans what the run would do
     index = DualIndex.open(store, name, encoder=encoder)
@@ -304,6 +322,7 @@ def migrate(
                 on_batch=observing(server, store, name, lambda r: bar.advance(r.points, done=r.moved)),
                 on_plan=bar.start,
                 ray=ray,
+                on_pause=None if as_json or quiet(ctx) else _paused_line(name),
             )
     if prepare:
         emit(

@@ -2,36 +2,97 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from rm_qdrant.api import inspecting
 from rm_qdrant.cli.common import (
+    FiniteFloat,
     emit,
     json_option,
     name_option,
     open_cli_store,
     plain,
+    public,
+    safe_text,
 )
 from rm_qdrant.cli.probe import crowding_advice
 from rm_qdrant.cli.sourceopts import source_lines
 from rm_qdrant.pair.record import PairRecord
+from rm_qdrant.serving.status import PairStatus
 
 
 @click.command()
 @name_option
 @json_option
+@click.option(
+    "--watch",
+    type=FiniteFloat(min=0.2),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh in place every SECONDS (2 without a value) until Ctrl-C; with --json, one JSON "
+    "line each time. An embedded store is opened for each refresh only, so a migration can start.",
+)
 @click.pass_context
-def status(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Both collections' sizes, the fraction migrated, the query mode and the models."""
-    report = inspecting.status(open_cli_store(ctx), name)
+def status(ctx: click.Context, name: str, as_json: bool, watch: float | None) -> None:
+    """Both collections' sizes, the fraction migrated, the pace and ETA, the models."""
+    if watch is None:
+        report = inspecting.status(open_cli_store(ctx), name)
+        emit(report.as_dict(), as_json, status_text(report))
+        return
+    watching(lambda: _frame(ctx, name, as_json), every=watch, clear=not as_json and _tty())
+
+
+def _tty() -> bool:
+    return click.get_text_stream("stdout").isatty()
+
+
+def _frame(ctx: click.Context, name: str, as_json: bool) -> str:
+    """One refresh: the status as text, or one JSON line; the embedded store is closed after."""
+    obj = ctx.find_root().obj
+    try:
+        report = inspecting.status(open_cli_store(ctx), name)
+    finally:
+        if "://" not in obj["qdrant"] and obj.get("store") is not None:
+            obj["store"].close()  # the lock goes with it: a migration may start between refreshes
+            obj["store"] = None
+    if as_json:
+        return json.dumps(public(json.loads(json.dumps(report.as_dict(), default=str))))
+    return safe_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) + "\n" + status_text(report))
+
+
+def watching(
+    frame: Callable[[], str], *, every: float, clear: bool, stop: threading.Event | None = None
+) -> None:
+    """Print ``frame()`` every ``every`` seconds (over the last one when ``clear``) until Ctrl-C
+    or ``stop``."""
+    stop = stop or threading.Event()
+    try:
+        while True:
+            text = frame()
+            click.echo(("\x1b[H\x1b[2J" if clear else "") + text, color=clear or None)
+            if stop.wait(every):
+                return
+    except KeyboardInterrupt:
+        return
+
+
+def status_text(report: inspecting.StatusReport) -> str:
+    """``rmq status`` as text."""
     pair, state, estimate, calibrated = report.pair, report.status, report.estimate, report.calibrated
     rolled_back = state.state == "rolled_back"
     old_where, new_where = plain(state.old_place), plain(state.new_place)
-    text = "\n".join(
+    paused = ", PAUSED" if state.paused_since is not None and state.state == "backfilling" else ""
+    return "\n".join(
         [
-            f"pair          {plain(state.name)} ({state.mode}, {state.layout}, {state.state})",
+            f"pair          {plain(state.name)} ({state.mode}, {state.layout}, {state.state}{paused})",
             f"old           {old_where}: {state.old_count} points"
             + (
                 f" (+{state.kept_count} migrated, kept for rollback)"
@@ -43,6 +104,7 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             + (" (not served since the rollback)" if rolled_back else ""),
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
+            *pace_lines(state),
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
             *_bypass_lines(state),
             f"encoder       {plain(state.encoder)}",
@@ -55,7 +117,54 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
             f"estimate      {_estimate_line(estimate, pair.state)}",
         ]
     )
-    emit(report.as_dict(), as_json, text)
+
+
+def pace_lines(state: PairStatus, *, now: float | None = None) -> list[str]:
+    """The pace and ETA (and the pause) of a backfill, from the progress its processes recorded."""
+    if state.state != "backfilling":
+        return []
+    lines = []
+    if state.paused_since is not None:
+        lines.append(
+            f"paused        since {_clock(state.paused_since)}: migrations wait before their next "
+            f"batch; rmq resume {plain(state.name)} lets them go on"
+        )
+    running = f"{state.migrating_now} process{'es' if state.migrating_now != 1 else ''} migrating now"
+    if state.remaining == 0:
+        return [*lines, f"pace          - (nothing left to migrate; {running})"]
+    if state.points_per_second is None or state.eta_seconds is None:
+        return [*lines, f"pace          - (no point moved in the last 10 min; {running})"]
+    end = (time.time() if now is None else now) + state.eta_seconds
+    return [
+        *lines,
+        f"pace          {state.points_per_second:,.1f} points/s over the last "
+        f"{duration(state.pace_seconds)} ({running})",
+        f"eta           {duration(state.eta_seconds)} for {state.remaining:,} points (about {_clock(end)})"
+        + (" once resumed" if state.paused_since is not None else ""),
+    ]
+
+
+def duration(seconds: float) -> str:
+    """A span as people say it.
+
+    >>> duration(4331)
+    '1 h 12 min'
+    >>> duration(42.4)
+    '42 s'
+    """
+    seconds = max(0, round(seconds))
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
 
 
 def _decode_text(decode: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import ConfigError, MigrationError
+from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.migrator import Migrator
 from rm_qdrant.migration.ranking import plan
 from rm_qdrant.migration.ray_engine import RayOptions, ray_migrators
@@ -27,6 +28,7 @@ from rm_qdrant.pair.outcome import (
     MigrateOptions,
     MigrationReport,
 )
+from rm_qdrant.pair.progress import ProgressRecorder
 from rm_qdrant.pair.upkeep import IndexUpkeep
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.store import Where
@@ -62,6 +64,7 @@ def run_migration(
     on_batch: Callable[[BatchResult], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
     ray: RayOptions | None = None,
+    on_pause: Callable[[bool], None] | None = None,
 ) -> MigrationReport:
     """What ``rmq migrate`` does: rank the gallery once, plan, then run ``workers`` shards.
 
@@ -70,12 +73,18 @@ def run_migration(
     processes or machines share the work instead. ``ray``: fetch, decode and encode on a Ray
     cluster (see ray_engine.py); the shards still write from this process.
 
+    Before each batch a worker waits while ``rmq pause`` holds the pair (``on_pause`` is told
+    ``True`` when the run starts waiting, ``False`` when it goes on) and while ``options.rate``
+    is used up, all workers together (see gate.py). Each settled batch is recorded beside the
+    pair's record, for the pace and ETA that ``rmq status`` shows (see progress.py).
+
     Raises:
         ConfigError: ``workers`` or ``options.fetch_workers`` is outside 1..MAX_WORKERS, or
-            ``workers`` is above 1 with ``options.shard``.
+            ``workers`` is above 1 with ``options.shard``, or ``options.rate`` is not above 0.
         MigrationError: see :meth:`Migrator.run`.
     """
     check_workers(workers, options)
+    gate = Gate(index.store, index.pair.name, rate=options.rate, batch=options.batch, on_pause=on_pause)
     if options.optimize_every is not None and not options.optimize_every >= 0:
         raise ConfigError(f"optimize_every must be seconds >= 0 or None, got {options.optimize_every}")
     swept = Swept([], [])
@@ -92,7 +101,7 @@ def run_migration(
     upkeep = IndexUpkeep(
         index.store, [pair.new_collection, pair.old_collection], every=options.optimize_every
     )
-    migrators = [Migrator(index, shard, upkeep=upkeep) for shard in shards]
+    migrators = [Migrator(index, shard, upkeep=upkeep, gate=gate) for shard in shards]
     plans = [plan(index.store, index.pair, m.options, swept.stale) for m in migrators]
     if on_plan is not None:
         on_plan(sum(map(len, plans)))
@@ -109,7 +118,9 @@ def run_migration(
                     writer_deleted=len(swept.deleted),
                 )
             migrators = on_ray
-        report = _run_shards(migrators, plans, skipped, upkeep, halt, on_batch)
+        progress = ProgressRecorder(index.store, index.pair.name)
+        stack.callback(progress.close)
+        report = _run_shards(migrators, plans, skipped, upkeep, halt, on_batch, progress)
     report.stale_dropped, report.writer_deleted = len(swept.stale), len(swept.deleted)
     report.remigrated = len(layout_of(index.pair).ids_in_new(index.store, swept.stale)) if swept.stale else 0
     return report
@@ -122,11 +133,13 @@ def _run_shards(
     upkeep: IndexUpkeep,
     halt: threading.Event,
     on_batch: Callable[[BatchResult], None] | None,
+    progress: ProgressRecorder,
 ) -> MigrationReport:
     """Run each migrator on its plan, side by side; one's failure stops the others."""
     lock = threading.Lock()
 
     def report_batch(result: BatchResult) -> None:
+        progress.moved(result.moved + result.repaired)
         if on_batch is not None:
             with lock:
                 on_batch(result)

@@ -43,6 +43,7 @@ import numpy as np
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import chunks, over_failure_limit
 from rm_qdrant.errors import MigrationError
+from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.loading import NETWORK_WORKERS, FetchPace, load_batch
 from rm_qdrant.migration.ranking import order_ready, plan, prepare_order
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -99,10 +100,13 @@ class Migrator:
         *,
         finishing: bool = False,
         upkeep: IndexUpkeep | None = None,
+        gate: Gate | None = None,
     ) -> None:
         """``finishing``: the cutover of a single-collection pair embeds the points written
         without the new vector since it counted them (see cutover.py), in state ``finalizing``.
-        ``upkeep``: told of each settled batch, to keep the indexes built (see upkeep.py)."""
+        ``upkeep``: told of each settled batch, to keep the indexes built (see upkeep.py).
+        ``gate``: waited on before each batch is claimed (``rmq pause``, ``--rate``; see gate.py);
+        default: one of this migrator's own, with ``options.rate``."""
         name, state = index.pair.name, index.pair.state
         if state == "finalizing" and not (finishing and layout_of(index.pair).finishing_migration()):
             raise MigrationError(
@@ -126,6 +130,7 @@ class Migrator:
         # Two collections: the other vectors a point takes to new (one collection: they stay put).
         self.carried = self.layout.migration_carries(index.store)
         self.pace = FetchPace()  # how light the images are: how many threads local files get
+        self.gate = gate or Gate(index.store, name, rate=options.rate, batch=options.batch)
 
     @property
     def pair(self) -> PairRecord:
@@ -181,7 +186,7 @@ class Migrator:
 
             def next_batch() -> Future[Any] | None:
                 batch = next(queue, None)
-                return None if batch is None else prepare.submit(begin, batch)
+                return None if batch is None else prepare.submit(self._gated, begin, batch, halt)
 
             upcoming, pending_write = next_batch(), None
             try:
@@ -207,6 +212,12 @@ class Migrator:
                 raise
         report.seconds = time.perf_counter() - started
         return report
+
+    def _gated(
+        self, begin: Callable[[Sequence[PointId]], Any], batch: Sequence[PointId], halt: threading.Event
+    ) -> Any:
+        """Start ``batch`` once ``rmq pause`` and ``--rate`` let it (None: stopped while waiting)."""
+        return begin(batch) if self.gate.enter(len(batch), halt) else None
 
     @contextlib.contextmanager
     def _stages(self, halt: threading.Event) -> Iterator[Callable[[Sequence[PointId]], Any]]:

@@ -355,7 +355,7 @@ class RayMigrator(Migrator):
     thread claims a batch and sends it out, the run's thread gathers it, the writer settles it."""
 
     def __init__(self, migrator: Migrator, engine: RayEngine) -> None:
-        super().__init__(migrator.index, migrator.options, upkeep=migrator.upkeep)
+        super().__init__(migrator.index, migrator.options, upkeep=migrator.upkeep, gate=migrator.gate)
         self.engine = engine
 
     @contextlib.contextmanager

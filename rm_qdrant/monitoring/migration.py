@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.monitoring._pending import is_paused, recorded_pace
 from rm_qdrant.pair.outcome import STAGES, BatchResult
 from rm_qdrant.pair.record import load_pair
 from rm_qdrant.serving.status import pair_status
@@ -83,21 +82,18 @@ class PairFigures:
 
 
 def read_figures(store: Store, name: str) -> PairFigures:
-    """Pair ``name``'s figures, read now (the record, as any process last wrote it, and counts)."""
-    pair = load_pair(store, name)
-    status = pair_status(store, pair)
-    backfilling = pair.state == "backfilling"
-    remaining = max(0, status.old_count - status.failed) if backfilling else 0
-    pace = recorded_pace(store, name, remaining)
+    """Pair ``name``'s figures, read now: its record as any process last wrote it, the counts
+    and the pace :func:`~rm_qdrant.serving.status.pair_status` reads (``rmq status``'s)."""
+    status = pair_status(store, load_pair(store, name))
     return PairFigures(
         gallery=status.old_count + status.new_count,
         migrated=status.new_count,
-        remaining=remaining,
+        remaining=status.remaining,
         failed=status.failed,
-        state=pair.state,
-        paused=is_paused(store, name),
-        points_per_second=pace.points_per_second,
-        eta_seconds=pace.eta_seconds if backfilling else None,
+        state=status.state,
+        paused=status.paused_since is not None,
+        points_per_second=status.points_per_second,
+        eta_seconds=status.eta_seconds,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.progress import forget_progress
 from rm_qdrant.pair.record import (
     META_COLLECTION,
     PairRecord,
@@ -60,7 +61,8 @@ def drop_pair(store: Store, name: str, *, force: bool = False) -> Dropped:
         )
     clear_bookkeeping(store, pair)
     deleted = delete_new and _delete_new(store, pair)
-    store.delete(META_COLLECTION, [_key("pair", name)])
+    forget_progress(store, name)
+    store.delete(META_COLLECTION, [_key("control", name), _key("pair", name)])  # the record last
     return Dropped(pair, deleted)
 
 

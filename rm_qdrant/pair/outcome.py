@@ -48,6 +48,8 @@ class MigrateOptions:
         optimize_every: seconds between index builds of the collections written, while the
             run goes on, on a store that builds them only when asked (the embedded one; see
             :mod:`rm_qdrant.pair.upkeep`); None: only at the end of the run.
+        rate: at most this many points a second on average, all the run's workers together
+            (a token bucket; see :mod:`rm_qdrant.core.throttle`); None: as fast as it goes.
     """
 
     batch: int = 10_000
@@ -61,6 +63,7 @@ class MigrateOptions:
     fetch_workers: int | None = None
     source: SourceConfig = field(default_factory=SourceConfig)
     optimize_every: float | None = OPTIMIZE_EVERY
+    rate: float | None = None
 
 
 class Gallery(Protocol):

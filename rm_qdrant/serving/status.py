@@ -9,7 +9,9 @@ from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.errors import SourceError
 from rm_qdrant.pair.bypass import stale_copies
+from rm_qdrant.pair.control import paused_since
 from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.progress import recorded_pace
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Store, Where
@@ -40,6 +42,14 @@ class PairStatus:
             collection are not counted here: finding them reads every migrated id (about 1 s
             per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
         decode: how the pair decodes its images, ``exact`` or ``fast`` (:attr:`PairRecord.decode`).
+        paused_since: when ``rmq pause`` held the pair's migrations (seconds since the epoch), or
+            None when it is not paused.
+        points_per_second: the backfill's pace over the last ten minutes, every process that
+            migrates it together, from the progress they recorded (None: nothing moved then).
+        eta_seconds: ``remaining`` at that pace (None: no pace; see :mod:`rm_qdrant.core.pace`).
+        pace_seconds: the time that pace was measured over (ten minutes, or since the earliest
+            of those processes started).
+        migrating_now: processes that recorded progress in the last two minutes.
     """
 
     name: str
@@ -65,6 +75,16 @@ class PairStatus:
     new_model: str | None = None
     stale_copies: int = 0
     decode: str = "exact"
+    paused_since: float | None = None
+    points_per_second: float | None = None
+    eta_seconds: float | None = None
+    pace_seconds: float = 0.0
+    migrating_now: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Points still to migrate: in old, without a recorded failure (0 once it is over)."""
+        return max(0, self.old_count - self.failed) if self.state == "backfilling" else 0
 
     @property
     def fraction(self) -> float:
@@ -96,6 +116,8 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     kept = layout.kept_count(store) if has_old and pair.state == "backfilling" else 0
     stale = len(stale_copies(store, pair, layout.old_where()))  # served from old, not new
     new_count = layout.count_new(store) - stale if store.has_collection(pair.new_collection) else 0
+    remaining = max(0, old_count - failed) if pair.state == "backfilling" else 0
+    pace = recorded_pace(store, pair.name, remaining)
     return PairStatus(
         name=pair.name,
         mode=pair.mode,
@@ -120,4 +142,9 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
         stale_copies=stale,
         decode=pair.decode,
+        paused_since=paused_since(store, pair.name),
+        points_per_second=pace.points_per_second,
+        eta_seconds=pace.eta_seconds if pair.state == "backfilling" else None,
+        pace_seconds=pace.window_seconds,
+        migrating_now=pace.running,
     )

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from rm_qdrant import OnnxEncoder, create_pair, index_images, open_store, scan_image_folder
 from rm_qdrant.cli import cli
 from rm_qdrant_exporters.linear import linear_encoder
-from tests.conftest import SPEC, make_image_folder
+from tests.conftest import SPEC, make_image_folder, settled
 
 EVIL = "evil\x1b]0;pwned\x07\rforged"
 SECRET = "hunter2pw"
@@ -235,7 +235,7 @@ def test_fit_that_writes_no_graph_exits_3_with_one_not_kept_line(naive, models, 
 def test_switch_encoder_that_refuses_exits_3_with_one_not_kept_line(naive, models, tmp_path):
     store, _ = naive
     assert invoke(store, "migrate", "--name", "p", "--limit", "6").exit_code == 0
-    before = invoke(store, "status", "--name", "p", "--json").output
+    before = settled(invoke(store, "status", "--name", "p", "--json").output)
     rotated = linear_encoder(
         tmp_path / "rotated.onnx",
         [("embedding", "pixels", models.w_new[:, ::-1])],
@@ -248,4 +248,4 @@ def test_switch_encoder_that_refuses_exits_3_with_one_not_kept_line(naive, model
     not_kept(as_json)  # the report on stdout, the one line on stderr
     report = json.loads(as_json.stdout)
     assert report["switched"] is False and report["check"]["checked"] == 6
-    assert invoke(store, "status", "--name", "p", "--json").output == before  # the pair is as it was
+    assert settled(invoke(store, "status", "--name", "p", "--json").output) == before  # the pair is as it was

@@ -116,3 +116,68 @@ def test_two_shard_processes_share_one_migration(server_url, models, image_folde
         for name in (f"{prefix}old", f"{prefix}p-new"):
             store.delete_collection(name)
         store.close()
+
+
+def test_a_pause_holds_two_shard_processes_within_a_batch(server_url, models, tmp_path):
+    """`rmq pause` from a third process holds two `--shard i/2` processes: each says so, settles at
+    most the batches it had in flight, and both finish after `rmq resume`; status tells the pace."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import make_image_folder
+
+    images = make_image_folder(tmp_path / "many", per_class=100)
+    prefix, batch = f"t{uuid.uuid4().hex[:8]}-", 10
+    name = f"{prefix}p"
+    base = [sys.executable, "-m", "rm_qdrant", "--qdrant", server_url]
+    run = lambda *args: subprocess.run([*base, *args], capture_output=True, text=True, timeout=300)  # noqa: E731
+    assert (
+        run(
+            "index", "--collection", f"{prefix}old", "--data", str(images), "--encoder", str(models.old)
+        ).returncode
+        == 0
+    )
+    assert (
+        run(
+            "init", "--name", name, "--old-collection", f"{prefix}old", "--encoder", str(models.rm)
+        ).returncode
+        == 0
+    )
+    assert run("migrate", "--name", name, "--prepare").returncode == 0
+    assert run("pause", name).returncode == 0
+    shards = [
+        subprocess.Popen(
+            [*base, "migrate", "--name", name, "--shard", f"{i}/2", "--batch", str(batch), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    store = open_store(server_url)
+    try:
+        for shard in shards:  # each started paused, and says it waits
+            lines = iter(shard.stderr.readline, "")
+            assert any("paused by rmq pause" in line for line in lines)
+        time.sleep(2)
+        assert store.count(f"{name}-new") == 0
+        assert run("resume", name).returncode == 0
+        time.sleep(1.5)
+        assert run("pause", name).returncode == 0
+        time.sleep(2)  # every shard is waiting again: nothing moves
+        held = store.count(f"{name}-new")
+        time.sleep(2)
+        assert store.count(f"{name}-new") == held
+        status = json.loads(run("status", "--name", name, "--json").stdout)
+        assert status["paused"] is True and status["points_per_second"] > 0
+        assert run("resume", name).returncode == 0
+        reports = [json.loads(s.communicate(timeout=300)[0]) for s in shards]
+        assert sum(r["moved"] for r in reports) == 300 and store.count(f"{name}-new") == 300
+    finally:
+        for shard in shards:
+            shard.kill()
+        for collection in (f"{prefix}old", f"{name}-new"):
+            if store.has_collection(collection):
+                store.delete_collection(collection)
+        store.close()

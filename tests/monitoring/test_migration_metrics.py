@@ -91,11 +91,30 @@ def test_a_migration_is_scraped_while_it_runs_and_its_port_released_after(store,
         for state in PAIR_STATES:
             assert value(samples, "rmq_pair_state", state=state) == (state == "backfilling")
         assert value(samples, "rmq_migrate_paused") == 0
+        pace = value(samples, "rmq_migrate_points_per_second")  # recorded by the run, as status reads it
+        assert pace > 0 and value(samples, "rmq_migrate_eta_seconds") == pytest.approx(remaining / pace)
     last = seen[-1][1]
     assert value(last, "rmq_migrated_points") == N and value(last, "rmq_remaining_points") == 0
     write = sum(r.stages["write"] for r, _ in seen)
     assert value(last, "rmq_migrate_batch_seconds_sum", stage="write") == pytest.approx(write)
     assert closed(port)
+
+
+def test_a_pause_shows_in_the_scrape(store, monkeypatch):
+    """rmq pause (here from the run's own on_batch, as another process would) sets
+    rmq_migrate_paused; resume clears it, and the run goes on."""
+    monkeypatch.setattr(migration, "REFRESH_SECONDS", 0.0)
+    port, flags = free_port(), []
+
+    def during(result):
+        if not flags:
+            rm_qdrant.pause(store, "p")
+            flags.append(value(scrape(port), "rmq_migrate_paused"))
+            rm_qdrant.resume(store, "p")
+            flags.append(value(scrape(port), "rmq_migrate_paused"))
+
+    report = rm_qdrant.migrate(store, "p", batch=BATCH, metrics_port=port, on_batch=during)
+    assert flags == [1, 0] and report.moved == N
 
 
 def test_the_scrape_serves_exactly_the_names_a_dashboard_is_given(store):

@@ -16,6 +16,7 @@ import pytest
 from rm_qdrant import DualIndex, load_pair
 from rm_qdrant.operations.cutover import rollback
 from rm_qdrant.serving.status import pair_status
+from tests.conftest import settled
 from tests.faults import Crash, Scripted, crash, nth_write
 from tests.serving.test_in_both_search import N, _build
 
@@ -49,11 +50,11 @@ def test_a_rollback_killed_at_any_write_serves_each_point_once_and_a_rerun_finis
 
 def test_rmq_index_into_a_pair_whose_new_holds_points_is_refused(rmq, demo, models, image_folder):
     rmq("migrate", "--name", "demo", "--limit", "5", "--batch", "5")
-    before = [rmq("status", "--name", "demo", "--json").output]
+    before = [settled(rmq("status", "--name", "demo", "--json").output)]
     result = rmq("index", "--name", "demo", "--data", image_folder, "--encoder", models.old, ok=False)
     assert result.exit_code == 1 and "would serve points twice" in result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert rmq("status", "--name", "demo", "--json").output == before[0]
+    assert settled(rmq("status", "--name", "demo", "--json").output) == before[0]
 
 
 def test_rmq_index_into_a_fresh_pair_still_loads_its_old_collection(rmq, demo, models, image_folder):

@@ -1,0 +1,108 @@
+"""The backfill's recorded progress: each migrating process writes, beside the pair's record,
+how many points it moved in each bucket of recent wall-clock time, so that ``rmq status`` (and
+the metrics) tell the same pace and ETA from any process, after restarts too.
+
+One point per process and run in ``rmq_meta`` (kind ``progress``): processes never write the
+same point, so shards need no lock. A process writes at most every :data:`WRITE_EVERY` seconds
+and once when it ends; points that stopped recording a day ago are removed when a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+from rm_qdrant.core.pace import WINDOW_SECONDS, Pace, Worker, add, pace
+from rm_qdrant.pair.record import META_COLLECTION, _put
+from rm_qdrant.store import Store, Where
+
+KIND = "progress"
+WRITE_EVERY = 5.0
+FORGET_AFTER = 86_400.0
+
+
+class ProgressRecorder:
+    """Records the points one migration run moved (thread-safe: its workers share it).
+
+    Example:
+        >>> recorder = ProgressRecorder(store, "photos")  # doctest: +SKIP
+        >>> recorder.moved(1000)  # doctest: +SKIP
+        >>> recorder.close()  # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store, self.name = store, name
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.started = time.time()
+        self._buckets: dict[int, int] = {}
+        self._written = 0.0
+        self._lock = threading.Lock()
+        _forget(store, name, before=self.started - FORGET_AFTER)
+
+    def moved(self, points: int) -> None:
+        """Count ``points`` moved now; written to the store at most every :data:`WRITE_EVERY` s."""
+        with self._lock:
+            now = time.time()
+            self._buckets = add(self._buckets, now, points)
+            if now - self._written >= WRITE_EVERY:
+                self._write(now)
+
+    def close(self) -> None:
+        """Write what is not written yet, and that this run ended."""
+        with self._lock:
+            self._write(time.time(), ended=True)
+
+    def _write(self, now: float, *, ended: bool = False) -> None:
+        payload = {
+            "kind": KIND,
+            "name": self.name,
+            "worker": self.worker,
+            "started": self.started,
+            "updated": now,
+            "ended": ended,
+            "buckets": {str(k): n for k, n in self._buckets.items()},
+        }
+        _put(self.store, KIND, f"{self.name}/{self.worker}", payload)
+        self._written = now
+
+
+def workers(store: Store, name: str) -> list[Worker]:
+    """What every process that migrated the pair recorded."""
+    if not store.has_collection(META_COLLECTION):
+        return []
+    page, _ = store.scroll(META_COLLECTION, limit=10_000, where=Where(must={"kind": KIND, "name": name}))
+    return [
+        Worker(
+            started=float(r.payload["started"]),
+            updated=float(r.payload["updated"]),
+            ended=bool(r.payload.get("ended")),
+            buckets={int(k): int(n) for k, n in r.payload.get("buckets", {}).items()},
+        )
+        for r in page
+    ]
+
+
+def recorded_pace(store: Store, name: str, remaining: int, *, now: float | None = None) -> Pace:
+    """The pair's pace over the last :data:`~rm_qdrant.core.pace.WINDOW_SECONDS`, every process
+    together, and the ETA of ``remaining`` points at that pace."""
+    return pace(workers(store, name), now=time.time() if now is None else now, remaining=remaining)
+
+
+def forget_progress(store: Store, name: str) -> None:
+    """Remove every progress point of the pair (``rmq drop-pair``)."""
+    _forget(store, name, before=float("inf"))
+
+
+def _forget(store: Store, name: str, *, before: float) -> None:
+    if not store.has_collection(META_COLLECTION):
+        return
+    page, _ = store.scroll(META_COLLECTION, limit=10_000, where=Where(must={"kind": KIND, "name": name}))
+    old = [r.id for r in page if float(r.payload.get("updated", 0)) < before]
+    if old:
+        store.delete(META_COLLECTION, old)
+
+
+__all__ = ["WINDOW_SECONDS", "Pace", "ProgressRecorder", "forget_progress", "recorded_pace", "workers"]

@@ -1,0 +1,141 @@
+"""``rmq pause``, ``rmq resume``, ``rmq status`` (pace, ETA, --watch) and ``rmq migrate --rate``
+as a user types them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rm_qdrant.cli.status import duration, watching
+from tests.conftest import one_error_line
+
+
+def test_pause_and_resume_show_in_status_and_say_when_nothing_changed(rmq, demo):
+    assert "paused demo" in rmq("pause", "demo").output
+    assert "already paused" in rmq("pause", "demo").output
+    text = rmq("status", "--name", "demo").output
+    assert "backfilling, PAUSED)" in text and "rmq resume demo lets them go on" in text
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["paused"] is True
+    assert "resumed demo" in rmq("resume", "demo").output
+    assert "was not paused" in rmq("resume", "demo").output
+    assert "PAUSED" not in rmq("status", "--name", "demo").output
+
+
+def test_a_migrate_started_paused_waits_and_says_so(rmq, demo, tmp_path):
+    """In a process of its own: the pause flag stops it claiming; SIGINT ends it cleanly."""
+    rmq("pause", "demo")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "migrate", "--name", "demo"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        while line and "paused by rmq pause" not in line:
+            line = proc.stderr.readline()
+        assert "waiting for 'rmq resume demo'" in line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "moved 0 points" in out and "stopped early" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("pause", "nope"),
+        ("resume", "nope"),
+        ("migrate", "--name", "demo", "--rate", "0"),
+        ("migrate", "--name", "demo", "--rate", "-3"),
+        ("migrate", "--name", "demo", "--rate", "nan"),
+        ("migrate", "--name", "demo", "--rate", "inf"),
+        ("status", "--name", "demo", "--watch", "0"),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(rmq, demo, args):
+    before = rmq("status", "--name", "demo", "--json").output
+    one_error_line(rmq(*args, ok=False))
+    after = rmq("status", "--name", "demo", "--json").output
+    assert json.loads(after)["new_count"] == json.loads(before)["new_count"] == 0
+    assert json.loads(after)["order"] is None  # not even ranked
+
+
+def test_pause_of_a_finalized_pair_says_it_is_not_migrating(rmq, demo):
+    rmq("migrate", "--name", "demo")
+    rmq("finalize", "--name", "demo")
+    assert "is finalized, not migrating" in one_error_line(rmq("pause", "demo", ok=False))
+
+
+def test_status_after_a_partial_run_shows_pace_and_eta(rmq, demo):
+    rmq("migrate", "--name", "demo", "--until", "0.5", "--batch", "4", "--rate", "1000")
+    text = rmq("status", "--name", "demo").output
+    pace = next(line for line in text.splitlines() if line.startswith("pace"))
+    eta = next(line for line in text.splitlines() if line.startswith("eta"))
+    assert "points/s over the last" in pace and "0 processes migrating now" in pace
+    data = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert f"for {data['remaining']:,} points" in eta
+    assert data["eta_seconds"] == pytest.approx(data["remaining"] / data["points_per_second"])
+
+
+def test_watch_refreshes_until_stopped_and_lets_go_of_the_embedded_store(rmq, demo, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status", "--name", "demo"]
+        + ["--watch", "0.3", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        frames = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        # between refreshes the store is closed: this process can open it
+        for _ in range(50):
+            result = rmq("pause", "demo", ok=False)
+            if result.exit_code == 0:
+                break
+            time.sleep(0.05)
+        assert result.exit_code == 0, result.output
+        while not json.loads(proc.stdout.readline())["paused"]:
+            pass
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert [f["name"] for f in frames] == ["demo", "demo"]
+
+
+def test_watching_prints_a_frame_each_time_over_the_last():
+    import threading
+
+    stop, count = threading.Event(), []
+
+    def frame():
+        count.append(1)
+        if len(count) == 3:
+            stop.set()
+        return f"frame {len(count)}"
+
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    with runner.isolation() as (out, _, _):
+        watching(frame, every=0.01, clear=True, stop=stop)
+        text = out.getvalue().decode()
+    assert text.count("\x1b[H\x1b[2J") == 3 and "frame 3" in text
+
+
+def test_durations_read_as_people_say_them():
+    assert [duration(s) for s in (0, 59.6, 61, 3600, 4331, 90_000)] == [
+        "0 s",
+        "1 min 0 s",
+        "1 min 1 s",
+        "1 h 0 min",
+        "1 h 12 min",
+        "1 d 1 h",
+    ]

@@ -1,0 +1,181 @@
+"""``rmq pause`` / ``resume`` and ``--rate`` on real migrations: a pause holds every worker of
+every run on the store within one batch and loses nothing; a run started paused waits; a stop
+while paused ends cleanly; the rate is an upper bound; the pace and ETA come from what the runs
+recorded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rm_qdrant import (
+    ConfigError,
+    DualIndex,
+    MigrationError,
+    OnnxEncoder,
+    create_pair,
+    index_images,
+    migrate,
+    pause,
+    resume,
+    scan_image_folder,
+)
+from rm_qdrant.api import status
+from rm_qdrant.migration.migrate import MigrateOptions, run_migration
+from rm_qdrant.pair.control import is_paused
+from rm_qdrant.serving.status import pair_status
+from tests.conftest import make_image_folder
+
+N = 60
+BATCH = 5
+
+
+@pytest.fixture
+def pair(store, models, tmp_path):
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=N // 3))
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    create_pair(store, "p", old_collection="old", encoder=OnnxEncoder(models.rm))
+    return store
+
+
+def _in_new(store) -> int:
+    return pair_status(store, _load(store)).new_count
+
+
+def _load(store):
+    from rm_qdrant import load_pair
+
+    return load_pair(store, "p")
+
+
+def _wait_for(condition, timeout=60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_pause_holds_every_worker_within_a_batch_and_resume_finishes_the_gallery(pair, workers):
+    """Paused from the first settled batch: each worker settles at most the batch it is encoding
+    and the one it had claimed, then nothing moves until resume; the run then moves everything."""
+    store, events, settled_at_pause = pair, [], []
+
+    def on_batch(result):
+        if not settled_at_pause:
+            pause(store, "p")
+            settled_at_pause.append(True)
+
+    result = {}
+    run = threading.Thread(
+        target=lambda: result.update(
+            report=migrate(
+                store, "p", batch=BATCH, workers=workers, on_batch=on_batch, on_pause=events.append
+            )
+        )
+    )
+    run.start()
+    _wait_for(lambda: events == [True])
+    held = _in_new(store)
+    assert held <= BATCH * (1 + 2 * workers), held  # one batch each beyond what was in flight
+    time.sleep(1.5)  # the gate reads the flag every second: it would have let a batch go by now
+    assert _in_new(store) == held and run.is_alive()
+    assert pair_status(store, _load(store)).paused_since is not None
+    resume(store, "p")
+    run.join(60)
+    assert events == [True, False]
+    assert result["report"].moved == N and not result["report"].stopped_early
+    assert _in_new(store) == N and not is_paused(store, "p")
+
+
+def test_two_shards_of_the_pair_honour_one_pause(pair):
+    """--shard i/n runs (here two runs on one store object, as shard processes share a server):
+    the flag in the store holds both."""
+    store = pair
+    migrate(store, "p", limit=0)  # ranks the gallery, as --prepare does before sharded workers
+    index = DualIndex.open(store, "p")
+    pause(store, "p")
+    reports, waiting = {}, []
+
+    def shard(i):
+        options = MigrateOptions(batch=BATCH, shard=(i, 2), optimize_every=None)
+        reports[i] = run_migration(index, options, on_pause=lambda p: waiting.append((i, p)))
+
+    threads = [threading.Thread(target=shard, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: sorted(waiting) == [(0, True), (1, True)])
+    time.sleep(1.2)
+    assert _in_new(store) == 0
+    resume(store, "p")
+    for t in threads:
+        t.join(60)
+    assert sum(r.moved for r in reports.values()) == N and _in_new(store) == N
+
+
+def test_a_stop_while_paused_ends_the_run_and_loses_nothing(pair):
+    store, stop, events = pair, threading.Event(), []
+    pause(store, "p")
+    report = {}
+    run = threading.Thread(
+        target=lambda: report.update(r=migrate(store, "p", batch=BATCH, stop=stop, on_pause=events.append))
+    )
+    run.start()
+    _wait_for(lambda: events == [True])
+    stop.set()
+    run.join(30)
+    assert report["r"].stopped_early and report["r"].moved == 0
+    state = pair_status(store, _load(store))
+    assert (state.old_count, state.new_count) == (N, 0)
+    resume(store, "p")
+    assert migrate(store, "p", batch=BATCH).moved == N
+
+
+def test_the_rate_bounds_the_run_from_above(pair):
+    """A lower bound on the time only: a busy machine can make it slower, never faster."""
+    rate = 40.0
+    started = time.perf_counter()
+    report = migrate(store := pair, "p", batch=BATCH, rate=rate)
+    took = time.perf_counter() - started
+    assert report.moved == N and _in_new(store) == N
+    assert took >= (N - rate) / rate  # the bucket holds one second's points
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), True])
+def test_a_bad_rate_is_refused_before_anything_is_written(pair, bad):
+    with pytest.raises(ConfigError, match="rate"):
+        migrate(pair, "p", batch=BATCH, rate=bad)
+    assert _load(pair).order is None and _in_new(pair) == 0  # not even ranked
+
+
+def test_pause_refuses_a_pair_that_is_not_migrating_and_both_are_idempotent(pair):
+    store = pair
+    assert pause(store, "p").changed and not pause(store, "p").changed
+    assert resume(store, "p").changed and not resume(store, "p").changed
+    migrate(store, "p", batch=N)
+    from rm_qdrant import finalize
+
+    finalize(store, "p")
+    with pytest.raises(MigrationError, match="not migrating"):
+        pause(store, "p")
+    assert not is_paused(store, "p")
+
+
+def test_status_tells_the_pace_and_the_eta_of_what_remains(pair):
+    """After a run to half the gallery, the pace is what the run recorded and the ETA is what
+    remains at that pace; with no run going on, no process is migrating now."""
+    store = pair
+    started = time.time()
+    report = migrate(store, "p", batch=BATCH, until=0.5)
+    took = time.time() - started
+    s = status(store, "p").status
+    assert s.remaining == N - report.moved > 0
+    assert s.points_per_second is not None
+    # the span starts when the run's batches began: a little after `started`
+    assert report.moved / took <= s.points_per_second * 1.000001
+    assert s.eta_seconds == pytest.approx(s.remaining / s.points_per_second)
+    assert s.migrating_now == 0
+    as_dict = status(store, "p").as_dict()
+    assert as_dict["remaining"] == s.remaining and as_dict["paused"] is False
