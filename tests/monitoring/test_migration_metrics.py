@@ -145,7 +145,12 @@ def test_fetches_retried_are_counted(store, http_images, image_folder):
     seen = []
     source = SourceConfig(retries=2, backoff=0.01, allow_private=True)
     report = rm_qdrant.migrate(
-        store, "p", batch=N, source=source, metrics_port=port, on_batch=lambda r: seen.append((r, scrape(port)))
+        store,
+        "p",
+        batch=N,
+        source=source,
+        metrics_port=port,
+        on_batch=lambda r: seen.append((r, scrape(port))),
     )
     (result, samples), *_ = seen
     assert report.moved == N and report.failed == 0
