@@ -81,23 +81,27 @@ def add(
 
 
 def pace(workers: Iterable[Worker], *, now: float, remaining: int, window: float = WINDOW_SECONDS) -> Pace:
-    """The pace of every worker together over the last ``window`` seconds, and the ETA of
-    ``remaining`` points at that pace.
+    """The pace of every worker together over the last ``window`` seconds (up to the last write
+    of those still running), and the ETA of ``remaining`` points at that pace.
 
     >>> w = Worker(started=0.0, updated=100.0, buckets={0: 400, 50: 600})
     >>> pace([w], now=100.0, remaining=500)
     Pace(points_per_second=10.0, eta_seconds=50.0, window_seconds=100.0, running=1)
     """
     workers = list(workers)
-    start = now - window
+    live = [w for w in workers if not w.ended and now - w.updated <= RUNNING_SECONDS]
+    # Running processes write every few seconds: the pace ends at their last write, not now, or
+    # the points they moved since would be missing from a span that counts the time.
+    end = max((w.updated for w in live), default=now)
+    start = end - window
     moved, first = 0, math.inf
     for worker in workers:
         recent = sum(n for k, n in worker.buckets.items() if k + BUCKET_SECONDS > start)
         if recent:
             moved += recent
             first = min(first, worker.started)
-    running = sum(1 for w in workers if not w.ended and now - w.updated <= RUNNING_SECONDS)
-    span = now - max(start, first) if moved else window
+    span = end - max(start, first) if moved else window
+    running = len(live)
     if not moved or span <= 0:
         return Pace(None, 0.0 if remaining <= 0 else None, span, running)
     rate = moved / span

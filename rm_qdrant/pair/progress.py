@@ -20,7 +20,7 @@ from rm_qdrant.pair.record import META_COLLECTION, _put
 from rm_qdrant.store import Store, Where
 
 KIND = "progress"
-WRITE_EVERY = 5.0
+WRITE_EVERY = 2.0
 FORGET_AFTER = 86_400.0
 
 
