@@ -5,7 +5,8 @@ embedded store, then migrated whole by ``rm_qdrant.migrate`` in a thread (by def
 encoder of ResNet-18's cost, benchmarks/convnet.py, so that the run lasts minutes). When 10 %,
 25 % and 50 % of the gallery is in new, the main thread reads ``rm_qdrant.status`` (what
 ``rmq status`` prints) and keeps its ETA; when the run returns (its last index build
-included), the time the rest actually took is set beside it. Goal (issue 43): after the first 10 %, within ±20 %.
+included), the time the rest actually took is set beside it. Goal (issue 43): after the
+first 10 %, within ±20 %.
 
 Pause: a fresh pair of the same gallery migrated with ``--workers 2``; ``rm_qdrant.pause`` is
 called from the main thread at about 30 %. Printed: the points and batches settled after the
