@@ -11,7 +11,8 @@ first 10 %, within ±20 %.
 Pause: a fresh pair of the same gallery migrated with ``--workers 2``; ``rm_qdrant.pause`` is
 called from the main thread at about 30 %. Printed: the points and batches settled after the
 pause (each worker may finish the batch it is encoding and the one it had claimed), the seconds
-until the last of them, and that nothing moves for the next 3 s; then resume and the run ends.
+until the last of them (once none settled for 3 s), and that nothing moves in the next 3 s; then
+resume and the run ends.
 Goal: the pause takes effect within one batch (beyond those in flight) in every worker.
 
 Run: ``python benchmarks/eta_accuracy.py [--n 20000] [--batch 500] [--model resnet18-size|small|ceiling]``
@@ -80,7 +81,11 @@ def pause_run(store, model: Path, n: int, batch: int) -> dict[str, float]:
     paused_at = time.perf_counter()
     at_pause = len(settled)
     pause(store, "pause")
-    time.sleep(3.0)
+    quiet_since, seen = time.perf_counter(), len(settled)
+    while time.perf_counter() - quiet_since < 3.0:  # the batches in flight settle, then none
+        time.sleep(0.05)
+        if len(settled) != seen:
+            quiet_since, seen = time.perf_counter(), len(settled)
     in_new = pair_status(store, index.pair).new_count
     time.sleep(3.0)
     still = pair_status(store, index.pair).new_count
@@ -91,7 +96,7 @@ def pause_run(store, model: Path, n: int, batch: int) -> dict[str, float]:
         "batches settled after the pause": len(after),
         "points settled after the pause": sum(m for _, m in after),
         "seconds from the pause to the last of them": (after[-1][0] - paused_at) if after else 0.0,
-        "points moved in the 3 s after that": still - in_new,
+        "points moved in the 3 s after the last of them": still - in_new,
     }
 
 
