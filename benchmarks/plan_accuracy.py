@@ -18,7 +18,7 @@ load average beside each run: on a machine shared with other work a figure taken
 cores says little about an idle one.
 
 Run: ``python benchmarks/plan_accuracy.py [--n 10000] [--sample 64] [--batch 1000]
-[--workers 1 2] [--models ceiling small resnet18-size] [--repeats 1]``
+[--workers 1 2] [--models ceiling small resnet18-size] [--repeats 1] [--show]``
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from benchmarks.cifar import cifar_root  # noqa: E402
 from benchmarks.convnet import NULL, RESNET18_SIZE, SMALL, convnet_encoder  # noqa: E402
 from benchmarks.search_overhead import machine  # noqa: E402
 from rm_qdrant import OnnxEncoder, create_pair, index_images, open_store, scan_image_folder  # noqa: E402
+from rm_qdrant.cli.plan import plan_text  # noqa: E402
 from rm_qdrant.migration.ranking import prepare_order, read_all  # noqa: E402
 from rm_qdrant.pair.record import load_pair, save_pair  # noqa: E402
 from rm_qdrant.store import Where  # noqa: E402
@@ -67,6 +68,8 @@ def one_run(store, model: Path, name: str, args: argparse.Namespace, workers: in
         store, name, sample=args.sample, batch=args.batch, workers=workers, forecast=False
     )
     plan_seconds = time.perf_counter() - started
+    if args.show:
+        print(plan_text(planned.as_dict()), flush=True)
     load_migrate = os.getloadavg()[0]
     report = rm_qdrant.migrate(store, name, batch=args.batch, workers=workers)
     assert report.moved == planned.points and report.failed == 0, report
@@ -109,6 +112,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--show", action="store_true", help="print each plan as rmq plan prints it")
     args = parser.parse_args()
     items = scan_image_folder(cifar_root() / "train")[: args.n]
     with tempfile.TemporaryDirectory(prefix="rmq-plan-accuracy-") as tmp:

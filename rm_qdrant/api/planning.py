@@ -318,7 +318,7 @@ def _forecast(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """``rmq probe``'s forecast, kept nowhere, or None and why it could not run."""
     if not wanted:
-        return None, "not asked for (--no-forecast)"
+        return None, "left out (--no-forecast)"
     try:
         report = probe(
             store, name, sample=size, seed=seed, source=source, encoder=encoder, on_step=on_step, cache=False

@@ -231,7 +231,7 @@ def _frees(layout: str, s: dict[str, Any]) -> str:
 def _forecast_line(data: dict[str, Any]) -> str:
     found = data["forecast"]
     if found is None:
-        return f"forecast: none ({data['forecast_note']})"
+        return f"forecast: {data['forecast_note']}"
     curves = "; ".join(
         f"{c['mode']} recall@{found['k']} {c['start']:.3f} -> {c['end']:.3f}, area {c['area']:.3f}, "
         + (f"dips at t = {', '.join(f'{t:g}' for t in c['dips_at'])}" if c["dips_at"] else "no dips")

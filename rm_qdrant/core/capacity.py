@@ -17,8 +17,10 @@ pace of its slowest stage. Each stage's capacity, in points a second:
   local engine's one ONNX Runtime session (its threads over every core, shared by the workers)
   ``1 / encode_s``, or Ray's encoder actors, a one-thread session each,
   ``min(encoders, cores) / encode_core_s``;
-- **cpu**: decode and a CPU encode share the cores: ``cores / (decode_s + encode_core_s)``
-  (``decode_s`` alone where GPUs encode);
+- **cpu**: decode, a CPU encode and the embedded store's work share the cores:
+  ``cores / (decode_s + encode_cpu_s + write_s)``, where ``encode_cpu_s`` is the CPU seconds
+  (all its threads) the local engine's session spends a point, or ``encode_core_s`` on Ray, and
+  nothing where GPUs encode; ``write_s`` only where the store runs in the process;
 - **write** is serial per worker (a worker settles one batch at a time): ``workers / write_s``
   against a server; the embedded store holds Python's lock while it writes, so its workers'
   writes do not add up: ``1 / write_s``;
@@ -59,9 +61,10 @@ class StageTimes:
         decode: CPU seconds to decode and resize one image.
         encode: seconds a point of the encoder as the local engine runs it (one session, all
             its threads; on the GPU where it runs there).
-        encode_core: seconds a point of a one-thread CPU session (a Ray CPU encoder actor): the
-            core-seconds a CPU encode costs.
+        encode_core: seconds a point of a one-thread CPU session (a Ray CPU encoder actor).
         write: seconds a point of the store's work.
+        encode_cpu: CPU seconds a point (all its threads) of the local engine's session; None:
+            ``encode_core``'s.
     """
 
     fetch: float
@@ -69,6 +72,7 @@ class StageTimes:
     encode: float
     encode_core: float
     write: float
+    encode_cpu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def capacity(times: StageTimes, setup: Setup) -> Capacity:
     _check(setup)
     streams = setup.streams
     gpu = setup.gpus > 0
-    cpu_seconds = times.decode + (0.0 if gpu else times.encode_core)
+    cpu_seconds = times.decode + _encode_cpu(times, setup) + (times.write if setup.embedded else 0.0)
     writers = 1 if setup.embedded else setup.workers
     stages = (
         Stage("fetch", times.fetch, _rate(streams, times.fetch), f"{_streams(setup)} (I/O)"),
@@ -174,9 +178,8 @@ def capacity(times: StageTimes, setup: Setup) -> Capacity:
             "cpu",
             None,
             _rate(setup.cores, cpu_seconds),
-            f"decode alone on {setup.cores} core(s) (GPUs encode)"
-            if gpu
-            else f"decode and encode share {setup.cores} core(s)",
+            f"decode{'' if gpu else ', encode'}{' and the store' if setup.embedded else ''} share "
+            f"{setup.cores} core(s)",
         ),
         Stage("write", times.write, _rate(writers, times.write), _writers(setup)),
     )
@@ -191,6 +194,15 @@ def _check(setup: Setup) -> None:
         raise ValueError(f"encoders must be at least 1, got {setup.encoders}")
     if setup.gpus < 0 or (setup.gpus and not (setup.gpu_rate or 0) > 0):
         raise ValueError("GPUs need a positive rate (points a second one GPU embeds)")
+
+
+def _encode_cpu(times: StageTimes, setup: Setup) -> float:
+    """The CPU seconds a point's encode costs the cores (none on GPUs)."""
+    if setup.gpus:
+        return 0.0
+    if setup.ray or times.encode_cpu is None:
+        return times.encode_core
+    return times.encode_cpu
 
 
 def _encode(times: StageTimes, setup: Setup) -> Stage:

@@ -3,13 +3,14 @@ written to the pair's store.
 
 Each sampled point's image is fetched through the pair's source rules and decoded as the pair
 decodes, one point at a time, the two steps timed apart. The images read are then encoded as the
-migration encodes them (its session over the sample, the median of three runs after a warm-up) and once
-more by a one-thread CPU session (what a Ray CPU encoder actor runs). Last, the sample's old points
-go into a scratch embedded store in a temporary folder, with collections shaped as the pair's
-(vector names, sizes, distances, payload indexes), repeated under new ids to a batch of
-:data:`WRITE_BATCH` points at most (or ``rmq migrate --batch``), and the migration's own layout
-claims and settles them there as one batch (insert into new, read back, retire from old): that is
-the write time. A server's own write time is not measured.
+migration encodes them (its session over the sample, the median of three runs after a warm-up,
+with the CPU time its threads spend), and once more by a one-thread CPU session (what a Ray CPU
+encoder actor runs). Last, the sample's old points go into a scratch embedded store in a
+temporary folder, with collections shaped as the pair's (vector names, sizes, distances, payload
+indexes), repeated under new ids to one batch of :data:`WRITE_BATCH` points at most (or ``rmq
+migrate --batch``), and the migration's own layout claims and settles them there (insert into
+new, read back, retire from old): that is the write time. A server's own write time is not
+measured.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def time_sample(
         )
     output = encoder.info.gallery_output()
     kept = [r.id for r in loaded.records]
-    encoded, encode = _timed_encode(encoder, output, pair.distance, kept, loaded.pixels)
+    encoded, encode, encode_cpu = _timed_encode(encoder, output, pair.distance, kept, loaded.pixels)
     encode_core = _core_seconds(encoder, output, loaded.pixels)
     failed += encoded.failed
     good = [r for r in loaded.records if r.id in set(encoded.ids)]
@@ -139,7 +140,7 @@ def time_sample(
         sampled=len(ids),
         timed=n,
         failed=tuple(failed),
-        times=StageTimes(loaded.fetch / n, loaded.decode / n, encode, encode_core, write),
+        times=StageTimes(loaded.fetch / n, loaded.decode / n, encode, encode_core, write, encode_cpu),
         provider=encoder.provider,
         local=loaded.local,
         payload=_mean(len(_json(new_payload(r.payload))) for r in good) if layout.copies_payload else 0.0,
@@ -215,16 +216,19 @@ def _reason(exc: Exception, uri: Any) -> str:
 
 def _timed_encode(
     encoder: OnnxEncoder, output: str, distance: str, ids: list[PointId], pixels: np.ndarray
-) -> tuple[Encoded, float]:
-    """The sample encoded as the migration encodes a batch, and the seconds a point it took
-    (after one warm-up call: a session's first run allocates)."""
+) -> tuple[Encoded, float, float]:
+    """The sample encoded as the migration encodes a batch, the wall seconds a point it took (the
+    median of :data:`_ENCODE_RUNS` runs, after a warm-up call: a session's first run allocates),
+    and the CPU seconds a point its threads spent (the process's, over the runs)."""
     encoder.run_pixels(pixels[:1], [output])
     seconds = []
+    cpu = time.process_time()
     for _ in range(_ENCODE_RUNS):
         started = time.perf_counter()
         encoded = encode_loaded(encoder, output, distance, ids, pixels)
         seconds.append(time.perf_counter() - started)
-    return encoded, statistics.median(seconds) / len(ids)
+    cpu = (time.process_time() - cpu) / _ENCODE_RUNS
+    return encoded, statistics.median(seconds) / len(ids), cpu / len(ids)
 
 
 def _core_seconds(encoder: OnnxEncoder, output: str, pixels: np.ndarray) -> float:

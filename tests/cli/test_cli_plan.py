@@ -109,7 +109,7 @@ def test_plan_until_plans_part_of_the_gallery_and_counts_what_moved(rmq, models,
     data = plan_json(rmq, "--until", 0.5, "--no-forecast")
     assert (data["left"], data["in_new"], data["points"]) == (18, 6, 6)
     assert data["storage"]["points"] == 6 and data["seconds"] == pytest.approx(6 / data["points_per_s"])
-    assert data["forecast"] is None and data["forecast_note"] == "not asked for (--no-forecast)"
+    assert data["forecast"] is None and data["forecast_note"] == "left out (--no-forecast)"
 
 
 def test_unreadable_images_are_a_share_left_out_of_the_timing_and_nothing_is_recorded(
@@ -172,7 +172,7 @@ def test_a_forecast_that_cannot_run_is_named_and_the_plan_still_prints(rmq, mode
     data = plan_json(rmq)
     assert data["points"] == 1 and data["bottleneck"] is not None
     assert data["forecast"] is None and data["forecast_note"].startswith("rmq probe could not run: ")
-    assert "forecast: none (rmq probe could not run: " in rmq("plan", "--name", "p").output
+    assert "forecast: rmq probe could not run: " in rmq("plan", "--name", "p").output
 
 
 @pytest.mark.parametrize(
