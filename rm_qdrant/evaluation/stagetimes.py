@@ -190,16 +190,18 @@ def _load(
 def _warm_up(encoder: OnnxEncoder, pair: PairRecord, records: list[Record], source: ImageSource) -> None:
     """Read one image of each file suffix once, untimed: a process's first fetch and decode of a
     format load its codec and open a connection, which a migration pays once, not a point."""
-    firsts: dict[str, Record] = {}
+    firsts: dict[str, Any] = {}
     for record in records:
-        uri = str(record.payload.get(pair.uri_field, "")) if pair.uri_template is None else ""
-        firsts.setdefault(uri.rpartition(".")[2].lower()[:8], record)
+        try:
+            uri = pair.uri_rule.uri(record.id, record.payload)
+        except SourceError:
+            continue  # the timed pass records it
+        firsts.setdefault(str(uri).rpartition(".")[2].lower()[:8], uri)
         if len(firsts) >= _WARM_KINDS:
             break
-    for record in firsts.values():
+    for uri in firsts.values():
         try:
-            data = source.fetch(pair.uri_rule.uri(record.id, record.payload))
-            encoder.decode(data, max_pixels=source.config.max_pixels)
+            encoder.decode(source.fetch(uri), max_pixels=source.config.max_pixels)
         except Exception:  # noqa: BLE001 - the timed pass finds and records the point's fault
             continue
 

@@ -249,3 +249,40 @@ def test_the_library_call_plans_the_ray_engine_and_given_gpus_and_keeps_no_probe
     assert any("given, not measured" in n for n in report.notes)
     assert report.forecast is not None and sorted(cache_root().glob("probe-*")) == probes  # kept nowhere
     assert [s.label for s in steps if s.total is not None][:1] == ["timing the sample"]
+
+
+def test_a_server_store_with_images_over_http(models, image_folder, http_images, monkeypatch):
+    """qdrant-client's local mode declaring what a server does (its searches concurrent): the workers'
+    writes add up, a paired batch's 1 s wait is added to the write, and images over HTTP get the
+    network's 8 fetch threads; the pair's store is left as it was."""
+    from rm_qdrant import SourceConfig
+    from tests.conftest import says_remote
+
+    with open_store(":memory:") as store:
+        rm_qdrant.index(store, image_folder, encoder=models.old, collection="gallery")
+        rm_qdrant.init(store, "p", old_collection="gallery", encoder=models.rm)
+        page, _ = store.scroll("gallery", limit=100)
+        relative = {r.id: Path(r.payload["uri"]).relative_to(image_folder) for r in page}
+        store.set_payload(
+            "gallery", [(i, {"uri": f"{http_images}/ok/{path}"}) for i, path in relative.items()]
+        )
+        says_remote(store, monkeypatch)
+        before = snapshot(store)
+        report = rm_qdrant.plan(
+            store,
+            "p",
+            sample=8,
+            workers=3,
+            batch=500,
+            forecast=False,
+            source=SourceConfig(allow_private=True),
+        )
+        assert snapshot(store) == before
+    data = report.as_dict()
+    assert data["server"] and data["sample"]["local_files"] is False and data["sample"]["timed"] == 8
+    assert data["setup"]["fetch_threads"] == 8 and not data["setup"]["embedded_store"]
+    write = next(s for s in report.capacity.stages if s.name == "write")
+    assert write.seconds == pytest.approx(report.sample.times.write + 1 / 500)  # REMOVAL_GRACE a batch
+    assert write.rate == pytest.approx(3 / write.seconds)  # three workers write side by side
+    assert "process" not in {s.name for s in report.capacity.stages}
+    assert any("the 1 s a paired run waits each --batch of 500 is added" in n for n in report.notes)
