@@ -13,8 +13,8 @@ from rm_qdrant.cli.common import (
     Steps,
     emit,
     json_option,
-    name_option,
     open_cli_store,
+    pair_name,
     quiet,
 )
 from rm_qdrant.cli.sourceopts import source_options
@@ -26,7 +26,7 @@ _WHOLE = click.IntRange(1, MAX_WORKERS)
 
 
 @click.command(name="plan")
-@name_option
+@pair_name
 @click.option(
     "--sample", "size", default=64, show_default=True, type=click.IntRange(min=1), help="Points to time."
 )
