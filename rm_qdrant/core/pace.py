@@ -30,12 +30,16 @@ class Worker:
         buckets: points moved per bucket, keyed by the bucket's start (seconds since the epoch,
             a multiple of :data:`BUCKET_SECONDS`).
         ended: whether its run ended (it is not running, however recent ``updated`` is).
+        first: when its first batch settled (None: none yet, or recorded before this field).
+        first_moved: the points of that batch.
     """
 
     started: float
     updated: float
     buckets: Mapping[int, int]
     ended: bool = False
+    first: float | None = None
+    first_moved: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,12 +101,19 @@ def pace(workers: Iterable[Worker], *, now: float, remaining: int, window: float
     moved, first = 0, math.inf
     for worker in workers:
         recent = sum(n for k, n in worker.buckets.items() if k + BUCKET_SECONDS > start)
-        if recent:
-            moved += recent
-            first = min(first, worker.started)
-    span = end - max(start, first) if moved else window
+        if not recent:
+            continue
+        began = worker.started
+        if worker.first is not None and worker.first > start:
+            # A run's first batch waits for the pipeline to fill (claim, fetch, decode, encode,
+            # write one after another); later batches come one encode apart. The pace is taken
+            # from the first batch on, without its points, or a young run reads slow.
+            began, recent = worker.first, recent - worker.first_moved
+        moved += recent
+        first = min(first, began)
+    span = end - max(start, first) if first < math.inf else window
     running = len(live)
-    if not moved or span <= 0:
+    if moved <= 0 or span <= 0:
         return Pace(None, 0.0 if remaining <= 0 else None, span, running)
     rate = moved / span
     return Pace(rate, max(0, remaining) / rate, span, running)
