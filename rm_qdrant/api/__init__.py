@@ -10,6 +10,7 @@ Long calls report progress to an ``on_step`` callback (:class:`Step`).
 ``rmq index``             :func:`index`
 ``rmq init``              :func:`init`
 ``rmq probe``             :func:`probe`
+``rmq plan``              :func:`plan`
 ``rmq calibrate``         :func:`calibrate` (``--clear``: :func:`clear_calibration`)
 ``rmq fit``               :func:`fit` (needs PyTorch, imported when it runs)
 ``rmq migrate``           :func:`migrate` (and :func:`optimize`)
@@ -37,6 +38,8 @@ from rm_qdrant.api.fitting import FitReport, fit
 from rm_qdrant.api.inspecting import StatusReport, failures, status
 from rm_qdrant.api.lifecycle import FinalizeReport, SwitchReport, finalize, rollback, switch_encoder
 from rm_qdrant.api.migrating import MIGRATE_OPTIONS, migrate, optimize
+from rm_qdrant.api.plan_report import PlanReport
+from rm_qdrant.api.planning import plan
 from rm_qdrant.api.probing import ProbeReport, probe
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "FitReport",
     "IndexSummary",
     "InitReport",
+    "PlanReport",
     "ProbeReport",
     "StatusReport",
     "Step",
@@ -61,6 +65,7 @@ __all__ = [
     "init",
     "migrate",
     "optimize",
+    "plan",
     "probe",
     "rollback",
     "status",

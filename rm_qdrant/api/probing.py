@@ -117,6 +117,7 @@ def probe(
     label_field: str | None = None,
     on_step: OnStep | None = None,
     decode: str | None = None,
+    cache: bool = True,
 ) -> ProbeReport:
     """Forecast the backfill curve on a re-embedded sample of the gallery: ``rmq probe``.
 
@@ -141,6 +142,8 @@ def probe(
         decode: decode the sample's images ``exact`` or ``fast`` (default: as the pair records):
             the forecast of serving with that decoding. Nothing is recorded; a forecast decoded
             otherwise than the pair is not kept for :func:`status`'s estimate.
+        cache: keep the sample for :func:`status`'s estimate (False: nothing is kept anywhere,
+            as for the forecast of ``rmq plan``).
 
     Raises:
         CollectionNotFound: no pair of that name.
@@ -176,7 +179,7 @@ def probe(
     forecasts, advice = _curves(
         index, drawn, plain, spec=spec, seed=seed, k=k, source=images, on_step=on_step, label_field=field
     )
-    key = store_key(store) if decode == pair.decode else None  # a what-if forecast is not kept
+    key = store_key(store) if cache and decode == pair.decode else None  # a what-if is not kept
     cached = None if key is None else save_sample(drawn, cache_path(key, name), k=k)
     return ProbeReport(
         pair=name,

@@ -17,6 +17,7 @@ from rm_qdrant.cli.fit import fit_command
 from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
 from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
+from rm_qdrant.cli.plan import plan_command
 from rm_qdrant.cli.probe import probe_command
 from rm_qdrant.cli.serve import index, init, search
 from rm_qdrant.cli.status import status
@@ -118,6 +119,7 @@ cli.add_command(demo)
 cli.add_command(migrate)
 cli.add_command(eval_command)
 cli.add_command(probe_command)
+cli.add_command(plan_command)
 cli.add_command(fit_command)
 cli.add_command(calibrate_command)
 cli.add_command(finalize_command)

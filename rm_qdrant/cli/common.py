@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import math
@@ -53,6 +54,22 @@ def _is_text(value: str) -> bool:
 COLLECTION = CollectionName()
 name_option = click.option("--name", required=True, type=COLLECTION, help="The pair's name.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def pair_name(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The pair's name as ``rmq plan NAME`` (and ``pause``, ``resume``) take it, or as ``--name
+    NAME`` like the other commands; the command gets it as ``name``."""
+
+    @functools.wraps(command)
+    def run(*args: Any, name_arg: str | None, name: str | None, **kwargs: Any) -> Any:
+        if name_arg is not None and name is not None and name_arg != name:
+            raise click.UsageError(f"two pair names, {name_arg!r} and --name {name!r}: give one")
+        if (name_arg or name) is None:
+            raise click.UsageError("which pair? give its name: NAME or --name NAME")
+        return command(*args, name=name_arg or name, **kwargs)
+
+    run = click.option("--name", type=COLLECTION, help="The pair's name (or NAME).")(run)
+    return click.argument("name_arg", metavar="[NAME]", required=False, type=COLLECTION)(run)
 
 
 def new_model_option(use: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

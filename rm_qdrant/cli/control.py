@@ -7,12 +7,12 @@ import dataclasses
 
 import click
 
-from rm_qdrant.cli.common import emit, json_option, open_cli_store, plain
+from rm_qdrant.cli.common import emit, json_option, open_cli_store, pair_name, plain
 from rm_qdrant.pair.control import pause, resume
 
 
 @click.command(name="pause")
-@click.argument("name")
+@pair_name
 @json_option
 @click.pass_context
 def pause_command(ctx: click.Context, name: str, as_json: bool) -> None:
@@ -33,7 +33,7 @@ def pause_command(ctx: click.Context, name: str, as_json: bool) -> None:
 
 
 @click.command(name="resume")
-@click.argument("name")
+@pair_name
 @json_option
 @click.pass_context
 def resume_command(ctx: click.Context, name: str, as_json: bool) -> None:

@@ -30,12 +30,16 @@ class Worker:
         buckets: points moved per bucket, keyed by the bucket's start (seconds since the epoch,
             a multiple of :data:`BUCKET_SECONDS`).
         ended: whether its run ended (it is not running, however recent ``updated`` is).
+        first: when its first batch settled (None: none yet, or recorded before this field).
+        first_moved: the points of that batch.
     """
 
     started: float
     updated: float
     buckets: Mapping[int, int]
     ended: bool = False
+    first: float | None = None
+    first_moved: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,24 +85,35 @@ def add(
 
 
 def pace(workers: Iterable[Worker], *, now: float, remaining: int, window: float = WINDOW_SECONDS) -> Pace:
-    """The pace of every worker together over the last ``window`` seconds, and the ETA of
-    ``remaining`` points at that pace.
+    """The pace of every worker together over the last ``window`` seconds (up to the last write
+    of those still running), and the ETA of ``remaining`` points at that pace.
 
     >>> w = Worker(started=0.0, updated=100.0, buckets={0: 400, 50: 600})
     >>> pace([w], now=100.0, remaining=500)
     Pace(points_per_second=10.0, eta_seconds=50.0, window_seconds=100.0, running=1)
     """
     workers = list(workers)
-    start = now - window
+    live = [w for w in workers if not w.ended and now - w.updated <= RUNNING_SECONDS]
+    # Running processes write every few seconds: the pace ends at their last write, not now, or
+    # the points they moved since would be missing from a span that counts the time.
+    end = max((w.updated for w in live), default=now)
+    start = end - window
     moved, first = 0, math.inf
     for worker in workers:
         recent = sum(n for k, n in worker.buckets.items() if k + BUCKET_SECONDS > start)
-        if recent:
-            moved += recent
-            first = min(first, worker.started)
-    running = sum(1 for w in workers if not w.ended and now - w.updated <= RUNNING_SECONDS)
-    span = now - max(start, first) if moved else window
-    if not moved or span <= 0:
+        if not recent:
+            continue
+        began = worker.started
+        if worker.first is not None and worker.first > start:
+            # A run's first batch waits for the pipeline to fill (claim, fetch, decode, encode,
+            # write one after another); later batches come one encode apart. The pace is taken
+            # from the first batch on, without its points, or a young run reads slow.
+            began, recent = worker.first, recent - worker.first_moved
+        moved += recent
+        first = min(first, began)
+    span = end - max(start, first) if first < math.inf else window
+    running = len(live)
+    if moved <= 0 or span <= 0:
         return Pace(None, 0.0 if remaining <= 0 else None, span, running)
     rate = moved / span
     return Pace(rate, max(0, remaining) / rate, span, running)

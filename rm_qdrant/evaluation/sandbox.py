@@ -1,4 +1,5 @@
-"""A throwaway copy of a pair in a temporary embedded store, to measure without moving the real one.
+"""A throwaway copy of a pair in a temporary embedded store, to measure without moving the real one
+(and an empty scratch store, where ``rmq plan`` times a sample's writes).
 
 ``rmq eval`` migrates the pair it measures step by step; run on the live pair, that
 would leave a production gallery fully migrated. It runs on a copy instead: both
@@ -80,8 +81,7 @@ def sandbox(
     The copy is removed when the block ends, by an exception too; what a killed process
     left behind is removed when the next sandbox starts (:func:`remove_stale_sandboxes`).
     """
-    remove_stale_sandboxes()
-    with _owned_folder() as folder, open_store(folder) as copy:
+    with scratch_store() as copy:
         for name in dict.fromkeys((pair.old_collection, pair.new_collection)):
             copy_collection(store, copy, name, vector=pair.vector, on_points=on_points)
         # The ranking's indexes, whatever the source reports: qdrant-client's local mode (a
@@ -96,6 +96,15 @@ def sandbox(
         save_pair(copy, record)
         record_collection_model(copy, layout.new_model_key, pair.encoder)
         yield copy, record
+
+
+@contextlib.contextmanager
+def scratch_store() -> Iterator[Store]:
+    """An empty embedded store in a temporary folder of this process's (``rmq plan`` times its
+    writes there), removed when the block ends, like a sandbox (:func:`remove_stale_sandboxes`)."""
+    remove_stale_sandboxes()
+    with _owned_folder() as folder, open_store(folder) as store:
+        yield store
 
 
 @contextlib.contextmanager
@@ -132,7 +141,7 @@ def remove_stale_sandboxes(root: str | os.PathLike[str] | None = None) -> list[P
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*"):
         if folder.is_dir() and not folder.is_symlink() and _abandoned(folder):
-            log.info("removing %s, the copy of a pair left by an eval that was killed", folder)
+            log.info("removing %s, a scratch store left by an eval or a plan that was killed", folder)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed

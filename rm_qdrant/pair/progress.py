@@ -20,7 +20,7 @@ from rm_qdrant.pair.record import META_COLLECTION, _put
 from rm_qdrant.store import Store, Where
 
 KIND = "progress"
-WRITE_EVERY = 5.0
+WRITE_EVERY = 2.0
 FORGET_AFTER = 86_400.0
 
 
@@ -38,6 +38,7 @@ class ProgressRecorder:
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started = time.time()
         self._buckets: dict[int, int] = {}
+        self._first: tuple[float, int] | None = None
         self._written = 0.0
         self._lock = threading.Lock()
         _forget(store, name, before=self.started - FORGET_AFTER)
@@ -46,6 +47,8 @@ class ProgressRecorder:
         """Count ``points`` moved now; written to the store at most every :data:`WRITE_EVERY` s."""
         with self._lock:
             now = time.time()
+            if self._first is None and points:
+                self._first = (now, points)
             self._buckets = add(self._buckets, now, points)
             if now - self._written >= WRITE_EVERY:
                 self._write(now)
@@ -63,6 +66,8 @@ class ProgressRecorder:
             "started": self.started,
             "updated": now,
             "ended": ended,
+            "first": self._first[0] if self._first else None,
+            "first_moved": self._first[1] if self._first else 0,
             "buckets": {str(k): n for k, n in self._buckets.items()},
         }
         _put(self.store, KIND, f"{self.name}/{self.worker}", payload)
@@ -79,10 +84,16 @@ def workers(store: Store, name: str) -> list[Worker]:
             started=float(r.payload["started"]),
             updated=float(r.payload["updated"]),
             ended=bool(r.payload.get("ended")),
+            first=_seconds(r.payload.get("first")),
+            first_moved=int(r.payload.get("first_moved") or 0),
             buckets={int(k): int(n) for k, n in r.payload.get("buckets", {}).items()},
         )
         for r in page
     ]
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def recorded_pace(store: Store, name: str, remaining: int, *, now: float | None = None) -> Pace:

@@ -19,7 +19,8 @@ def _record(moves: list[tuple[float, int]], *, window: float) -> dict[int, int]:
 def test_the_pace_is_every_move_of_the_window_over_the_time_it_spans(seed):
     """Random shards, some side by side and some one after another (restarts): the pace is the
     points all of them moved in the window over the window's span since the first of them began,
-    to within the bucket at the window's edge."""
+    to within the bucket at the window's edge; the window ends at the last write of a process
+    still running."""
     rng = np.random.default_rng(seed)
     window, now = 600.0, 10_000.0
     workers, moves_all, starts = [], [], []
@@ -33,7 +34,10 @@ def test_the_pace_is_every_move_of_the_window_over_the_time_it_spans(seed):
         starts.append(start)
     remaining = int(rng.integers(0, 100_000))
     got = pace(workers, now=now, remaining=remaining, window=window)
-    recent = [(t, n) for t, n in moves_all if t > now - window]
+    # the span ends at the last write of a process still running (else now)
+    live = [w.updated for w in workers if now - w.updated <= RUNNING_SECONDS]
+    now = max(live, default=now)
+    recent = [(t, n) for t, n in moves_all if now - window < t <= now]
     if not recent:
         assert got.points_per_second is None
         return
@@ -86,3 +90,15 @@ def test_no_move_in_the_window_means_no_pace_and_no_eta_unless_nothing_remains()
 def test_old_buckets_are_dropped_as_the_window_slides():
     buckets = _record([(0.0, 5), (300.0, 5), (900.0, 5)], window=600)
     assert sorted(buckets) == [300, 900]
+
+
+def test_a_young_run_is_paced_from_its_first_batch_not_from_its_start():
+    """The first batch waits for the whole pipeline (claim, fetch, decode, encode, write); then a
+    batch settles every second. Read after 10 batches, the pace is the steady one."""
+    moves = [(5.0 + i, 100) for i in range(11)]
+    worker = Worker(started=0.0, updated=15.0, buckets=_record(moves, window=600), first=5.0, first_moved=100)
+    got = pace([worker], now=15.0, remaining=1000)
+    assert got.points_per_second == pytest.approx(100.0)
+    assert got.eta_seconds == pytest.approx(10.0)
+    one = Worker(started=0.0, updated=5.0, buckets=_record(moves[:1], window=600), first=5.0, first_moved=100)
+    assert pace([one], now=5.0, remaining=10).points_per_second is None  # one batch: no pace yet
