@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -16,8 +18,16 @@ from rm_qdrant import OnnxEncoder, create_pair, index_images, load_pair, open_st
 from rm_qdrant.core.planning import MOVING, RANK
 from rm_qdrant.errors import CollectionNotFound, ConfigError
 from rm_qdrant.monitoring import exported_metric_names, migration
-from rm_qdrant.monitoring.migration import PAIR_STATES, MigrationMetrics, PairCollector, PairFigures
+from rm_qdrant.monitoring.migration import (
+    PAIR_STATES,
+    MigrationMetrics,
+    PairCollector,
+    PairFigures,
+    read_figures,
+)
+from rm_qdrant.pair import progress
 from rm_qdrant.pair.outcome import STAGES
+from rm_qdrant.serving.status import pair_status
 from rm_qdrant.sources import SourceConfig
 from tests.conftest import make_image_folder, one_error_line
 
@@ -91,13 +101,27 @@ def test_a_migration_is_scraped_while_it_runs_and_its_port_released_after(store,
         for state in PAIR_STATES:
             assert value(samples, "rmq_pair_state", state=state) == (state == "backfilling")
         assert value(samples, "rmq_migrate_paused") == 0
-        pace = value(samples, "rmq_migrate_points_per_second")  # recorded by the run, as status reads it
-        assert pace > 0 and value(samples, "rmq_migrate_eta_seconds") == pytest.approx(remaining / pace)
+        if ("rmq_migrate_points_per_second", (("pair", "p"),)) in samples:  # known once recorded
+            pace = value(samples, "rmq_migrate_points_per_second")
+            assert pace > 0 and value(samples, "rmq_migrate_eta_seconds") == pytest.approx(remaining / pace)
     last = seen[-1][1]
     assert value(last, "rmq_migrated_points") == N and value(last, "rmq_remaining_points") == 0
     write = sum(r.stages["write"] for r, _ in seen)
     assert value(last, "rmq_migrate_batch_seconds_sum", stage="write") == pytest.approx(write)
     assert closed(port)
+
+
+def test_the_pace_and_eta_are_the_ones_rmq_status_gives(store, monkeypatch):
+    """Read from what every process recorded (here: one run, over), as ``rmq status`` reads it
+    (at one instant: the pace of a run that ended is taken up to now)."""
+    rm_qdrant.migrate(store, "p", batch=BATCH)
+    now = time.time()
+    monkeypatch.setattr(progress, "time", SimpleNamespace(time=lambda: now))
+    gauges = {m.name: m.samples for m in PairCollector("p", lambda: read_figures(store, "p"), 0).collect()}
+    status = pair_status(store, load_pair(store, "p"))
+    assert status.points_per_second > 0
+    assert gauges["rmq_migrate_points_per_second"][0].value == pytest.approx(status.points_per_second)
+    assert gauges["rmq_migrate_eta_seconds"][0].value == 0 == status.eta_seconds  # nothing remains
 
 
 def test_a_pause_shows_in_the_scrape(store, monkeypatch):
