@@ -29,7 +29,7 @@ KUBERNETES_VERSIONS = ("1.30", "1.33")
 
 #: rmq options not in this branch's CLI yet: dropped before parsing while the option is missing.
 #: --metrics-port is being added to `rmq migrate` on another branch; remove this once it merges.
-PENDING_FLAGS = ("--metrics-port",)
+PENDING_FLAGS: tuple[str, ...] = ()  # flags a manifest may use before rmq has them (none now)
 
 #: Prometheus' annotation convention for scraping a pod (kubernetes_sd "pod" role).
 SCRAPE = "prometheus.io/scrape"

@@ -21,7 +21,6 @@ from rm_qdrant.core.planning import parse_shard
 from tests.deploy.manifests import (
     DEPLOY,
     KUBERNETES_VERSIONS,
-    PENDING_FLAGS,
     ROOT,
     SCRAPE,
     SCRAPE_PORT,
@@ -206,8 +205,7 @@ def test_the_metrics_port_is_declared_and_scraped(where, template, argv):
 
 def test_metrics_port_is_an_option_of_rmq_migrate():
     options = {opt for p in cli.commands["migrate"].params for opt in getattr(p, "opts", ())}
-    if "--metrics-port" not in options:
-        pytest.skip(f"rmq migrate has no {PENDING_FLAGS[0]} on this branch yet (being added)")
+    assert "--metrics-port" in options
     container = only_container(one("Job", "rmq-migrate"))
     env = container_env(container, injected={"JOB_COMPLETION_INDEX": "0"})
     assert parse_rmq(command_line(container, env), env).dropped == ()
