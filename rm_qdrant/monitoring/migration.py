@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.monitoring.registering import register_all
 from rm_qdrant.pair.outcome import STAGES, BatchResult
 from rm_qdrant.pair.record import load_pair
 from rm_qdrant.serving.status import pair_status
@@ -188,28 +189,29 @@ class MigrationMetrics:
         """``every``: seconds between two reads of the pair's figures (None: :data:`REFRESH_SECONDS`)."""
         try:
             moved = Counter(
-                "rmq_migrate_moved_points", "Points this process moved to new.", ["pair"], registry=registry
+                "rmq_migrate_moved_points", "Points this process moved to new.", ["pair"], registry=None
             )
             failed = Counter(
                 "rmq_migrate_failed_points",
                 "Points whose migration failed in this process (recorded on the point, served from old).",
                 ["pair"],
-                registry=registry,
+                registry=None,
             )
             retries = Counter(
                 "rmq_migrate_retries",
                 "Image fetches this process retried (timeouts, refused connections, 5xx, throttling).",
                 ["pair"],
-                registry=registry,
+                registry=None,
             )
             seconds = Histogram(
                 "rmq_migrate_batch_seconds",
                 "Seconds a batch spent in each stage: fetch, decode, encode, write.",
                 ["pair", "stage"],
-                registry=registry,
+                registry=None,
                 buckets=BATCH_BUCKETS,
             )
-            registry.register(PairCollector(pair, read, REFRESH_SECONDS if every is None else every))
+            collector = PairCollector(pair, read, REFRESH_SECONDS if every is None else every)
+            register_all(registry, (moved, failed, retries, seconds, collector))
         except ValueError as exc:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
             raise ConfigError(f"a registry takes one MigrationMetrics: {exc}") from exc
         self.pair = pair

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.monitoring.registering import register_all
 
 #: Upper bounds of the search histogram, in seconds: from an embedded store's fraction of a
 #: millisecond to a loaded server's seconds.
@@ -58,21 +59,22 @@ class SearchMetrics:
             )
         try:
             self._searches = Counter(
-                "rmq_searches", "Searches of the pair (one per call).", ["pair"], registry=registry
+                "rmq_searches", "Searches of the pair (one per call).", ["pair"], registry=None
             )
             self._seconds = Histogram(
                 "rmq_search_seconds",
                 "Seconds a search took: total, and the store's searches of each side (old, new).",
                 ["pair", "side"],
-                registry=registry,
+                registry=None,
                 buckets=buckets,
             )
             self._hits = Counter(
                 "rmq_search_hits",
                 "Hits returned, by the side of the pair they came from (old, new).",
                 ["pair", "side"],
-                registry=registry,
+                registry=None,
             )
+            register_all(registry, (self._searches, self._seconds, self._hits))
         except ValueError as exc:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
             raise ConfigError(
                 f"a registry takes one SearchMetrics (share it between indexes): {exc}"

@@ -229,6 +229,16 @@ def test_a_registry_takes_one_migration_metrics():
         MigrationMetrics(registry, "p")
 
 
+def test_a_registry_with_a_metric_of_the_same_name_is_left_as_it_was():
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    Counter("rmq_migrate_retries", "someone else's", registry=registry)  # the third MigrationMetrics makes
+    with pytest.raises(ConfigError, match="rmq_migrate_retries"):
+        MigrationMetrics(registry, "p")
+    assert sorted(m.name for m in registry.collect()) == ["rmq_migrate_retries"]  # nothing half-registered
+
+
 # -- the command line -----------------------------------------------------------------------
 
 

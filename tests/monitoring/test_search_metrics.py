@@ -8,7 +8,7 @@ import socket
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from rm_qdrant import AsyncDualIndex, ConfigError, DualIndex, SearchMetrics, create_pair
@@ -130,3 +130,11 @@ def test_bad_metrics_are_refused_in_one_clear_error(pair, store):
         SearchMetrics("registry")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="metrics is a SearchMetrics"):
         DualIndex.open(store, "p", metrics=registry)  # type: ignore[arg-type]
+
+
+def test_a_registry_with_an_application_metric_of_the_same_name_is_left_as_it_was():
+    registry = CollectorRegistry()
+    Counter("rmq_search_hits", "the application's own", registry=registry)  # the last SearchMetrics makes
+    with pytest.raises(ConfigError, match="rmq_search_hits"):
+        SearchMetrics(registry)
+    assert sorted(m.name for m in registry.collect()) == ["rmq_search_hits"]  # nothing half-registered
