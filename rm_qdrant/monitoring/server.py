@@ -61,6 +61,8 @@ class MetricsServer:
             self._server, self._thread = start_http_server(port, host, registry=self.registry)
         except OSError as exc:
             raise ConfigError(_refusal(exc, host, port)) from exc
+        except UnicodeError as exc:  # a name the resolver cannot encode: 'a..b', a label over 63 characters
+            raise ConfigError(f"metrics host (--metrics-host) {host!r} is not a host name: {exc}") from exc
         self.port: int = self._server.server_port
         log.info("serving metrics on http://%s:%d/metrics", host, self.port)
 

@@ -272,6 +272,8 @@ def test_a_metrics_port_in_use_is_one_line_and_changes_nothing(rmq, demo, tmp_pa
         (["--metrics-port", "http"], "'http' is not a valid integer"),
         (["--metrics-host", "127.0.0.1"], "only with a metrics port (--metrics-port)"),
         (["--metrics-port", "9", "--metrics-host", "no-such-host.invalid"], "does not resolve"),
+        (["--metrics-port", "9", "--metrics-host", "metrics..example.com"], "is not a host name"),
+        (["--metrics-port", "9", "--metrics-host", "x" * 64], "is not a host name"),
     ],
 )
 def test_bad_metrics_options_are_one_line(rmq, demo, tmp_path, args, message):
