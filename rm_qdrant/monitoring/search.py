@@ -57,10 +57,10 @@ class SearchMetrics:
             raise ConfigError(
                 f"registry is a prometheus_client CollectorRegistry, not {type(registry).__name__}"
             )
+        self._searches = Counter(
+            "rmq_searches", "Searches of the pair (one per call).", ["pair"], registry=None
+        )
         try:
-            self._searches = Counter(
-                "rmq_searches", "Searches of the pair (one per call).", ["pair"], registry=None
-            )
             self._seconds = Histogram(
                 "rmq_search_seconds",
                 "Seconds a search took: total, and the store's searches of each side (old, new).",
@@ -68,12 +68,17 @@ class SearchMetrics:
                 registry=None,
                 buckets=buckets,
             )
-            self._hits = Counter(
-                "rmq_search_hits",
-                "Hits returned, by the side of the pair they came from (old, new).",
-                ["pair", "side"],
-                registry=None,
-            )
+        except (TypeError, ValueError) as exc:  # prometheus_client: "Buckets not in sorted order", ...
+            raise ConfigError(
+                f"buckets are two or more upper bounds in seconds, increasing, got {buckets!r}: {exc}"
+            ) from exc
+        self._hits = Counter(
+            "rmq_search_hits",
+            "Hits returned, by the side of the pair they came from (old, new).",
+            ["pair", "side"],
+            registry=None,
+        )
+        try:
             register_all(registry, (self._searches, self._seconds, self._hits))
         except ValueError as exc:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
             raise ConfigError(

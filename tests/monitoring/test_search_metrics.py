@@ -138,3 +138,11 @@ def test_a_registry_with_an_application_metric_of_the_same_name_is_left_as_it_wa
     with pytest.raises(ConfigError, match="rmq_search_hits"):
         SearchMetrics(registry)
     assert sorted(m.name for m in registry.collect()) == ["rmq_search_hits"]  # nothing half-registered
+
+
+@pytest.mark.parametrize("buckets", [(1.0, 0.5), (), ("fast", "slow"), None])
+def test_bad_buckets_are_refused_as_bad_buckets(buckets):
+    registry = CollectorRegistry()
+    with pytest.raises(ConfigError, match="buckets are two or more upper bounds in seconds"):
+        SearchMetrics(registry, buckets=buckets)
+    assert list(registry.collect()) == []
