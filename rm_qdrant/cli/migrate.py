@@ -283,6 +283,8 @@ def migrate(
     server = start_metrics(metrics_port, metrics_host)  # before the store: a port in use changes nothing
     if server is not None:
         ctx.with_resource(server)  # closed, and the port released, when the command ends
+        if not (as_json or quiet(ctx)):
+            click.echo(f"serving metrics on {server.url}", err=True)
     store = open_cli_store(ctx)
     options = MigrateOptions(
         batch=batch,

@@ -141,10 +141,10 @@ class PairCollector:
                 self._read_at = now
                 try:
                     self._figures = self.read()
-                except Exception:  # noqa: BLE001 - one figure's fault must not blank the whole scrape
-                    log.warning(
-                        "cannot read the figures of pair %r for its metrics", self.pair, exc_info=True
-                    )
+                except Exception as exc:  # noqa: BLE001 - one figure's fault must not blank the whole scrape
+                    # one line a refresh (every 15 s while the store is unreachable); -vv: the traceback
+                    log.warning("cannot read the figures of pair %r for its metrics: %s", self.pair, exc)
+                    log.debug("the read that failed", exc_info=True)
             return self._figures
 
     def _families(self, figures: PairFigures | None) -> list[Metric]:
