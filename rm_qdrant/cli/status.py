@@ -23,6 +23,7 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import crowding_advice
 from rm_qdrant.cli.sourceopts import source_lines
+from rm_qdrant.pair.control import UNKNOWN_SINCE
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.serving.status import PairStatus
 
@@ -125,8 +126,9 @@ def pace_lines(state: PairStatus, *, now: float | None = None) -> list[str]:
         return []
     lines = []
     if state.paused_since is not None:
+        since = "an unknown time" if state.paused_since == UNKNOWN_SINCE else _clock(state.paused_since)
         lines.append(
-            f"paused        since {_clock(state.paused_since)}: migrations wait before their next "
+            f"paused        since {since}: migrations wait before their next "
             f"batch; rmq resume {plain(state.name)} lets them go on"
         )
     running = f"{state.migrating_now} process{'es' if state.migrating_now != 1 else ''} migrating now"

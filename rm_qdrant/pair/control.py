@@ -19,6 +19,11 @@ from rm_qdrant.pair.record import _get, _put, load_pair
 from rm_qdrant.store import Store
 
 KIND = "control"
+#: :func:`paused_since` of a flag that holds the pair but whose time cannot be read (edited by
+#: hand, or written by another version): the pause holds all the same.
+UNKNOWN_SINCE = 0.0
+#: 9999-12-31: a time past this (or before the epoch) is not one :func:`pause` wrote.
+_LAST_TIME = 253_402_300_799.0
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,16 @@ class Paused:
 
 
 def paused_since(store: Store, name: str) -> float | None:
-    """When the pair was paused (seconds since the epoch), or None when it is not paused."""
+    """When the pair was paused (seconds since the epoch), or None when it is not paused.
+
+    A flag whose ``paused`` is set holds the pair whatever else it holds: a ``since`` that is
+    not a time reads as :data:`UNKNOWN_SINCE`, and :func:`resume` rewrites it."""
     control = _get(store, KIND, name) or {}
-    return float(control["since"]) if control.get("paused") else None
+    if not control.get("paused"):
+        return None
+    since = control.get("since")
+    readable = isinstance(since, int | float) and not isinstance(since, bool) and 0 < since <= _LAST_TIME
+    return float(since) if readable else UNKNOWN_SINCE
 
 
 def is_paused(store: Store, name: str) -> bool:

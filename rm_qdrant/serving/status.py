@@ -42,8 +42,8 @@ class PairStatus:
             collection are not counted here: finding them reads every migrated id (about 1 s
             per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
         decode: how the pair decodes its images, ``exact`` or ``fast`` (:attr:`PairRecord.decode`).
-        paused_since: when ``rmq pause`` held the pair's migrations (seconds since the epoch), or
-            None when it is not paused.
+        paused_since: when ``rmq pause`` held the pair's migrations (seconds since the epoch; 0
+            when the flag's time cannot be read), or None when it is not paused.
         points_per_second: the backfill's pace over the last ten minutes, every process that
             migrates it together, from the progress they recorded (None: nothing moved then).
         eta_seconds: ``remaining`` at that pace (None: no pace; see :mod:`rm_qdrant.core.pace`).

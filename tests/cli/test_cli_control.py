@@ -139,3 +139,31 @@ def test_durations_read_as_people_say_them():
         "1 h 12 min",
         "1 d 1 h",
     ]
+
+
+def _write_meta(tmp_path, kind, key, payload) -> None:
+    """A point of ``rmq_meta`` written as an operator's hand edit (or another version) would."""
+    from rm_qdrant import open_store
+    from rm_qdrant.pair.record import _put
+
+    with open_store(tmp_path / "q") as store:
+        _put(store, kind, key, payload)
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["yesterday", None, [1], 1e300, -1e20, True],
+    ids=["text", "null", "list", "far-future", "far-past", "bool"],
+)
+def test_a_hand_edited_pause_flag_still_holds_and_never_crashes_a_command(rmq, demo, tmp_path, since):
+    """The flag's time cannot be read: status says paused since an unknown time (exit 0), resume
+    lowers the flag, and the migration then moves the whole gallery."""
+    flag = {"kind": "control", "name": "demo", "paused": True, "since": since}
+    _write_meta(tmp_path, "control", "demo", flag)
+    text = rmq("status", "--name", "demo").output
+    assert "backfilling, PAUSED)" in text and "since an unknown time" in text
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["paused"] is True
+    assert "already paused" in rmq("pause", "demo").output
+    assert "resumed demo" in rmq("resume", "demo").output
+    rmq("migrate", "--name", "demo")
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["remaining"] == 0
