@@ -167,3 +167,32 @@ def test_a_hand_edited_pause_flag_still_holds_and_never_crashes_a_command(rmq, d
     assert "resumed demo" in rmq("resume", "demo").output
     rmq("migrate", "--name", "demo")
     assert json.loads(rmq("status", "--name", "demo", "--json").output)["remaining"] == 0
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"started": "abc", "updated": 1.0, "buckets": {}},
+        {"started": 1.0, "updated": 1.0, "buckets": [1, 2]},
+        {"started": 1.0, "updated": 1.0, "buckets": {"zz": 1}},
+        {"started": 1.0, "updated": 1.0, "buckets": {"10": "many"}},
+        {"started": 1.0, "updated": "soon", "buckets": {}},
+        {},
+    ],
+    ids=["started-text", "buckets-list", "bucket-key", "bucket-count", "updated-text", "empty"],
+)
+def test_a_hand_edited_progress_record_is_left_out_of_the_pace_and_removed_by_the_next_run(
+    rmq, demo, tmp_path, record, caplog
+):
+    payload = {"kind": "progress", "name": "demo", "worker": "edited", **record}
+    _write_meta(tmp_path, "progress", "demo/edited", payload)
+    assert "pace          - (no point moved" in rmq("status", "--name", "demo").output
+    assert [r.message for r in caplog.records if "progress record" in r.message] == [
+        "pair 'demo': 1 progress record(s) in rmq_meta not as rm-qdrant writes them, left out of the "
+        "pace (the next rmq migrate removes them)"
+    ]
+    rmq("migrate", "--name", "demo", "--until", "0.5")
+    caplog.clear()
+    rmq("status", "--name", "demo")
+    assert not [r for r in caplog.records if "progress record" in r.message]  # the run removed it
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["points_per_second"] > 0
