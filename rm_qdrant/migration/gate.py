@@ -22,6 +22,8 @@ class Gate:
     Args:
         on_pause: told ``True`` when this run starts waiting for ``rmq resume``, ``False`` when
             it goes on (once per pause, whichever worker saw it).
+        pausable: False: the flag is not read (``finalize``'s own pass: a pause holds the
+            backfill, not the cutover).
     """
 
     def __init__(
@@ -33,8 +35,9 @@ class Gate:
         batch: int = 0,
         on_pause: Callable[[bool], None] | None = None,
         poll: float = PAUSE_POLL,
+        pausable: bool = True,
     ) -> None:
-        self.store, self.name, self.poll = store, name, poll
+        self.store, self.name, self.poll, self.pausable = store, name, poll, pausable
         rate = check_rate(rate)
         self.bucket = (
             None if rate is None else TokenBucket(rate, clock=time.monotonic, sleep=time.sleep, burst=batch)
@@ -45,7 +48,7 @@ class Gate:
 
     def enter(self, points: int, halt: threading.Event) -> bool:
         """Wait until a batch of ``points`` may be claimed (False: ``halt`` was set meanwhile)."""
-        if is_paused(self.store, self.name) and not self._wait(halt):
+        if self.pausable and is_paused(self.store, self.name) and not self._wait(halt):
             return False
         return self.bucket is None or self.bucket.take(points, stop=halt.is_set)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from rm_qdrant import (
@@ -16,6 +17,7 @@ from rm_qdrant import (
     MigrationError,
     OnnxEncoder,
     create_pair,
+    finalize,
     index_images,
     migrate,
     pause,
@@ -26,7 +28,9 @@ from rm_qdrant.api import status
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.pair.control import is_paused
 from rm_qdrant.serving.status import pair_status
-from tests.conftest import make_image_folder
+from rm_qdrant.store import Where
+from tests.conftest import OLD_DIM, make_image_folder
+from tests.pair.test_single_collection import make_pair, user_vector
 
 N = 60
 BATCH = 5
@@ -158,8 +162,6 @@ def test_pause_refuses_a_pair_that_is_not_migrating_and_both_are_idempotent(pair
     assert pause(store, "p").changed and not pause(store, "p").changed
     assert resume(store, "p").changed and not resume(store, "p").changed
     migrate(store, "p", batch=N)
-    from rm_qdrant import finalize
-
     finalize(store, "p")
     with pytest.raises(MigrationError, match="not migrating"):
         pause(store, "p")
@@ -182,3 +184,22 @@ def test_status_tells_the_pace_and_the_eta_of_what_remains(pair):
     assert s.migrating_now == 0
     as_dict = status(store, "p").as_dict()
     assert as_dict["remaining"] == s.remaining and as_dict["paused"] is False
+
+
+def test_finalize_embeds_late_writes_of_a_paused_single_collection_pair(store, models, tmp_path):
+    """A pause holds the backfill, not the cutover: finalize's own pass over points written
+    without the new vector (here: after the finalized record, by the app's old code) goes on."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    make_pair(store, models, items)
+    migrate(store, "p", batch=BATCH)
+    pause(store, "p")
+    finalize(store, "p")
+    store.upsert("photos", [items[0].point_id], user_vector(2, OLD_DIM), [{"uri": items[5].uri}])
+    done = {}
+    run = threading.Thread(target=lambda: done.update(report=finalize(store, "p")), daemon=True)
+    run.start()
+    run.join(60)
+    assert "report" in done, "finalize waited for rmq resume"
+    assert store.count("photos", Where(lacks_vector=("new",))) == 0
+    found = store.retrieve("photos", [items[0].point_id], with_vectors=True, vector="new")[0]
+    assert found.vector is not None and np.isfinite(found.vector).all()
