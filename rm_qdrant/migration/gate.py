@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from rm_qdrant.core.throttle import TokenBucket, check_rate
-from rm_qdrant.pair.control import is_paused
+from rm_qdrant.pair.control import is_paused, still_backfilling
 from rm_qdrant.store import Store
 
 #: Seconds between two reads of the flag while a pair is paused.
@@ -53,10 +53,16 @@ class Gate:
         return self.bucket is None or self.bucket.take(points, stop=halt.is_set)
 
     def _wait(self, halt: threading.Event) -> bool:
+        """Poll the flag until it is lowered (True) or ``halt`` is set (False).
+
+        Raises:
+            MigrationError: the pair was dropped, rolled back or cut over meanwhile.
+        """
         self._tell(+1, resumed=False)
         resumed = False
         try:
             while not halt.wait(self.poll):
+                still_backfilling(self.store, self.name)
                 if not is_paused(self.store, self.name):
                     resumed = True
                     break

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from rm_qdrant.errors import MigrationError
+from rm_qdrant.errors import CollectionNotFound, MigrationError
 from rm_qdrant.pair.record import _get, _put, load_pair
 from rm_qdrant.store import Store
 
@@ -91,6 +91,24 @@ def resume(store: Store, name: str) -> Paused:
         return Paused(name, False, False, None)
     _put(store, KIND, name, {"kind": KIND, "name": name, "paused": False, "since": None})
     return Paused(name, False, True, None)
+
+
+def still_backfilling(store: Store, name: str) -> None:
+    """What a paused run checks while it waits: that its pair was not dropped, rolled back or cut
+    over meanwhile (resumed, it would move points into a collection nothing serves any more).
+
+    Raises:
+        MigrationError: it was; the run stops.
+    """
+    try:
+        state = load_pair(store, name).state
+    except CollectionNotFound:
+        state = "dropped"
+    if state != "backfilling":
+        raise MigrationError(
+            f"pair {name!r} was {state.replace('_', ' ')} while this run was paused: the run stops, "
+            "nothing more is moved"
+        )
 
 
 def _check_backfilling(store: Store, name: str, command: str) -> None:

@@ -17,11 +17,13 @@ from rm_qdrant import (
     MigrationError,
     OnnxEncoder,
     create_pair,
+    drop_pair,
     finalize,
     index_images,
     migrate,
     pause,
     resume,
+    rollback,
     scan_image_folder,
 )
 from rm_qdrant.api import status
@@ -203,3 +205,36 @@ def test_finalize_embeds_late_writes_of_a_paused_single_collection_pair(store, m
     assert store.count("photos", Where(lacks_vector=("new",))) == 0
     found = store.retrieve("photos", [items[0].point_id], with_vectors=True, vector="new")[0]
     assert found.vector is not None and np.isfinite(found.vector).all()
+
+
+@pytest.mark.parametrize("end", ["drop-pair --force", "rollback"])
+def test_a_paused_run_stops_when_its_pair_is_dropped_or_rolled_back_meanwhile(store, models, tmp_path, end):
+    """The gallery stays where the pair's end left it: the workers held by the pause do not go on
+    moving it into a collection nothing serves any more."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=N // 3))
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    old = OnnxEncoder(models.old)
+    create_pair(
+        store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), keep_old=True, old_encoder=old
+    )
+    migrate(store, "p", batch=BATCH, limit=BATCH)
+    pause(store, "p")
+    events, outcome = [], {}
+
+    def run():
+        try:
+            outcome["report"] = migrate(store, "p", batch=BATCH, on_pause=events.append)
+        except MigrationError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _wait_for(lambda: events == [True])
+    if end == "rollback":
+        rollback(store, "p")
+    else:
+        drop_pair(store, "p", force=True)
+    thread.join(60)
+    assert "report" not in outcome, outcome
+    assert "p" in outcome["error"] and ("dropped" in outcome["error"] or "rolled back" in outcome["error"])
+    assert store.count("p-new") == BATCH  # nothing moved after the pause
