@@ -238,3 +238,12 @@ def test_a_paused_run_stops_when_its_pair_is_dropped_or_rolled_back_meanwhile(st
     assert "report" not in outcome, outcome
     assert "p" in outcome["error"] and ("dropped" in outcome["error"] or "rolled back" in outcome["error"])
     assert store.count("p-new") == BATCH  # nothing moved after the pause
+
+
+def test_a_pause_left_at_the_cutover_is_not_reported_once_the_pair_is_finalized(pair):
+    store = pair
+    migrate(store, "p", batch=N)
+    pause(store, "p")  # nothing left to migrate, but still backfilling: it may be paused
+    finalize(store, "p")
+    report = status(store, "p")
+    assert report.status.paused_since is None and report.as_dict()["paused"] is False
