@@ -47,10 +47,19 @@ class Gate:
         self._lock = threading.Lock()
 
     def enter(self, points: int, halt: threading.Event) -> bool:
-        """Wait until a batch of ``points`` may be claimed (False: ``halt`` was set meanwhile)."""
-        if self.pausable and is_paused(self.store, self.name) and not self._wait(halt):
+        """Wait until a batch of ``points`` may be claimed (False: ``halt`` was set meanwhile).
+
+        The flag is read again once the rate lets the batch go: a pause set while it waited for
+        its points holds it too."""
+        if not self._unpaused(halt):
             return False
-        return self.bucket is None or self.bucket.take(points, stop=halt.is_set)
+        if self.bucket is not None and not self.bucket.take(points, stop=halt.is_set):
+            return False
+        return self.bucket is None or self._unpaused(halt)
+
+    def _unpaused(self, halt: threading.Event) -> bool:
+        """True once the pair is not paused (at once, mostly); False: ``halt`` was set."""
+        return not (self.pausable and is_paused(self.store, self.name)) or self._wait(halt)
 
     def _wait(self, halt: threading.Event) -> bool:
         """Poll the flag until it is lowered (True) or ``halt`` is set (False).

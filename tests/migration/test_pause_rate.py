@@ -247,3 +247,22 @@ def test_a_pause_left_at_the_cutover_is_not_reported_once_the_pair_is_finalized(
     finalize(store, "p")
     report = status(store, "p")
     assert report.status.paused_since is None and report.as_dict()["paused"] is False
+
+
+def test_a_pause_holds_the_batch_that_was_waiting_for_the_rate(pair):
+    """At one point a second, the second batch waits five seconds for its points; a pause set
+    meanwhile holds it too: it is not claimed once the bucket lets it go."""
+    store, stop, events = pair, threading.Event(), []
+    run = threading.Thread(
+        target=lambda: migrate(store, "p", batch=BATCH, rate=1.0, stop=stop, on_pause=events.append)
+    )
+    run.start()
+    try:
+        _wait_for(lambda: _in_new(store) == BATCH)  # the first batch went at once, the next waits
+        pause(store, "p")
+        _wait_for(lambda: events == [True])
+        time.sleep(1.5)  # a batch let go would have settled by now
+        assert _in_new(store) == BATCH
+    finally:
+        stop.set()
+        run.join(60)
