@@ -33,7 +33,7 @@ from rm_qdrant.serving.status import PairStatus
 @json_option
 @click.option(
     "--watch",
-    type=FiniteFloat(min=0.2),
+    type=FiniteFloat(min=0.2, max=86_400),  # a day at most: far past it the timed wait overflows
     is_flag=False,
     flag_value=2.0,
     default=None,

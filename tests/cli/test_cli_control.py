@@ -57,6 +57,7 @@ def test_a_migrate_started_paused_waits_and_says_so(rmq, demo, tmp_path):
         ("migrate", "--name", "demo", "--rate", "nan"),
         ("migrate", "--name", "demo", "--rate", "inf"),
         ("status", "--name", "demo", "--watch", "0"),
+        ("status", "--name", "demo", "--watch", "1e10"),
     ],
 )
 def test_bad_input_is_one_line_and_changes_nothing(rmq, demo, args):
