@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from rm_qdrant.errors import CollectionNotFound, MigrationError
-from rm_qdrant.pair.record import _get, _put, load_pair
+from rm_qdrant.pair.record import META_COLLECTION, _get, _key, _put, load_pair
 from rm_qdrant.store import Store
 
 KIND = "control"
@@ -109,6 +109,13 @@ def still_backfilling(store: Store, name: str) -> None:
             f"pair {name!r} was {state.replace('_', ' ')} while this run was paused: the run stops, "
             "nothing more is moved"
         )
+
+
+def forget_pause(store: Store, name: str) -> None:
+    """Remove the pair's flag (``rmq drop-pair``; ``rmq init``, where an earlier pair of the name
+    left one)."""
+    if store.has_collection(META_COLLECTION):
+        store.delete(META_COLLECTION, [_key(KIND, name)])
 
 
 def _check_backfilling(store: Store, name: str, command: str) -> None:

@@ -266,3 +266,27 @@ def test_a_pause_holds_the_batch_that_was_waiting_for_the_rate(pair):
     finally:
         stop.set()
         run.join(60)
+
+
+def test_a_pair_made_again_under_a_dropped_ones_name_starts_with_no_pace_and_no_pause(pair, models):
+    """A run of the dropped pair still going (here: paused after a batch) writes its last progress
+    after the drop; the new pair of that name shows none of it, and is not paused."""
+    store, events, outcome = pair, [], {}
+
+    def run():
+        try:
+            migrate(store, "p", batch=BATCH, on_batch=lambda _: pause(store, "p"), on_pause=events.append)
+        except MigrationError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _wait_for(lambda: events == [True])
+    drop_pair(store, "p", force=True)
+    thread.join(60)
+    assert "error" in outcome
+    left = store.count("old")
+    create_pair(store, "p", old_collection="old", new_collection="again", encoder=OnnxEncoder(models.rm))
+    s = status(store, "p").status
+    assert (s.paused_since, s.points_per_second, s.migrating_now) == (None, None, 0)
+    assert migrate(store, "p", batch=BATCH).moved == left  # and nothing holds it
