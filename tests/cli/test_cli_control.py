@@ -197,3 +197,46 @@ def test_a_hand_edited_progress_record_is_left_out_of_the_pace_and_removed_by_th
     rmq("status", "--name", "demo")
     assert not [r for r in caplog.records if "progress record" in r.message]  # the run removed it
     assert json.loads(rmq("status", "--name", "demo", "--json").output)["points_per_second"] > 0
+
+
+@pytest.mark.parametrize("kind", ["edge", "local"])
+def test_watch_goes_on_while_a_migration_holds_the_embedded_store(rmq, models, image_folder, tmp_path, kind):
+    """A run takes the embedded store (qdrant-edge's, or qdrant-client's local-mode folder)
+    between two refreshes: the watch says so in each refresh and shows the status again once the
+    store is free, instead of ending in an error."""
+    from qdrant_client import QdrantClient
+
+    from rm_qdrant import StoreLocked, open_store
+
+    if kind == "local":
+        QdrantClient(path=str(tmp_path / "q")).close()
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+
+    command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status"]
+    proc = subprocess.Popen(
+        [*command, "--name", "demo", "--watch", "0.3", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert json.loads(proc.stdout.readline())["name"] == "demo"
+        for _ in range(100):  # as a migration would: open the store between two refreshes
+            try:
+                held = open_store(tmp_path / "q")
+                break
+            except StoreLocked:
+                time.sleep(0.05)
+        with held:
+            frame = json.loads(proc.stdout.readline())
+            while "locked" not in frame:
+                frame = json.loads(proc.stdout.readline())
+            assert frame["name"] == "demo" and "another" in frame["locked"]
+        while "locked" in frame:
+            frame = json.loads(proc.stdout.readline())
+        assert frame["new_count"] == 0
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Error" not in err
