@@ -21,6 +21,7 @@ from rm_qdrant.cli.common import (
     json_option,
     name_option,
     open_cli_store,
+    plain,
     quiet,
 )
 from rm_qdrant.cli.sourceopts import source_options
@@ -158,7 +159,9 @@ def _summary(report: MigrationReport, name: str) -> str:
 def _paused_line(name: str) -> Callable[[bool], None]:
     def tell(paused: bool) -> None:
         if paused:
-            click.echo(f"paused by rmq pause: waiting for 'rmq resume {name}' (Ctrl-C stops)", err=True)
+            click.echo(
+                f"paused by rmq pause: waiting for 'rmq resume {plain(name)}' (Ctrl-C stops)", err=True
+            )
         else:
             click.echo("resumed", err=True)
 

@@ -23,6 +23,8 @@ from rm_qdrant.cli.common import (
 )
 from rm_qdrant.cli.probe import crowding_advice
 from rm_qdrant.cli.sourceopts import source_lines
+from rm_qdrant.errors import StoreLocked
+from rm_qdrant.pair.control import UNKNOWN_SINCE
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.serving.status import PairStatus
 
@@ -32,7 +34,7 @@ from rm_qdrant.serving.status import PairStatus
 @json_option
 @click.option(
     "--watch",
-    type=FiniteFloat(min=0.2),
+    type=FiniteFloat(min=0.2, max=86_400),  # a day at most: far past it the timed wait overflows
     is_flag=False,
     flag_value=2.0,
     default=None,
@@ -55,17 +57,23 @@ def _tty() -> bool:
 
 
 def _frame(ctx: click.Context, name: str, as_json: bool) -> str:
-    """One refresh: the status as text, or one JSON line; the embedded store is closed after."""
+    """One refresh: the status as text, or one JSON line; the embedded store is closed after.
+    While a migration holds the embedded store, the refresh says so (``locked`` in JSON)."""
     obj = ctx.find_root().obj
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     try:
         report = inspecting.status(open_cli_store(ctx), name)
+    except StoreLocked as exc:
+        if as_json:
+            return json.dumps(public({"name": name, "locked": str(exc)}))
+        return safe_text(f"{now}\n{exc}: the next refresh tries again")
     finally:
         if "://" not in obj["qdrant"] and obj.get("store") is not None:
             obj["store"].close()  # the lock goes with it: a migration may start between refreshes
             obj["store"] = None
     if as_json:
         return json.dumps(public(json.loads(json.dumps(report.as_dict(), default=str))))
-    return safe_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) + "\n" + status_text(report))
+    return safe_text(now + "\n" + status_text(report))
 
 
 def watching(
@@ -125,8 +133,9 @@ def pace_lines(state: PairStatus, *, now: float | None = None) -> list[str]:
         return []
     lines = []
     if state.paused_since is not None:
+        since = "an unknown time" if state.paused_since == UNKNOWN_SINCE else _clock(state.paused_since)
         lines.append(
-            f"paused        since {_clock(state.paused_since)}: migrations wait before their next "
+            f"paused        since {since}: migrations wait before their next "
             f"batch; rmq resume {plain(state.name)} lets them go on"
         )
     running = f"{state.migrating_now} process{'es' if state.migrating_now != 1 else ''} migrating now"

@@ -18,9 +18,13 @@ def check_rate(rate: float | None) -> float | None:
     """
     if rate is None:
         return None
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
+    try:
+        value = float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else math.nan
+    except OverflowError:  # an int past float's range
+        value = math.inf
+    if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"--rate is points per second, a number above 0, got {rate!r}")
-    return float(rate)
+    return value
 
 
 class TokenBucket:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from rm_qdrant.core.throttle import TokenBucket, check_rate
-from rm_qdrant.pair.control import is_paused
+from rm_qdrant.pair.control import is_paused, still_backfilling
 from rm_qdrant.store import Store
 
 #: Seconds between two reads of the flag while a pair is paused.
@@ -22,6 +22,8 @@ class Gate:
     Args:
         on_pause: told ``True`` when this run starts waiting for ``rmq resume``, ``False`` when
             it goes on (once per pause, whichever worker saw it).
+        pausable: False: the flag is not read (``finalize``'s own pass: a pause holds the
+            backfill, not the cutover).
     """
 
     def __init__(
@@ -33,8 +35,9 @@ class Gate:
         batch: int = 0,
         on_pause: Callable[[bool], None] | None = None,
         poll: float = PAUSE_POLL,
+        pausable: bool = True,
     ) -> None:
-        self.store, self.name, self.poll = store, name, poll
+        self.store, self.name, self.poll, self.pausable = store, name, poll, pausable
         rate = check_rate(rate)
         self.bucket = (
             None if rate is None else TokenBucket(rate, clock=time.monotonic, sleep=time.sleep, burst=batch)
@@ -44,16 +47,31 @@ class Gate:
         self._lock = threading.Lock()
 
     def enter(self, points: int, halt: threading.Event) -> bool:
-        """Wait until a batch of ``points`` may be claimed (False: ``halt`` was set meanwhile)."""
-        if is_paused(self.store, self.name) and not self._wait(halt):
+        """Wait until a batch of ``points`` may be claimed (False: ``halt`` was set meanwhile).
+
+        The flag is read again once the rate lets the batch go: a pause set while it waited for
+        its points holds it too."""
+        if not self._unpaused(halt):
             return False
-        return self.bucket is None or self.bucket.take(points, stop=halt.is_set)
+        if self.bucket is not None and not self.bucket.take(points, stop=halt.is_set):
+            return False
+        return self.bucket is None or self._unpaused(halt)
+
+    def _unpaused(self, halt: threading.Event) -> bool:
+        """True once the pair is not paused (at once, mostly); False: ``halt`` was set."""
+        return not (self.pausable and is_paused(self.store, self.name)) or self._wait(halt)
 
     def _wait(self, halt: threading.Event) -> bool:
+        """Poll the flag until it is lowered (True) or ``halt`` is set (False).
+
+        Raises:
+            MigrationError: the pair was dropped, rolled back or cut over meanwhile.
+        """
         self._tell(+1, resumed=False)
         resumed = False
         try:
             while not halt.wait(self.poll):
+                still_backfilling(self.store, self.name)
                 if not is_paused(self.store, self.name):
                     resumed = True
                     break

@@ -14,7 +14,9 @@ from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.pair.bypass import unseen_writes
+from rm_qdrant.pair.control import forget_pause
 from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.progress import forget_progress
 from rm_qdrant.pair.record import (
     LAYOUTS,
     PAIRED,
@@ -200,6 +202,9 @@ def create_pair(
         source=source or None,
         decode=decode,
     )
+    # a run of an earlier pair of this name may have written after its drop: this one starts clean
+    forget_progress(store, name)
+    forget_pause(store, name)
     save_pair(store, record)
     unseen = unseen_writes(record)
     if unseen:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
+from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.migrate import MigrateOptions, Migrator
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.create import old_model_ref
@@ -106,7 +107,10 @@ def _embed_late_writes(store: Store, pair: PairRecord, late: _Late) -> None:
         todo = [i for i in _lacking(store, pair) if i not in failed]
         if not todo:
             break
-        Migrator(sweep, options, finishing=True).run(ids=todo, on_batch=lambda r: failed.update(r.failed))
+        cutover = Gate(store, pair.name, pausable=False)  # rmq pause holds the backfill, not this
+        Migrator(sweep, options, finishing=True, gate=cutover).run(
+            ids=todo, on_batch=lambda r: failed.update(r.failed)
+        )
     left = _lacking(store, pair)
     if left:
         raise _stranded(

@@ -14,11 +14,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from rm_qdrant.errors import MigrationError
-from rm_qdrant.pair.record import _get, _put, load_pair
+from rm_qdrant.errors import CollectionNotFound, MigrationError
+from rm_qdrant.pair.record import META_COLLECTION, _get, _key, _put, load_pair
 from rm_qdrant.store import Store
 
 KIND = "control"
+#: :func:`paused_since` of a flag that holds the pair but whose time cannot be read (edited by
+#: hand, or written by another version): the pause holds all the same.
+UNKNOWN_SINCE = 0.0
+#: 9999-12-31: a time past this (or before the epoch) is not one :func:`pause` wrote.
+_LAST_TIME = 253_402_300_799.0
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,16 @@ class Paused:
 
 
 def paused_since(store: Store, name: str) -> float | None:
-    """When the pair was paused (seconds since the epoch), or None when it is not paused."""
+    """When the pair was paused (seconds since the epoch), or None when it is not paused.
+
+    A flag whose ``paused`` is set holds the pair whatever else it holds: a ``since`` that is
+    not a time reads as :data:`UNKNOWN_SINCE`, and :func:`resume` rewrites it."""
     control = _get(store, KIND, name) or {}
-    return float(control["since"]) if control.get("paused") else None
+    if not control.get("paused"):
+        return None
+    since = control.get("since")
+    readable = isinstance(since, int | float) and not isinstance(since, bool) and 0 < since <= _LAST_TIME
+    return float(since) if readable else UNKNOWN_SINCE
 
 
 def is_paused(store: Store, name: str) -> bool:
@@ -79,6 +91,31 @@ def resume(store: Store, name: str) -> Paused:
         return Paused(name, False, False, None)
     _put(store, KIND, name, {"kind": KIND, "name": name, "paused": False, "since": None})
     return Paused(name, False, True, None)
+
+
+def still_backfilling(store: Store, name: str) -> None:
+    """What a paused run checks while it waits: that its pair was not dropped, rolled back or cut
+    over meanwhile (resumed, it would move points into a collection nothing serves any more).
+
+    Raises:
+        MigrationError: it was; the run stops.
+    """
+    try:
+        state = load_pair(store, name).state
+    except CollectionNotFound:
+        state = "dropped"
+    if state != "backfilling":
+        raise MigrationError(
+            f"pair {name!r} was {state.replace('_', ' ')} while this run was paused: the run stops, "
+            "nothing more is moved"
+        )
+
+
+def forget_pause(store: Store, name: str) -> None:
+    """Remove the pair's flag (``rmq drop-pair``; ``rmq init``, where an earlier pair of the name
+    left one)."""
+    if store.has_collection(META_COLLECTION):
+        store.delete(META_COLLECTION, [_key(KIND, name)])
 
 
 def _check_backfilling(store: Store, name: str, command: str) -> None:

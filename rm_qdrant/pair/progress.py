@@ -9,15 +9,20 @@ and once when it ends; points that stopped recording a day ago are removed when 
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
+from typing import Any
 
 from rm_qdrant.core.pace import WINDOW_SECONDS, Pace, Worker, add, pace
 from rm_qdrant.pair.record import META_COLLECTION, _put
-from rm_qdrant.store import Store, Where
+from rm_qdrant.store import Record, Store, Where
+
+log = logging.getLogger(__name__)
 
 KIND = "progress"
 WRITE_EVERY = 2.0
@@ -75,25 +80,53 @@ class ProgressRecorder:
 
 
 def workers(store: Store, name: str) -> list[Worker]:
-    """What every process that migrated the pair recorded."""
+    """What every process that migrated the pair recorded (records that cannot be read, edited by
+    hand or written by another version, are left out with one warning; the next run removes them)."""
+    read = [(r.payload, _worker(r.payload)) for r in _records(store, name)]
+    unreadable = sum(worker is None for _, worker in read)
+    if unreadable:
+        log.warning(
+            "pair %r: %d progress record(s) in %s not as rm-qdrant writes them, left out of the pace "
+            "(the next rmq migrate removes them)",
+            name,
+            unreadable,
+            META_COLLECTION,
+        )
+    return [worker for _, worker in read if worker is not None]
+
+
+def _records(store: Store, name: str) -> list[Record]:
     if not store.has_collection(META_COLLECTION):
         return []
     page, _ = store.scroll(META_COLLECTION, limit=10_000, where=Where(must={"kind": KIND, "name": name}))
-    return [
-        Worker(
-            started=float(r.payload["started"]),
-            updated=float(r.payload["updated"]),
-            ended=bool(r.payload.get("ended")),
-            first=_seconds(r.payload.get("first")),
-            first_moved=int(r.payload.get("first_moved") or 0),
-            buckets={int(k): int(n) for k, n in r.payload.get("buckets", {}).items()},
-        )
-        for r in page
-    ]
+    return page
 
 
-def _seconds(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _worker(payload: dict[str, Any]) -> Worker | None:
+    """One process's record, or None where it is not as :class:`ProgressRecorder` writes it."""
+    started, updated, buckets = payload.get("started"), payload.get("updated"), payload.get("buckets", {})
+    if not (_time(started) and _time(updated) and isinstance(buckets, dict)):
+        return None
+    try:
+        counts = {int(k): n for k, n in buckets.items()}
+    except ValueError:
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()):
+        return None
+    first = payload.get("first")
+    first_moved = payload.get("first_moved") or 0
+    return Worker(
+        started=float(started),
+        updated=float(updated),
+        ended=bool(payload.get("ended")),
+        buckets=counts,
+        first=float(first) if _time(first) else None,
+        first_moved=first_moved if isinstance(first_moved, int) and not isinstance(first_moved, bool) else 0,
+    )
+
+
+def _time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def recorded_pace(store: Store, name: str, remaining: int, *, now: float | None = None) -> Pace:
@@ -108,10 +141,8 @@ def forget_progress(store: Store, name: str) -> None:
 
 
 def _forget(store: Store, name: str, *, before: float) -> None:
-    if not store.has_collection(META_COLLECTION):
-        return
-    page, _ = store.scroll(META_COLLECTION, limit=10_000, where=Where(must={"kind": KIND, "name": name}))
-    old = [r.id for r in page if float(r.payload.get("updated", 0)) < before]
+    """Remove the pair's progress records last written before ``before``, and unreadable ones."""
+    old = [r.id for r in _records(store, name) if (w := _worker(r.payload)) is None or w.updated < before]
     if old:
         store.delete(META_COLLECTION, old)
 

@@ -42,8 +42,9 @@ class PairStatus:
             collection are not counted here: finding them reads every migrated id (about 1 s
             per 50,000); ``rmq migrate`` and ``rmq finalize`` find and delete them.
         decode: how the pair decodes its images, ``exact`` or ``fast`` (:attr:`PairRecord.decode`).
-        paused_since: when ``rmq pause`` held the pair's migrations (seconds since the epoch), or
-            None when it is not paused.
+        paused_since: when ``rmq pause`` held the pair's migrations (seconds since the epoch; 0
+            when the flag's time cannot be read); None when it is not paused, or no longer
+            backfilling (a flag left from before the cutover holds nothing).
         points_per_second: the backfill's pace over the last ten minutes, every process that
             migrates it together, from the progress they recorded (None: nothing moved then).
         eta_seconds: ``remaining`` at that pace (None: no pace; see :mod:`rm_qdrant.core.pace`).
@@ -142,7 +143,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         new_model=f"{pair.new_model.name} ({pair.new_model.fingerprint})" if pair.new_model else None,
         stale_copies=stale,
         decode=pair.decode,
-        paused_since=paused_since(store, pair.name),
+        paused_since=paused_since(store, pair.name) if pair.state == "backfilling" else None,
         points_per_second=pace.points_per_second,
         eta_seconds=pace.eta_seconds if pair.state == "backfilling" else None,
         pace_seconds=pace.window_seconds,

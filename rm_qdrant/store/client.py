@@ -19,7 +19,7 @@ from qdrant_client import QdrantClient, models
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.redact import redact
-from rm_qdrant.errors import CollectionNotFound, StoreError
+from rm_qdrant.errors import CollectionNotFound, StoreError, StoreLocked
 from rm_qdrant.store.base import (
     INDEX_KINDS,
     Capabilities,
@@ -112,7 +112,8 @@ class ClientStore:
                     url=location, api_key=api_key, timeout=timeout, check_compatibility=False
                 )
         except (ValueError, RuntimeError) as exc:  # RuntimeError: the folder is open elsewhere
-            raise StoreError(f"cannot open Qdrant at {self._shown!r}: {redact(str(exc))}") from exc
+            error = StoreLocked if isinstance(exc, RuntimeError) else StoreError
+            raise error(f"cannot open Qdrant at {self._shown!r}: {redact(str(exc))}") from exc
         with self._errors("connect"):
             self._client.get_collections()
 

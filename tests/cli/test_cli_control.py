@@ -57,6 +57,7 @@ def test_a_migrate_started_paused_waits_and_says_so(rmq, demo, tmp_path):
         ("migrate", "--name", "demo", "--rate", "nan"),
         ("migrate", "--name", "demo", "--rate", "inf"),
         ("status", "--name", "demo", "--watch", "0"),
+        ("status", "--name", "demo", "--watch", "1e10"),
     ],
 )
 def test_bad_input_is_one_line_and_changes_nothing(rmq, demo, args):
@@ -139,3 +140,103 @@ def test_durations_read_as_people_say_them():
         "1 h 12 min",
         "1 d 1 h",
     ]
+
+
+def _write_meta(tmp_path, kind, key, payload) -> None:
+    """A point of ``rmq_meta`` written as an operator's hand edit (or another version) would."""
+    from rm_qdrant import open_store
+    from rm_qdrant.pair.record import _put
+
+    with open_store(tmp_path / "q") as store:
+        _put(store, kind, key, payload)
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["yesterday", None, [1], 1e300, -1e20, True],
+    ids=["text", "null", "list", "far-future", "far-past", "bool"],
+)
+def test_a_hand_edited_pause_flag_still_holds_and_never_crashes_a_command(rmq, demo, tmp_path, since):
+    """The flag's time cannot be read: status says paused since an unknown time (exit 0), resume
+    lowers the flag, and the migration then moves the whole gallery."""
+    flag = {"kind": "control", "name": "demo", "paused": True, "since": since}
+    _write_meta(tmp_path, "control", "demo", flag)
+    text = rmq("status", "--name", "demo").output
+    assert "backfilling, PAUSED)" in text and "since an unknown time" in text
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["paused"] is True
+    assert "already paused" in rmq("pause", "demo").output
+    assert "resumed demo" in rmq("resume", "demo").output
+    rmq("migrate", "--name", "demo")
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["remaining"] == 0
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"started": "abc", "updated": 1.0, "buckets": {}},
+        {"started": 1.0, "updated": 1.0, "buckets": [1, 2]},
+        {"started": 1.0, "updated": 1.0, "buckets": {"zz": 1}},
+        {"started": 1.0, "updated": 1.0, "buckets": {"10": "many"}},
+        {"started": 1.0, "updated": "soon", "buckets": {}},
+        {},
+    ],
+    ids=["started-text", "buckets-list", "bucket-key", "bucket-count", "updated-text", "empty"],
+)
+def test_a_hand_edited_progress_record_is_left_out_of_the_pace_and_removed_by_the_next_run(
+    rmq, demo, tmp_path, record, caplog
+):
+    payload = {"kind": "progress", "name": "demo", "worker": "edited", **record}
+    _write_meta(tmp_path, "progress", "demo/edited", payload)
+    assert "pace          - (no point moved" in rmq("status", "--name", "demo").output
+    assert [r.message for r in caplog.records if "progress record" in r.message] == [
+        "pair 'demo': 1 progress record(s) in rmq_meta not as rm-qdrant writes them, left out of the "
+        "pace (the next rmq migrate removes them)"
+    ]
+    rmq("migrate", "--name", "demo", "--until", "0.5")
+    caplog.clear()
+    rmq("status", "--name", "demo")
+    assert not [r for r in caplog.records if "progress record" in r.message]  # the run removed it
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["points_per_second"] > 0
+
+
+@pytest.mark.parametrize("kind", ["edge", "local"])
+def test_watch_goes_on_while_a_migration_holds_the_embedded_store(rmq, models, image_folder, tmp_path, kind):
+    """A run takes the embedded store (qdrant-edge's, or qdrant-client's local-mode folder)
+    between two refreshes: the watch says so in each refresh and shows the status again once the
+    store is free, instead of ending in an error."""
+    from qdrant_client import QdrantClient
+
+    from rm_qdrant import StoreLocked, open_store
+
+    if kind == "local":
+        QdrantClient(path=str(tmp_path / "q")).close()
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    rmq("init", "--name", "demo", "--old-collection", "gallery", "--encoder", models.rm)
+
+    command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(tmp_path / "q"), "status"]
+    proc = subprocess.Popen(
+        [*command, "--name", "demo", "--watch", "0.3", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert json.loads(proc.stdout.readline())["name"] == "demo"
+        for _ in range(100):  # as a migration would: open the store between two refreshes
+            try:
+                held = open_store(tmp_path / "q")
+                break
+            except StoreLocked:
+                time.sleep(0.05)
+        with held:
+            frame = json.loads(proc.stdout.readline())
+            while "locked" not in frame:
+                frame = json.loads(proc.stdout.readline())
+            assert frame["name"] == "demo" and "another" in frame["locked"]
+        while "locked" in frame:
+            frame = json.loads(proc.stdout.readline())
+        assert frame["new_count"] == 0
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Error" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,27 @@ def test_a_model_name_with_terminal_escapes_is_printed_escaped(tmp_path, models,
             assert EVIL in out.replace("\\u001b", "\x1b").replace("\\u0007", "\x07").replace("\\r", "\r")
         else:
             assert "evil\\x1b]0;pwned\\x07\\rforged" in out, out
+
+
+@pytest.mark.slow
+def test_a_paused_migration_prints_the_pair_name_escaped(tmp_path, models, image_folder):
+    """The line a migration held by rmq pause writes on stderr names the pair: escaped."""
+    folder = tmp_path / "q"
+    with open_store(folder, create=True) as store:
+        index_images(store, "gallery", OnnxEncoder(models.old), scan_image_folder(image_folder))
+        create_pair(store, EVIL, old_collection="gallery", new_collection="n", encoder=OnnxEncoder(models.rm))
+    assert invoke(folder, "pause", EVIL).exit_code == 0
+    command = [sys.executable, "-m", "rm_qdrant", "--qdrant", str(folder), "migrate", "--name", EVIL]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        while line and "paused by rmq pause" not in line:
+            line = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert "rmq resume evil\\x1b]0;pwned\\x07\\rforged" in line, line
+    assert not set(line) & {"\x1b", "\x07", "\r"}, line
 
 
 def test_a_store_path_with_escapes_in_an_error_is_printed_escaped(tmp_path):

@@ -47,7 +47,7 @@ def test_a_stop_ends_the_wait():
     assert not bucket.take(1, stop=lambda: True)
 
 
-@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, -math.inf, True, "10"])
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, -math.inf, True, "10", 10**400])
 def test_rates_that_are_not_a_positive_number_are_refused(bad):
     with pytest.raises(ConfigError, match="--rate"):
         check_rate(bad)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from rm_qdrant import (
@@ -16,17 +17,22 @@ from rm_qdrant import (
     MigrationError,
     OnnxEncoder,
     create_pair,
+    drop_pair,
+    finalize,
     index_images,
     migrate,
     pause,
     resume,
+    rollback,
     scan_image_folder,
 )
 from rm_qdrant.api import status
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.pair.control import is_paused
 from rm_qdrant.serving.status import pair_status
-from tests.conftest import make_image_folder
+from rm_qdrant.store import Where
+from tests.conftest import OLD_DIM, make_image_folder
+from tests.pair.test_single_collection import make_pair, user_vector
 
 N = 60
 BATCH = 5
@@ -158,8 +164,6 @@ def test_pause_refuses_a_pair_that_is_not_migrating_and_both_are_idempotent(pair
     assert pause(store, "p").changed and not pause(store, "p").changed
     assert resume(store, "p").changed and not resume(store, "p").changed
     migrate(store, "p", batch=N)
-    from rm_qdrant import finalize
-
     finalize(store, "p")
     with pytest.raises(MigrationError, match="not migrating"):
         pause(store, "p")
@@ -182,3 +186,107 @@ def test_status_tells_the_pace_and_the_eta_of_what_remains(pair):
     assert s.migrating_now == 0
     as_dict = status(store, "p").as_dict()
     assert as_dict["remaining"] == s.remaining and as_dict["paused"] is False
+
+
+def test_finalize_embeds_late_writes_of_a_paused_single_collection_pair(store, models, tmp_path):
+    """A pause holds the backfill, not the cutover: finalize's own pass over points written
+    without the new vector (here: after the finalized record, by the app's old code) goes on."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=4))
+    make_pair(store, models, items)
+    migrate(store, "p", batch=BATCH)
+    pause(store, "p")
+    finalize(store, "p")
+    store.upsert("photos", [items[0].point_id], user_vector(2, OLD_DIM), [{"uri": items[5].uri}])
+    done = {}
+    run = threading.Thread(target=lambda: done.update(report=finalize(store, "p")), daemon=True)
+    run.start()
+    run.join(60)
+    assert "report" in done, "finalize waited for rmq resume"
+    assert store.count("photos", Where(lacks_vector=("new",))) == 0
+    found = store.retrieve("photos", [items[0].point_id], with_vectors=True, vector="new")[0]
+    assert found.vector is not None and np.isfinite(found.vector).all()
+
+
+@pytest.mark.parametrize("end", ["drop-pair --force", "rollback"])
+def test_a_paused_run_stops_when_its_pair_is_dropped_or_rolled_back_meanwhile(store, models, tmp_path, end):
+    """The gallery stays where the pair's end left it: the workers held by the pause do not go on
+    moving it into a collection nothing serves any more."""
+    items = scan_image_folder(make_image_folder(tmp_path / "g", per_class=N // 3))
+    index_images(store, "old", OnnxEncoder(models.old), items)
+    old = OnnxEncoder(models.old)
+    create_pair(
+        store, "p", old_collection="old", encoder=OnnxEncoder(models.rm), keep_old=True, old_encoder=old
+    )
+    migrate(store, "p", batch=BATCH, limit=BATCH)
+    pause(store, "p")
+    events, outcome = [], {}
+
+    def run():
+        try:
+            outcome["report"] = migrate(store, "p", batch=BATCH, on_pause=events.append)
+        except MigrationError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _wait_for(lambda: events == [True])
+    if end == "rollback":
+        rollback(store, "p")
+    else:
+        drop_pair(store, "p", force=True)
+    thread.join(60)
+    assert "report" not in outcome, outcome
+    assert "p" in outcome["error"] and ("dropped" in outcome["error"] or "rolled back" in outcome["error"])
+    assert store.count("p-new") == BATCH  # nothing moved after the pause
+
+
+def test_a_pause_left_at_the_cutover_is_not_reported_once_the_pair_is_finalized(pair):
+    store = pair
+    migrate(store, "p", batch=N)
+    pause(store, "p")  # nothing left to migrate, but still backfilling: it may be paused
+    finalize(store, "p")
+    report = status(store, "p")
+    assert report.status.paused_since is None and report.as_dict()["paused"] is False
+
+
+def test_a_pause_holds_the_batch_that_was_waiting_for_the_rate(pair):
+    """At one point a second, the second batch waits five seconds for its points; a pause set
+    meanwhile holds it too: it is not claimed once the bucket lets it go."""
+    store, stop, events = pair, threading.Event(), []
+    run = threading.Thread(
+        target=lambda: migrate(store, "p", batch=BATCH, rate=1.0, stop=stop, on_pause=events.append)
+    )
+    run.start()
+    try:
+        _wait_for(lambda: _in_new(store) == BATCH)  # the first batch went at once, the next waits
+        pause(store, "p")
+        _wait_for(lambda: events == [True])
+        time.sleep(1.5)  # a batch let go would have settled by now
+        assert _in_new(store) == BATCH
+    finally:
+        stop.set()
+        run.join(60)
+
+
+def test_a_pair_made_again_under_a_dropped_ones_name_starts_with_no_pace_and_no_pause(pair, models):
+    """A run of the dropped pair still going (here: paused after a batch) writes its last progress
+    after the drop; the new pair of that name shows none of it, and is not paused."""
+    store, events, outcome = pair, [], {}
+
+    def run():
+        try:
+            migrate(store, "p", batch=BATCH, on_batch=lambda _: pause(store, "p"), on_pause=events.append)
+        except MigrationError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _wait_for(lambda: events == [True])
+    drop_pair(store, "p", force=True)
+    thread.join(60)
+    assert "error" in outcome
+    left = store.count("old")
+    create_pair(store, "p", old_collection="old", new_collection="again", encoder=OnnxEncoder(models.rm))
+    s = status(store, "p").status
+    assert (s.paused_since, s.points_per_second, s.migrating_now) == (None, None, 0)
+    assert migrate(store, "p", batch=BATCH).moved == left  # and nothing holds it
