@@ -192,7 +192,7 @@ def test_a_hand_edited_progress_record_is_left_out_of_the_pace_and_removed_by_th
         "pair 'demo': 1 progress record(s) in rmq_meta not as rm-qdrant writes them, left out of the "
         "pace (the next rmq migrate removes them)"
     ]
-    rmq("migrate", "--name", "demo", "--until", "0.5")
+    rmq("migrate", "--name", "demo", "--until", "0.5", "--batch", "4")  # a pace takes two batches
     caplog.clear()
     rmq("status", "--name", "demo")
     assert not [r for r in caplog.records if "progress record" in r.message]  # the run removed it
