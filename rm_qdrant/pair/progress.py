@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 KIND = "progress"
 WRITE_EVERY = 2.0
 FORGET_AFTER = 86_400.0
+#: A run between two batches (a long batch, ``--rate``, ``rmq pause``) still writes this often, so
+#: ``rmq status`` counts it as migrating now and its pace takes the time that passed.
+HEARTBEAT = 30.0
 
 
 class ProgressRecorder:
@@ -47,6 +50,21 @@ class ProgressRecorder:
         self._written = 0.0
         self._lock = threading.Lock()
         _forget(store, name, before=self.started - FORGET_AFTER)
+        self._write(self.started)  # a run that starts paused (or slow) shows as running at once
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="rmq-progress", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT / 3):
+            with self._lock:
+                now = time.time()
+                if now - self._written < HEARTBEAT or self._stop.is_set():
+                    continue
+                try:
+                    self._write(now)
+                except Exception as exc:  # noqa: BLE001 - a missed beat must not end the run
+                    log.warning("pair %r: cannot record this run's progress: %s", self.name, exc)
 
     def moved(self, points: int) -> None:
         """Count ``points`` moved now; written to the store at most every :data:`WRITE_EVERY` s."""
@@ -60,6 +78,8 @@ class ProgressRecorder:
 
     def close(self) -> None:
         """Write what is not written yet, and that this run ended."""
+        self._stop.set()
+        self._beat.join()
         with self._lock:
             self._write(time.time(), ended=True)
 

@@ -290,3 +290,24 @@ def test_a_pair_made_again_under_a_dropped_ones_name_starts_with_no_pace_and_no_
     s = status(store, "p").status
     assert (s.paused_since, s.points_per_second, s.migrating_now) == (None, None, 0)
     assert migrate(store, "p", batch=BATCH).moved == left  # and nothing holds it
+
+
+def test_a_run_held_by_a_pause_still_says_it_is_running(pair, monkeypatch):
+    """Its heartbeat keeps its progress record fresh between batches: status counts it as
+    migrating now however long the pause, and the pace takes the time that passes."""
+    from rm_qdrant.pair import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT", 0.3)
+    store, events, stop = pair, [], threading.Event()
+    pause(store, "p")
+    run = threading.Thread(target=lambda: migrate(store, "p", batch=BATCH, stop=stop, on_pause=events.append))
+    run.start()
+    try:
+        _wait_for(lambda: events == [True])
+        first = max(w.updated for w in progress.workers(store, "p"))
+        _wait_for(lambda: max(w.updated for w in progress.workers(store, "p")) > first + 0.2)
+        assert status(store, "p").status.migrating_now == 1
+    finally:
+        stop.set()
+        run.join(30)
+    assert status(store, "p").status.migrating_now == 0  # the run ended: its record says so
