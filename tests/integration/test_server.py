@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 import uuid
 
 import numpy as np
@@ -49,6 +52,25 @@ def scenario(store, models, image_folder, prefix):
     return [[(h.id, h.source, round(h.distance, 4)) for h in hits] for hits in results], index.progress()
 
 
+def prepared_pair(server_url, models, tmp_path):
+    """A pair of 300 images on the server, ranked (``--prepare``); ``rmq`` as a function, and
+    the command line that starts it."""
+    from tests.conftest import make_image_folder
+
+    images = make_image_folder(tmp_path / "many", per_class=100)
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    base = [sys.executable, "-m", "rm_qdrant", "--qdrant", server_url]
+    run = lambda *args: subprocess.run([*base, *args], capture_output=True, text=True, timeout=300)  # noqa: E731
+    assert (
+        run("index", "--collection", f"{prefix}old", "--data", images, "--encoder", models.old).returncode
+        == 0
+    )
+    init = ("init", "--name", f"{prefix}p", "--old-collection", f"{prefix}old", "--encoder", models.rm)
+    assert run(*init).returncode == 0
+    assert run("migrate", "--name", f"{prefix}p", "--prepare").returncode == 0
+    return prefix, base, run
+
+
 def test_server_and_embedded_store_agree(server, models, image_folder, tmp_path):
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     on_server = scenario(server, models, image_folder, prefix)
@@ -75,30 +97,9 @@ def test_search_against_many_points(server):
     assert [h[0].id for h in hits] == [0, 1, 2]
 
 
-def test_two_shard_processes_share_one_migration(server_url, models, image_folder, tmp_path):
+def test_two_shard_processes_share_one_migration(server_url, models, tmp_path):
     """Two `rmq migrate --shard i/2` processes against one server: every point moved once."""
-    import subprocess
-    import sys
-
-    from tests.conftest import make_image_folder
-
-    images = make_image_folder(tmp_path / "many", per_class=100)
-    prefix = f"t{uuid.uuid4().hex[:8]}-"
-    base = [sys.executable, "-m", "rm_qdrant", "--qdrant", server_url]
-    run = lambda *args: subprocess.run([*base, *args], capture_output=True, text=True, timeout=300)  # noqa: E731
-    assert (
-        run(
-            "index", "--collection", f"{prefix}old", "--data", str(images), "--encoder", str(models.old)
-        ).returncode
-        == 0
-    )
-    assert (
-        run(
-            "init", "--name", f"{prefix}p", "--old-collection", f"{prefix}old", "--encoder", str(models.rm)
-        ).returncode
-        == 0
-    )
-    assert run("migrate", "--name", f"{prefix}p", "--prepare").returncode == 0
+    prefix, base, _ = prepared_pair(server_url, models, tmp_path)
     workers = [
         subprocess.Popen(
             [*base, "migrate", "--name", f"{prefix}p", "--shard", f"{i}/2", "--batch", "20", "--json"],
@@ -121,30 +122,8 @@ def test_two_shard_processes_share_one_migration(server_url, models, image_folde
 def test_a_pause_holds_two_shard_processes_within_a_batch(server_url, models, tmp_path):
     """`rmq pause` from a third process holds two `--shard i/2` processes: each says so, settles at
     most the batches it had in flight, and both finish after `rmq resume`; status tells the pace."""
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import make_image_folder
-
-    images = make_image_folder(tmp_path / "many", per_class=100)
-    prefix, batch = f"t{uuid.uuid4().hex[:8]}-", 10
-    name = f"{prefix}p"
-    base = [sys.executable, "-m", "rm_qdrant", "--qdrant", server_url]
-    run = lambda *args: subprocess.run([*base, *args], capture_output=True, text=True, timeout=300)  # noqa: E731
-    assert (
-        run(
-            "index", "--collection", f"{prefix}old", "--data", str(images), "--encoder", str(models.old)
-        ).returncode
-        == 0
-    )
-    assert (
-        run(
-            "init", "--name", name, "--old-collection", f"{prefix}old", "--encoder", str(models.rm)
-        ).returncode
-        == 0
-    )
-    assert run("migrate", "--name", name, "--prepare").returncode == 0
+    prefix, base, run = prepared_pair(server_url, models, tmp_path)
+    name, batch = f"{prefix}p", 10
     assert run("pause", name).returncode == 0
     shards = [
         subprocess.Popen(
