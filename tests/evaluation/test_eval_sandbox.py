@@ -17,7 +17,7 @@ import time
 import pytest
 from qdrant_client import QdrantClient
 
-from tests.conftest import make_image_folder
+from tests.conftest import make_image_folder, settled
 from tests.migration.test_fault_injection import rmq
 
 pytestmark = pytest.mark.slow
@@ -93,7 +93,7 @@ def sandboxes(temp):
 
 def test_the_live_pair_is_free_while_eval_measures_and_a_killed_evals_copy_goes_next_time(live, tmp_path):
     store_path, images, temp = live
-    status = json.loads(rmq(store_path, "status", "--name", "p", "--json").output)
+    status = settled(rmq(store_path, "status", "--name", "p", "--json").output)
     held = start_held(live, tmp_path / "held")
     try:
         during = rmq(store_path, "status", "--name", "p", "--json", ok=False)  # while eval measures its copy
@@ -122,7 +122,7 @@ def test_the_live_pair_is_free_while_eval_measures_and_a_killed_evals_copy_goes_
             held.kill()
             held.communicate()
     assert sandboxes(temp) == set()
-    assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output) == status  # never moved
+    assert settled(rmq(store_path, "status", "--name", "p", "--json").output) == status  # never moved
 
 
 def test_sigterm_stops_eval_in_one_line_and_removes_its_copy(live, tmp_path):
@@ -145,12 +145,12 @@ def test_eval_of_a_ranked_pair_in_a_qdrant_client_folder_measures_what_in_place_
     rmq(store_path, "index", "--collection", "photos", "--data", images, "--encoder", models.old)
     rmq(store_path, "init", "--name", "p", "--old-collection", "photos", "--encoder", models.rm)
     rmq(store_path, "migrate", "--name", "p", "--until", "0.25")  # ranked
-    status = json.loads(rmq(store_path, "status", "--name", "p", "--json").output)
+    status = settled(rmq(store_path, "status", "--name", "p", "--json").output)
     args = ["eval", "--name", "p", "--queries", images, "--at", "0.5,1", "--batch", "4", "--json"]
 
     on_copy = rmq(store_path, *args, ok=False)
     assert on_copy.exit_code == 0, on_copy.output
-    assert json.loads(rmq(store_path, "status", "--name", "p", "--json").output) == status  # not moved
+    assert settled(rmq(store_path, "status", "--name", "p", "--json").output) == status  # not moved
     in_place = json.loads(rmq(store_path, *args, "--in-place").stdout)
 
     copied = json.loads(on_copy.stdout)
