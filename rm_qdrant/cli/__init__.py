@@ -11,10 +11,11 @@ from PIL import Image
 from rm_qdrant.cli.calibrate import calibrate_command
 from rm_qdrant.cli.common import Group, RedactingFormatter
 from rm_qdrant.cli.control import pause_command, resume_command
+from rm_qdrant.cli.cutover import finalize_command, rollback_command
 from rm_qdrant.cli.evaluate import eval_command
 from rm_qdrant.cli.failures import failures_command
 from rm_qdrant.cli.fit import fit_command
-from rm_qdrant.cli.migrate import finalize_command, migrate, rollback_command
+from rm_qdrant.cli.migrate import migrate
 from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
 from rm_qdrant.cli.plan import plan_command
