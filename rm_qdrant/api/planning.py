@@ -22,6 +22,7 @@ from rm_qdrant.api.probing import probe
 from rm_qdrant.core.capacity import DEFAULT_M, Setup, Shapes, capacity, storage
 from rm_qdrant.core.planning import ERROR, points_to_move
 from rm_qdrant.errors import ConfigError, EncoderError, ImageError, SourceError
+from rm_qdrant.evaluation.probe import check_probe
 from rm_qdrant.evaluation.stagetimes import WRITE_BATCH, SampleTimes, time_sample
 from rm_qdrant.migration.loading import LIGHT_IMAGE, LOCAL_WORKERS, NETWORK_WORKERS, preflight
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -95,7 +96,7 @@ def plan(
     """
     _check_options(locals())  # the arguments: nothing else is bound yet
     pair = load_pair(store, name)
-    _check_pair(store, pair)
+    check_probe(store, pair, doing="plan", needs="no old points to plan for")
     model = open_encoder(path_text(encoder), pair.encoder, name, "encoder", decode=pair.decode)
     ray = encoders is not None or decoders is not None
     gpus, rate_from = _gpus(gpus, gpu_rate, model.provider, encoders if ray else None, ray=ray)
@@ -208,17 +209,6 @@ def _check_options(given: dict[str, Any]) -> None:
     if not isinstance(given["forecast"], bool):
         raise ConfigError(f"forecast is True or False, got {given['forecast']!r}")
     check_callback(given["on_step"], "on_step", "one Step")
-
-
-def _check_pair(store: Store, pair: PairRecord) -> None:
-    """Refuse a pair with no backfill to plan."""
-    if pair.state != "backfilling":
-        raise ConfigError(f"pair {pair.name!r} is {pair.state}: there is no backfill left to plan")
-    if not store.has_collection(pair.old_collection):
-        raise ConfigError(
-            f"pair {pair.name!r}: its old collection {pair.old_collection!r} is gone: there are no old "
-            "points to plan for"
-        )
 
 
 def _gpus(

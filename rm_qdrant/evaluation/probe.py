@@ -80,8 +80,10 @@ class ProbeSample:
         return labels if labels and named else None
 
 
-def check_probe(store: Store, pair: PairRecord) -> None:
-    """Refuse a pair that has no backfill left to forecast.
+def check_probe(
+    store: Store, pair: PairRecord, *, doing: str = "forecast", needs: str = "no old vectors to sample"
+) -> None:
+    """Refuse a pair that has no backfill left to forecast (``rmq plan``: ``doing="plan"``).
 
     A probe samples the points still served from old, by their stored old vectors: once a
     cutover has begun or the pair rolled back no backfill is left, and once the old collection
@@ -92,11 +94,11 @@ def check_probe(store: Store, pair: PairRecord) -> None:
         ConfigError: the pair is not backfilling, or its old collection is gone.
     """
     if pair.state != "backfilling":
-        raise ConfigError(f"pair {pair.name!r} is {pair.state}: there is no backfill left to forecast")
+        raise ConfigError(f"pair {pair.name!r} is {pair.state}: there is no backfill left to {doing}")
     if not store.has_collection(pair.old_collection):
         raise ConfigError(
             f"pair {pair.name!r}: its old collection {pair.old_collection!r} is gone (deleted, or the name "
-            "is now an alias): there are no old vectors to sample"
+            f"is now an alias): there are {needs}"
         )
 
 
