@@ -55,6 +55,10 @@ class ImageError(RmqError):
     """An image could not be read or decoded."""
 
 
+class TextError(ImageError):
+    """A document's or query's text cannot be read: not text, empty, or too large."""
+
+
 class TooLarge(ImageError):
     """An image is over the pixel limit (``--max-pixels``)."""
 

@@ -66,6 +66,8 @@ class InputSpec:
     #: The EXIF orientation tag, ignored or applied: one of :data:`ORIENTATIONS`.
     orientation: str = DEFAULT_ORIENTATION
 
+    modality = "image"
+
     def tensor_shape(self, batch: int) -> tuple[int, int, int, int]:
         """The input tensor's shape for ``batch`` images."""
         if self.layout == "NCHW":

@@ -50,6 +50,7 @@ from rm_qdrant.core.inputspec import InputSpec, choice, clip, int_in, is_int, pa
 from rm_qdrant.core.inputspec import check_input_shape as check_input_shape  # re-exported
 from rm_qdrant.core.inputspec import parse_floats as parse_floats  # re-exported
 from rm_qdrant.core.merge import check_distance
+from rm_qdrant.core.textspec import TOKENIZER_KEY, TextSpec, is_text_input, parse_text_input
 from rm_qdrant.errors import ConfigError, EncoderError
 
 METADATA_KEY = "rm_qdrant"
@@ -83,7 +84,7 @@ class ModelInfo:
     name: str
     distance: str | None
     outputs: Mapping[str, int]
-    input: InputSpec
+    input: InputSpec | TextSpec
     fingerprint: str = field(default="", compare=False)
     output_names: Mapping[str, str] = field(default_factory=dict, kw_only=True)
     scale: str | None = field(default=None, kw_only=True)
@@ -107,6 +108,11 @@ class ModelInfo:
         if self.scale is None and (self.distance or collection) == "cosine":
             return "unit"
         return self.scale
+
+    @property
+    def modality(self) -> str:
+        """``image`` or ``text``: what the graph reads."""
+        return self.input.modality
 
     @property
     def query_modes(self) -> tuple[str, ...]:
@@ -143,7 +149,10 @@ class ModelInfo:
             body["distance"] = self.distance
         if self.scale is not None:
             body["scale"] = self.scale
-        return {METADATA_KEY: json.dumps(body, sort_keys=True)}
+        entry = {METADATA_KEY: json.dumps(body, sort_keys=True)}
+        if isinstance(self.input, TextSpec):
+            entry[TOKENIZER_KEY] = self.input.tokenizer
+        return entry
 
 
 def parse_metadata(
@@ -172,14 +181,14 @@ def parse_metadata(
             f"{source}: '{METADATA_KEY}' metadata is not valid JSON: {clip(str(exc))}"
         ) from exc
     try:
-        return _parse_body(raw, list(graph_outputs), source)
+        return _parse_body(raw, list(graph_outputs), source, props.get(TOKENIZER_KEY))
     except EncoderError as exc:
         raise EncoderError(f"{source}: {exc}") from exc
     except ConfigError as exc:  # an unknown distance
         raise EncoderError(f"{source}: {exc}") from exc
 
 
-def _parse_body(raw: Any, graph_outputs: list[str], source: str) -> ModelInfo:
+def _parse_body(raw: Any, graph_outputs: list[str], source: str, tokenizer: str | None) -> ModelInfo:
     if not isinstance(raw, dict):
         kind = {list: "an array", str: "a string", type(None): "null"}.get(type(raw), "a number")
         raise EncoderError(f"metadata must be a JSON object, got {kind}")
@@ -194,7 +203,8 @@ def _parse_body(raw: Any, graph_outputs: list[str], source: str) -> ModelInfo:
     if not isinstance(name, str):
         raise EncoderError(f"model_name must be a string, got {show(name)}")
     scale = choice(raw["scale"], "scale", SCALES) if "scale" in raw else None
-    spec = parse_input(raw.get("input"))
+    given = raw.get("input")
+    spec = parse_text_input(given, tokenizer) if is_text_input(given) else parse_input(given)
     return ModelInfo(
         name,
         None if distance is None else check_distance(distance),

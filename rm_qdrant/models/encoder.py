@@ -171,6 +171,38 @@ def run_in_chunks(
 _Decoder = TypeVar("_Decoder", bound="PixelDecoder")
 
 
+def open_session(
+    path: Path, *, threads: int = 0, spin: bool = False, providers: Sequence[str] | None = None
+) -> tuple[bytes, Any]:
+    """A graph file's bytes and an ONNX Runtime session over them, after :func:`_parse` has
+    refused what is not a self-contained ONNX graph.
+
+    Args:
+        threads: intra-op threads (0: ONNX Runtime's default).
+        spin: let ONNX Runtime's threads busy-wait between calls.
+        providers: execution providers in order of preference (None: CUDA where installed, else CPU).
+
+    Raises:
+        EncoderError: the file cannot be read, or is not a loadable graph.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EncoderError(f"cannot read encoder {path}: {exc.strerror or exc}") from exc
+    _parse(data, str(path))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    # ONNX Runtime's threads otherwise busy-wait for the next call, taking the cores that
+    # fetch, decode and write between calls (benchmarks/migration_throughput.py).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    try:
+        session = ort.InferenceSession(data, options, providers=list(providers or _providers()))
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EncoderError(f"{path} is not a loadable ONNX graph: {exc}") from exc
+    return data, session
+
+
 class PixelDecoder:
     """Decodes images as a graph takes them, from its metadata alone (no ONNX Runtime session):
     what a process that only fetches and decodes needs (see migration/ray_engine.py).
@@ -182,6 +214,15 @@ class PixelDecoder:
     def __init__(self, info: ModelInfo, *, decode: str = DEFAULT_DECODE) -> None:
         self.info = info
         self.decoding = check_decode(decode)
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one decoded item: ``(height, width, channels)``."""
+        spec = self.info.input
+        return (spec.height, spec.width, spec.channels)
+
+    #: The dtype of decoded items.
+    item_dtype: Any = np.uint8
 
     def decoding_as(self: _Decoder, decode: str) -> _Decoder:
         """This decoder (or encoder: the same ONNX Runtime session) decoding ``exact`` or ``fast``."""
@@ -250,23 +291,15 @@ class OnnxEncoder(PixelDecoder):
     ):
         self.decoding = check_decode(decode)
         self.path = Path(path)
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise EncoderError(f"cannot read encoder {self.path}: {exc.strerror or exc}") from exc
-        _parse(data, str(self.path))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        # ONNX Runtime's threads otherwise busy-wait for the next call, taking the cores that
-        # fetch, decode and write between calls (benchmarks/migration_throughput.py).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        try:
-            self._session = ort.InferenceSession(data, options, providers=list(providers or _providers()))
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EncoderError(f"{self.path} is not a loadable ONNX graph: {exc}") from exc
+        data, self._session = open_session(self.path, threads=threads, spin=spin, providers=providers)
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
+            names = {i.name for i in inputs}
+            if {"input_ids", "attention_mask"} <= names:
+                raise EncoderError(
+                    f"{self.path} is a text graph: stamp it with 'rmq model stamp --tokenizer PATH' "
+                    "(rm_qdrant.load_encoder reads a stamped one)"
+                )
             raise EncoderError(f"{self.path}: expected one 4-D image input, got {len(inputs)} inputs")
         self._input_name = inputs[0].name
         outputs = [o.name for o in self._session.get_outputs()]
@@ -365,7 +398,11 @@ class OnnxEncoder(PixelDecoder):
         return merged
 
     def encode(
-        self, images: ImageLike | Sequence[ImageLike], outputs: Sequence[str] | None = None
+        self,
+        images: ImageLike | Sequence[ImageLike],
+        outputs: Sequence[str] | None = None,
+        *,
+        query: bool = False,
     ) -> dict[str, np.ndarray]:
         """Encode one image or a batch; every output comes back as an ``(N, dim)`` array.
 
@@ -375,6 +412,8 @@ class OnnxEncoder(PixelDecoder):
             outputs: which roles to compute (``new``, ``rev``, ``embedding``,
                 ``scores``); all of the graph's by default. Results are keyed by role,
                 whatever the graph calls its outputs.
+            query: the items are search queries (a text graph puts its query prefix
+                before them); images are encoded the same either way.
         """
         batch, _ = as_batch(images)
         roles = self._roles(outputs)

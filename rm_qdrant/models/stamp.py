@@ -34,7 +34,8 @@ from rm_qdrant.core.modelinfo import (
     parse_metadata,
 )
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.models.encoder import OnnxEncoder, refuse_external_data
+from rm_qdrant.models.encoder import refuse_external_data
+from rm_qdrant.models.text import load_encoder
 
 #: ONNX element types rm-qdrant can feed, by the metadata's ``input.dtype`` name.
 INPUT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.UINT8: "uint8"}
@@ -374,7 +375,7 @@ def _write(model: onnx.ModelProto, out: Path) -> None:
     try:
         partial.write_bytes(model.SerializeToString())
         try:
-            OnnxEncoder(partial)
+            load_encoder(partial)
         except EncoderError as exc:
             raise EncoderError(str(exc).replace(str(partial), str(out))) from exc
         os.replace(partial, out)

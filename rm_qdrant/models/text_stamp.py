@@ -1,0 +1,271 @@
+"""Describe an ONNX text encoder for rm-qdrant, with its tokenizer: ``rmq model stamp --tokenizer PATH``.
+
+Takes a graph as common exporters write it: inputs ``input_ids`` and ``attention_mask``,
+optionally ``token_type_ids``; an output of token states ``(texts, tokens, dim)`` (pooled
+``mean`` or ``cls``) or one vector a text (``output``). The tokenizer (a ``tokenizers``
+JSON file, or a WordPiece ``vocab.txt``) is written into the graph beside the entry, so
+the stamped file is one model: a different tokenizer makes a different fingerprint.
+
+What the stamp checks by running the graph: the tokenizer's largest token id fits the
+graph's embedding table; ``max_length`` tokens fit its position table; each output has
+the rank its pooling needs; ``--scale unit`` vectors have norm 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rm_qdrant.core.modelinfo import METADATA_KEY, ModelInfo, parse_metadata
+from rm_qdrant.core.textspec import TOKENIZER_KEY, TextSpec, check_prefix, tokenizer_sha
+from rm_qdrant.errors import ConfigError, EncoderError
+from rm_qdrant.models.stamp import _check_roles, _load, _session, _set_entry, _write
+from rm_qdrant.models.text import check_text_inputs, load_tokenizer, pool, text_feed
+
+#: Sentences the stamp runs the graph on (dimension, pooling and scale checks).
+_SAMPLES = (
+    "A short sentence.",
+    "The quick brown fox jumps over the lazy dog, twice, and then rests in the shade of an old tree.",
+)
+
+
+@dataclass(frozen=True)
+class TextStampReport:
+    """What :func:`stamp_text_model` wrote (see :class:`~rm_qdrant.models.stamp.StampReport`)."""
+
+    source: Path
+    out: Path
+    info: ModelInfo
+    vocabulary: int
+    replaced: bool
+
+
+def read_tokenizer(path: str | os.PathLike[str]) -> str:
+    """A tokenizer file as a ``tokenizers`` JSON document: the file itself, or a WordPiece
+    vocabulary (``vocab.txt``, one token a line) made into BERT's tokenizer (lower-cased when
+    no token but the special ones has a capital letter, as uncased vocabularies are).
+
+    Raises:
+        ConfigError: no such file, or neither kind of tokenizer.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read tokenizer {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if text.lstrip().startswith("{"):
+        return text
+    tokens = [line for line in text.splitlines() if line]
+    if "[UNK]" not in tokens or "[CLS]" not in tokens or "[SEP]" not in tokens:
+        raise ConfigError(
+            f"{path} is neither a tokenizers JSON file nor a WordPiece vocabulary with [UNK], [CLS] and [SEP]"
+        )
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    cased = any(t != t.lower() for t in tokens if not (t.startswith("[") and t.endswith("]")))
+    vocab = {token: index for index, token in enumerate(tokens)}
+    return str(BertWordPieceTokenizer(vocab, lowercase=not cased).to_str())
+
+
+def stamp_text_model(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    outputs: Mapping[str, str],
+    tokenizer: str | os.PathLike[str],
+    max_length: int,
+    pooling: str = "mean",
+    normalize: bool = True,
+    truncation: str = "right",
+    query_prefix: str = "",
+    document_prefix: str = "",
+    distance: str | None = None,
+    scale: str | None = None,
+    name: str | None = None,
+) -> TextStampReport:
+    """Write ``source`` to ``out`` with the ``rm_qdrant`` entry of a text encoder and its tokenizer.
+
+    Args:
+        source: An ONNX text graph (see the module's docstring).
+        out: Where the stamped graph goes (may be ``source``).
+        outputs: Role → the graph's output name, as for images.
+        tokenizer: A ``tokenizers`` JSON file or a WordPiece ``vocab.txt``.
+        max_length: Tokens per text, special tokens included (the model's window).
+        pooling: ``mean``, ``cls`` or ``output``.
+        normalize: L2-normalise the pooled vectors.
+        truncation: Keep a long text's start (``right``) or end (``left``).
+        query_prefix: Put before every query, e.g. ``"query: "``.
+        document_prefix: Put before every document, e.g. ``"passage: "``.
+        distance, scale, name: As :func:`~rm_qdrant.models.stamp.stamp_model` takes them.
+
+    Raises:
+        ConfigError: a tokenizer or option that does not fit the graph (one line each).
+        EncoderError: the graph cannot be read or run.
+    """
+    source, out = Path(source), Path(out)
+    model = _load(source)
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in weights]
+    document = read_tokenizer(tokenizer)
+    try:
+        spec = TextSpec(
+            max_length=max_length,
+            pooling=pooling,
+            normalize=normalize,
+            truncation=truncation,
+            query_prefix=check_prefix(query_prefix, "--query-prefix"),
+            document_prefix=check_prefix(document_prefix, "--document-prefix"),
+            token_type_ids=any(i.name == "token_type_ids" for i in inputs),
+            tokenizer_sha256=tokenizer_sha(document),
+            tokenizer=document,
+        )
+        check_text_inputs([_Input(i) for i in inputs], spec, str(source))
+    except EncoderError as exc:
+        raise ConfigError(str(exc)) from exc
+    graph_outputs = {o.name: o for o in model.graph.output}
+    _check_roles(outputs, graph_outputs, source)
+    draft = ModelInfo(
+        name or source.stem, distance, dict.fromkeys(outputs, 1), spec, output_names=outputs, scale=scale
+    )
+    try:
+        info = parse_metadata(draft.to_metadata(), list(graph_outputs), source=str(source))
+        tok = load_tokenizer(info.input, str(source))  # type: ignore[arg-type]  # a TextSpec
+    except EncoderError as exc:
+        raise ConfigError(f"cannot stamp {exc}") from exc
+    _check_prefixes(tok, spec, source)
+    session = _session(model, source)
+    feed_types = {i.name: i.type for i in session.get_inputs()}
+    vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
+    _check_fits(session, feed_types, vocabulary, max_length, source)
+    dims = _dims(session, feed_types, tok, info, outputs, source)
+    info = dataclasses.replace(info, outputs=dims)
+    entry = info.to_metadata()
+    replaced = _set_entry(model, entry[METADATA_KEY])
+    _set_tokenizer(model, entry[TOKENIZER_KEY])
+    _write(model, out)
+    return TextStampReport(source, out, info, vocabulary, replaced)
+
+
+@dataclass(frozen=True)
+class _Input:
+    """A graph input as :func:`check_text_inputs` reads an ONNX Runtime one (name and type)."""
+
+    proto: Any
+
+    @property
+    def name(self) -> str:
+        return str(self.proto.name)
+
+    @property
+    def type(self) -> str:
+        elem = self.proto.type.tensor_type.elem_type
+        return {6: "tensor(int32)", 7: "tensor(int64)"}.get(elem, f"tensor type {elem}")
+
+
+def _check_prefixes(tok: Any, spec: TextSpec, source: Path) -> None:
+    """A prefix must mean something to the tokenizer: not blank, not only unknown tokens."""
+    unk_token = (json.loads(spec.tokenizer).get("model") or {}).get("unk_token")
+    unknown = tok.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    for option, prefix in (
+        ("--query-prefix", spec.query_prefix),
+        ("--document-prefix", spec.document_prefix),
+    ):
+        if not prefix:
+            continue
+        ids = tok.encode(prefix, add_special_tokens=False).ids
+        if not prefix.strip() or not ids or all(i == unknown for i in ids):
+            raise ConfigError(
+                f"{option} {prefix!r} is no text this tokenizer knows ({source}): a model that takes no "
+                "prefix takes no option either"
+            )
+
+
+def _run(
+    session: Any, feed_types: dict[str, str], ids: np.ndarray, names: list[str] | None = None
+) -> list[Any]:
+    return list(session.run(names, text_feed(feed_types, ids, np.ones_like(ids))))
+
+
+def _check_fits(
+    session: Any, feed_types: dict[str, str], vocabulary: int, max_length: int, source: Path
+) -> None:
+    """The tokenizer's largest id, and ``max_length`` tokens, are inputs the graph can take."""
+    try:
+        _run(session, feed_types, np.array([[1, vocabulary - 1, 2]], np.int64))
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise ConfigError(
+            f"{source} does not take token id {vocabulary - 1}: the tokenizer's vocabulary ({vocabulary:,}) "
+            f"is larger than the graph's embedding table; is it the model's own tokenizer? "
+            f"({str(exc).splitlines()[0][:160]})"
+        ) from exc
+    try:
+        _run(session, feed_types, np.ones((1, max_length), np.int64))
+    except Exception as exc:
+        raise ConfigError(
+            f"{source} does not run on {max_length} tokens (--max-length above the model's window?): "
+            f"{str(exc).splitlines()[0][:160]}"
+        ) from exc
+
+
+def _dims(
+    session: Any,
+    feed_types: dict[str, str],
+    tok: Any,
+    info: ModelInfo,
+    outputs: Mapping[str, str],
+    source: Path,
+) -> dict[str, int]:
+    """Each role's dimension, from a run on sample sentences pooled as ``info`` says; a ``unit``
+    scale is checked on the vectors."""
+    encodings = tok.encode_batch(list(_SAMPLES))
+    width = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(encodings), width), np.int64)
+    mask = np.zeros_like(ids)
+    for row, encoding in enumerate(encodings):
+        ids[row, : len(encoding.ids)] = encoding.ids
+        mask[row, : len(encoding.ids)] = 1
+    names = list(outputs.values())
+    try:
+        values = session.run(names, text_feed(feed_types, ids, mask))
+    except Exception as exc:
+        raise ConfigError(
+            f"{source} does not run on tokenised text: {str(exc).splitlines()[0][:200]}"
+        ) from exc
+    dims = {}
+    for (role, name), value in zip(outputs.items(), values, strict=True):
+        try:
+            vectors = pool(np.asarray(value, np.float32), mask, info.input, name)  # type: ignore[arg-type]
+        except EncoderError as exc:
+            raise ConfigError(f"{source}: {exc} (--pooling)") from exc
+        norms = np.linalg.norm(vectors, axis=1)
+        if info.scale == "unit" and role != "scores" and not np.all(np.abs(norms - 1.0) <= 1e-3):
+            raise ConfigError(
+                f"{source}: --scale unit, but output {name!r} ({role}) gives vectors of norm "
+                f"{norms.min():.4g} to {norms.max():.4g}: add --normalize, or stamp it --scale raw"
+            )
+        dims[role] = int(vectors.shape[1])
+    return dims
+
+
+def _set_tokenizer(model: Any, document: str) -> None:
+    for index in reversed([i for i, p in enumerate(model.metadata_props) if p.key == TOKENIZER_KEY]):
+        del model.metadata_props[index]
+    model.metadata_props.add(key=TOKENIZER_KEY, value=document)
+
+
+def shown_tokenizer(document: str) -> str:
+    """A tokenizer for people: its model kind and vocabulary size."""
+    try:
+        raw = json.loads(document)
+        kind = raw.get("model", {}).get("type", "?")
+        size = len(raw.get("model", {}).get("vocab", {}))
+    except (ValueError, AttributeError):
+        return "unreadable"
+    return f"{kind}, {size:,} tokens"
