@@ -59,6 +59,7 @@ from rm_qdrant.errors import (
 )
 from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import TextEncoder, load_encoder
 from rm_qdrant.monitoring import SearchMetrics
 from rm_qdrant.operations.create import create_pair
 from rm_qdrant.operations.drop import Dropped, drop_pair
@@ -107,6 +108,8 @@ __all__ = [
     "MigrationReport",
     "ModelInfo",
     "OnnxEncoder",
+    "TextEncoder",
+    "load_encoder",
     "PairPoint",
     "PairRecord",
     "PairStatus",

@@ -14,6 +14,7 @@ from rm_qdrant.errors import ConfigError
 from rm_qdrant.evaluation.probe import ProbeSample, draw_sample
 from rm_qdrant.migration.loading import preflight
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.operations.indexing import ImageItem, scan_image_folder
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import SourceConfig
@@ -126,7 +127,7 @@ def pair_source(pair: PairRecord, source: SourceConfig | None) -> SourceConfig:
 
 def as_encoder(model: str | os.PathLike[str] | OnnxEncoder) -> OnnxEncoder:
     """A model argument (a path, or a loaded encoder) as a loaded encoder."""
-    return model if isinstance(model, OnnxEncoder) else OnnxEncoder(model)
+    return model if isinstance(model, OnnxEncoder) else load_encoder(model)
 
 
 def image_items(data: str | os.PathLike[str] | Sequence[ImageItem]) -> list[ImageItem]:

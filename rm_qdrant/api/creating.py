@@ -152,6 +152,7 @@ def init(
     keep_old: bool = False,
     uri_field: str | None = None,
     uri_template: str | None = None,
+    text_field: str | None = None,
     label_field: str = "label",
     full_scan_kb: int | None = None,
     source: Mapping[str, Any] | None = None,
@@ -177,6 +178,9 @@ def init(
             ``old_encoder``).
         uri_field: payload field with each image's URI (default ``uri``; ``asset.url``: nested).
         uri_template: or the URI built from payload fields, e.g. ``s3://bucket/{sku}.jpg``.
+        text_field: a text pair's payload field that holds each document's text itself
+            (``body``, ``doc.text``: nested); without it a text pair's documents are read from
+            ``uri_field`` / ``uri_template`` under the source rules.
         label_field: payload field with class labels.
         full_scan_kb: the searched vectors' HNSW ``full_scan_threshold`` (KB).
         source: image-source settings to record, by :class:`SourceConfig` field (``root``,
@@ -196,6 +200,8 @@ def init(
     """
     if uri_template is not None and uri_field is not None:
         raise ConfigError("give --uri-field or --uri-template, not both")
+    if text_field is not None and (uri_field is not None or uri_template is not None):
+        raise ConfigError("give --text-field, or --uri-field/--uri-template, not both")
     check_decode(decode)
     layout, query_mode = _layout(mode, query_mode)
     if layout == SINGLE:
@@ -220,7 +226,7 @@ def init(
         mode=query_mode,  # type: ignore[arg-type]
         keep_old=keep_old,
         old_vector=old_vector,
-        uri=UriRule(uri_field or "uri", uri_template),
+        uri=UriRule(text_field, inline=True) if text_field else UriRule(uri_field or "uri", uri_template),
         label_field=label_field,
         layout=layout,
         new_vector=new_vector,

@@ -43,6 +43,7 @@ from rm_qdrant.core.guard import GuardVerdict
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.evaluation.probe import ProbeSample
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.pair.layouts import count_new
 from rm_qdrant.pair.record import PairRecord, load_pair
 from rm_qdrant.sources import SourceConfig
@@ -302,7 +303,7 @@ def _backbone_for(
     pair = load_pair(store, name)
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
-    encoder = OnnxEncoder(backbone, threads=threads, decode=pair.decode)
+    encoder = load_encoder(backbone, threads=threads, decode=pair.decode)
     if "rev" in encoder.info.outputs:
         raise ConfigError(
             f"{os.fspath(backbone)} already has heads (a 'rev' output): give the plain backbone"

@@ -14,6 +14,12 @@ A pair knows it in one of two ways, given to ``rmq init``:
 
 A point whose payload lacks the field (or a template's field) fails with
 "payload has no 'asset.url'"; the batch goes on.
+
+A text pair may instead hold each document's text in its payload (``--text-field FIELD``,
+nested paths too): the rule is then ``inline`` and gives the field's value wrapped in
+:class:`InlineText`, which the source hands back as it is, fetching nothing. With
+``--uri-field`` or ``--uri-template`` a text pair's documents are read from files, HTTP or
+object storage under the same source rules as images.
 """
 
 from __future__ import annotations
@@ -32,14 +38,31 @@ _FORMATTER = string.Formatter()
 
 
 @dataclass(frozen=True)
+class InlineText:
+    """A document's text as its payload holds it (``--text-field``): nothing to fetch.
+
+    ``value`` is the field's raw value (the text encoder refuses what is not text);
+    ``field`` names it in messages, never the text itself."""
+
+    value: Any
+    field: str
+
+
+@dataclass(frozen=True)
 class UriRule:
     """How to find a point's image URI in its payload: a field, or a template over fields."""
 
     field: str = "uri"
     template: str | None = None
+    #: The field holds the document's text itself (``--text-field``), not where to fetch it.
+    inline: bool = False
 
     def __post_init__(self) -> None:
-        if self.template is not None:
+        if self.inline:
+            if self.template is not None:
+                raise ConfigError("give --text-field or --uri-template, not both")
+            check_path(self.field, "--text-field")
+        elif self.template is not None:
             fields = template_fields(self.template)
             if not fields:
                 raise ConfigError(f"--uri-template {self.template!r} uses no payload field, e.g. {{sku}}")
@@ -67,7 +90,7 @@ class UriRule:
             value = payload_value(payload, self.field)
             if value is None:
                 raise SourceError(f"payload has no {self.field!r}")
-            return value
+            return InlineText(value, self.field) if self.inline else value
         parts = []
         for literal, name, spec, _ in _FORMATTER.parse(self.template):
             parts.append(literal)

@@ -31,6 +31,7 @@ from rm_qdrant.evaluation.probe import ProbeSample
 from rm_qdrant.evaluation.sandbox import sandbox
 from rm_qdrant.migration.migrate import MigrateOptions
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.operations.create import plain_model_ref
 from rm_qdrant.operations.indexing import ImageItem
 from rm_qdrant.pair.layouts import count_new
@@ -66,7 +67,7 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
     """
     if pair.mode == "naive":
         if given is not None:
-            model = OnnxEncoder(given, decode=pair.decode)
+            model = load_encoder(given, decode=pair.decode)
             if model.fingerprint != pair.encoder.fingerprint:
                 raise ConfigError(
                     f"pair {pair.name!r} is naive: its encoder {pair.encoder.name} is the plain new model, "
@@ -75,7 +76,7 @@ def plain_new_model(pair: PairRecord, given: str | None) -> OnnxEncoder | None:
             return model
         return None  # the pair's own encoder already is the plain new model
     if given is not None:  # the checks rmq init --new-model makes: no ψ, the pair's size and distance
-        model = OnnxEncoder(given, decode=pair.decode)
+        model = load_encoder(given, decode=pair.decode)
         plain_model_ref(model, pair.name, dim=pair.encoder.dim, distance=pair.distance)
         return model
     if pair.new_model is not None:

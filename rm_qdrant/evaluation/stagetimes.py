@@ -36,6 +36,7 @@ from rm_qdrant.migration.loading import LoadedBatch
 from rm_qdrant.migration.migrator import encode_loaded
 from rm_qdrant.migration.ranking import RANKING_INDEXES
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.pair.layouts import layout_of
 from rm_qdrant.pair.outcome import ClaimedBatch, Encoded, uncopyable
 from rm_qdrant.pair.record import PairRecord
@@ -236,7 +237,7 @@ def _timed_encode(
 def _core_seconds(encoder: OnnxEncoder, output: str, pixels: np.ndarray) -> float:
     """Seconds a point of a one-thread CPU session of the same graph (a Ray CPU encoder actor's):
     the core-seconds a CPU encode costs."""
-    one = OnnxEncoder(
+    one = load_encoder(
         encoder.path,
         batch_size=encoder.batch_size,
         threads=1,

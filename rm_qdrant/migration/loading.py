@@ -178,8 +178,7 @@ def load_batch(
     which gets this batch's fetch-thread CPU time)."""
     started, retried = time.perf_counter(), source.retries
     spans: list[list[float]] = []  # [fetch, decode] seconds of each task
-    spec = encoder.info.input
-    images = np.empty((len(points), spec.height, spec.width, spec.channels), np.uint8)
+    images = np.empty((len(points), *encoder.item_shape), encoder.item_dtype)
     errors: list[str | None] = [None] * len(points)
     uris: list[Any] = [None] * len(points)
     for row, (point_id, payload) in enumerate(points):  # pure and quick: the batch's at once

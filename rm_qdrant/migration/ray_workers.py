@@ -20,7 +20,8 @@ from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.migration.loading import NETWORK_WORKERS, LoadedBatch, load_batch
 from rm_qdrant.migration.migrator import encode_loaded
-from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
+from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import decoder_for, load_encoder
 from rm_qdrant.pair.outcome import ClaimedBatch, Encoded, Prepared
 from rm_qdrant.sources import ImageSource, SourceConfig
 
@@ -45,7 +46,7 @@ def decode_chunk(
     or ``fast`` as the pair records (``decode``)."""
     images = _source(config)
     with ThreadPoolExecutor(fetch_workers or NETWORK_WORKERS, "rmq-fetch") as pool:
-        decoder = PixelDecoder(info, decode=decode)
+        decoder = decoder_for(info, decode=decode)
         return load_batch(decoder, images, rule, points, pool, workers=fetch_workers)
 
 
@@ -65,7 +66,7 @@ class EncoderActor:
         with tempfile.TemporaryDirectory(prefix="rmq-encoder-") as folder:
             path = Path(folder, name)
             path.write_bytes(ray.get(graph[0]))
-            encoder = OnnxEncoder(path, batch_size=batch_size, threads=1, providers=providers)
+            encoder = load_encoder(path, batch_size=batch_size, threads=1, providers=providers)
         if encoder.fingerprint != fingerprint:
             raise ConfigError(f"the encoder {name} changed on disk while the run started: rerun")
         if gpus > 0 and encoder.provider != CUDA:

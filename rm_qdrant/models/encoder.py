@@ -224,6 +224,10 @@ class PixelDecoder:
     #: The dtype of decoded items.
     item_dtype: Any = np.uint8
 
+    def blank(self, count: int) -> np.ndarray:
+        """``count`` black images, decoded: what a check that only runs the graph feeds it."""
+        return np.zeros((count, *self.item_shape), self.item_dtype)
+
     def decoding_as(self: _Decoder, decode: str) -> _Decoder:
         """This decoder (or encoder: the same ONNX Runtime session) decoding ``exact`` or ``fast``."""
         if check_decode(decode) == self.decoding:

@@ -109,6 +109,12 @@ class TextDecoder:
     def item_shape(self) -> tuple[int, ...]:
         return (2, self.spec.max_length)
 
+    def blank(self, count: int) -> np.ndarray:
+        """``count`` decoded one-token texts (token id 0): what a check that only runs the graph feeds it."""
+        rows = np.zeros((count, *self.item_shape), self.item_dtype)
+        rows[:, 1, 0] = 1
+        return rows
+
     def decoding_as(self, decode: str) -> TextDecoder:
         check_decode(decode)
         return self  # text is read one way

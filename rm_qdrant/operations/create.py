@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
 from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.core.planning import INTERNAL_FIELDS
@@ -113,6 +111,7 @@ def create_pair(
         raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     check_decode(decode)
     check_path(label_field, "--label-field")
+    check_modality(encoder, [old_encoder, new_model], uri)
     single = layout == SINGLE
     existing = _get(store, "pair", name)
     if existing is not None:
@@ -194,8 +193,9 @@ def create_pair(
         new_model=plain,
         keep_old=keep_old,
         vector=old_spec.vector,
-        uri_field=(uri or UriRule()).field,
+        uri_field="uri" if (uri or UriRule()).inline else (uri or UriRule()).field,
         uri_template=(uri or UriRule()).template,
+        text_field=uri.field if uri is not None and uri.inline else None,
         label_field=label_field,
         layout=layout,
         new_vector=new_vector if single else None,
@@ -244,6 +244,24 @@ def _warn_filtered_recall(setting: str, remedy: str) -> None:
     )
 
 
+def check_modality(encoder: OnnxEncoder, others: list[OnnxEncoder | None], uri: UriRule | None) -> None:
+    """Every model of a pair reads what ``encoder`` reads (images or text), and only a text
+    pair takes its documents from a payload field.
+
+    Raises:
+        ConfigError: one line naming the model that reads the other kind, or the option.
+    """
+    modality = encoder.info.modality
+    for other in others:
+        if other is not None and other.info.modality != modality:
+            raise ConfigError(
+                f"{other.path} reads {other.info.modality}, {encoder.path} reads {modality}: "
+                "a pair's models read the same kind of item"
+            )
+    if uri is not None and uri.inline and modality != "text":
+        raise ConfigError(f"--text-field is for text encoders; {encoder.path} reads images (--uri-field)")
+
+
 def check_output_sizes(model: OnnxEncoder) -> None:
     """Run ``model`` once on a blank image: every output must be the size its metadata says.
 
@@ -253,9 +271,8 @@ def check_output_sizes(model: OnnxEncoder) -> None:
     Raises:
         EncoderError: an output has another size, or the graph cannot run on an image.
     """
-    spec = model.info.input
     try:
-        model.run_pixels(np.zeros((1, spec.height, spec.width, spec.channels), np.uint8))
+        model.run_pixels(model.blank(1))
     except EncoderError as exc:
         raise EncoderError(f"{exc}; nothing was written") from exc
 

@@ -20,6 +20,7 @@ from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError, MigrationError
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.store import Store, Where
 
 META_COLLECTION = "rmq_meta"
@@ -92,6 +93,8 @@ class PairRecord:
             pixels to the bit) or ``fast`` (JPEGs at a reduced DCT scale; see
             :func:`rm_qdrant.models.images.pixels`). Set by ``rmq init --decode``, changed only by
             ``rmq switch-encoder --decode``; a record written before it existed reads ``exact``.
+        text_field: a text pair's payload field holding each document's text (``rmq init
+            --text-field``); None: documents (or images) are fetched by ``uri_field``/``uri_template``.
     """
 
     name: str
@@ -118,6 +121,7 @@ class PairRecord:
     new_vector: str | None = None
     source: dict[str, Any] | None = None
     decode: str = DEFAULT_DECODE
+    text_field: str | None = None
 
     @property
     def single(self) -> bool:
@@ -139,7 +143,9 @@ class PairRecord:
 
     @property
     def uri_rule(self) -> UriRule:
-        """How this pair finds a point's image in its payload."""
+        """How this pair finds a point's image (or text) in its payload."""
+        if self.text_field is not None:
+            return UriRule(self.text_field, inline=True)
         return UriRule(self.uri_field, self.uri_template)
 
     @property
@@ -184,7 +190,7 @@ def open_encoder(
             f"of {', '.join(DECODES)}): a newer rm-qdrant wrote it, or the record was edited; "
             f"'rmq switch-encoder --name {pair} --decode exact' records a known one"
         )
-    encoder = given if isinstance(given, OnnxEncoder) else OnnxEncoder(given or ref.path, decode=decode)
+    encoder = given if isinstance(given, OnnxEncoder) else load_encoder(given or ref.path, decode=decode)
     if encoder.fingerprint != ref.fingerprint:
         raise ConfigError(
             f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "

@@ -140,13 +140,13 @@ class DualIndex(PairSearch, PairPoints):
         encoder = self._encoder()
         gallery = encoder.info.gallery_output()
         if self.pair.state == "rolled_back":  # the old model serves alone again
-            return np.zeros((len(batch), self._new_dim), np.float32), self._old_queries(batch)
+            return np.zeros((len(batch), self._new_dim), np.float32), self._old_queries(batch, query=True)
         if self.pair.mode == "rm":
-            out = encoder.encode(batch, [gallery, "rev"])
+            out = encoder.encode(batch, [gallery, "rev"], query=True)
             return out[gallery], out["rev"]
-        return encoder.encode(batch, [gallery])[gallery], self._old_queries(batch)
+        return encoder.encode(batch, [gallery], query=True)[gallery], self._old_queries(batch, query=True)
 
-    def _old_queries(self, batch: list[ImageLike]) -> np.ndarray:
+    def _old_queries(self, batch: list[ImageLike], *, query: bool = False) -> np.ndarray:
         old_model = self.old_encoder
         if old_model is None:  # __init__ refuses a naive pair with an encoder but no old one
             raise ConfigError(
@@ -154,7 +154,7 @@ class DualIndex(PairSearch, PairPoints):
                 "(rmq rollback --old-encoder records it)"
             )
         output = old_model.info.gallery_output()
-        return old_model.encode(batch, [output])[output]
+        return old_model.encode(batch, [output], query=query)[output]
 
     def _encoder(self) -> OnnxEncoder:
         if self.encoder is None:

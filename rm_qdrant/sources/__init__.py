@@ -17,9 +17,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from rm_qdrant.core.redact import redact
+from rm_qdrant.core.uris import InlineText
 from rm_qdrant.errors import ConfigError, SourceError
 from rm_qdrant.sources.files import confine, read_file
 from rm_qdrant.sources.http import HttpFetcher
@@ -105,6 +107,8 @@ def source_kind(uri: object) -> str | None:
     (``http://cdn.example.com``, ``s3://bucket``; never a user name or password), ``file`` for
     a local path, None for no URI. A refused private network, a missing header or a wrong
     endpoint fails every image of one kind and none of another."""
+    if isinstance(uri, InlineText):
+        return "payload"
     if not isinstance(uri, str) or not uri:
         return None
     scheme, _ = scheme_of(uri)
@@ -118,7 +122,10 @@ def source_kind(uri: object) -> str | None:
 
 
 def shown(uri: object) -> str:
-    """How a URI appears in messages, logs and payloads: credentials redacted, length bounded."""
+    """How a URI appears in messages, logs and payloads: credentials redacted, length bounded
+    (a text held in the payload appears as its field, never as the text)."""
+    if isinstance(uri, InlineText):
+        return f"payload field {uri.field!r}"
     text = redact(str(uri))
     return text if len(text) <= _SHOWN_LENGTH else text[:_SHOWN_LENGTH] + "..."
 
@@ -155,14 +162,16 @@ class ImageSource:
         with self._lock:
             self._retries += 1
 
-    def fetch(self, uri: object) -> bytes:
-        """The bytes at ``uri``.
+    def fetch(self, uri: object) -> Any:
+        """The bytes at ``uri`` (a text held in the payload, :class:`InlineText`: its value, as it is).
 
         Raises:
             SourceError: the URI is malformed or its scheme not allowed, a local path
                 resolves outside ``root``, the file, URL or object cannot be read, or the
                 image is larger than ``max_bytes``.
         """
+        if isinstance(uri, InlineText):
+            return uri.value
         if not isinstance(uri, str) or not uri:
             raise SourceError(f"no image URI (got {shown(repr(uri))})")
         scheme, explicit = scheme_of(uri)
@@ -196,6 +205,8 @@ class ImageSource:
 
     def is_local(self, uri: object) -> bool:
         """Whether ``uri`` names a local file (a path or ``file://``): read from a disk, not a network."""
+        if isinstance(uri, InlineText):
+            return True  # in the payload already
         return isinstance(uri, str) and bool(uri) and scheme_of(uri)[0] == "file"
 
     def _fetcher(self) -> HttpFetcher:
