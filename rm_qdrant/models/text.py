@@ -199,20 +199,24 @@ class TextEncoder(TextDecoder, OnnxEncoder):
         roles = self._roles(outputs)
         names = [self.info.graph_output(r) for r in roles]
         parts: list[list[np.ndarray]] = [[] for _ in roles]
+        # Texts of like length go in one call: each call is padded to its longest text only.
+        order = np.argsort(tensor[:, 1].sum(axis=1), kind="stable")
         for start in range(0, len(tensor), self.batch_size):
-            rows = tensor[start : start + self.batch_size]
+            rows = tensor[order[start : start + self.batch_size]]
             for part, value in zip(parts, self._call(rows, names), strict=True):
                 part.append(value)
-        merged = {
-            r: np.concatenate(p) if p else np.zeros((0, self.info.outputs[r]), np.float32)
-            for r, p in zip(roles, parts, strict=True)
-        }
-        for role, value in merged.items():
-            if value.shape[1] != self.info.outputs[role]:
-                raise EncoderError(
-                    f"{self.path}: output {role!r} has {value.shape[1]} values per text, "
-                    f"metadata says {self.info.outputs[role]}"
-                )
+        merged = {}
+        for role, part in zip(roles, parts, strict=True):
+            value = np.zeros((len(tensor), self.info.outputs[role]), np.float32)
+            if part:
+                joined = np.concatenate(part)
+                if joined.shape[1] != value.shape[1]:
+                    raise EncoderError(
+                        f"{self.path}: output {role!r} has {joined.shape[1]} values per text, "
+                        f"metadata says {value.shape[1]}"
+                    )
+                value[order] = joined
+            merged[role] = value
         return merged
 
     def _call(self, rows: np.ndarray, names: list[str]) -> list[np.ndarray]:
