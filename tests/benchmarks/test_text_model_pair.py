@@ -47,6 +47,11 @@ def test_the_script_measures_both_models_on_a_small_corpus(tmp_path: Path):
     assert result["chance_map"] == pytest.approx(1 / 3)
     assert set(result["heldout"]) == {"old->old", "new->new", "new->old", "old->new"}
     assert result["heldout"]["new->new"]["map"] > 0.6  # birds, drugs and cities: both models tell them apart
+    naive = result["rm_naive_heldout_map"]  # t = 0 is the old system, t = 1 the new one
+    assert (naive[0], naive[-1]) == (
+        result["heldout"]["old->old"]["map"],
+        result["heldout"]["new->new"]["map"],
+    )
     assert result["l3_pooled_vs_masked_mean"] < 1e-5
     assert result["tokens"]["old"]["max_length"] == 128 and result["tokens"]["new"]["max_length"] == 256
     text = model_pair.report(result)
