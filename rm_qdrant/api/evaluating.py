@@ -277,7 +277,9 @@ def query_items(queries: Any, *, modality: str, name: str) -> list[Query]:
         if not os.path.exists(path):
             raise ConfigError(f"queries {path} do not exist: {_QUERIES[text]}")
         if os.path.isfile(path) != text:
-            raise ConfigError(f"pair {name!r} reads {modality}: its queries are {_QUERIES[text]}, not {path}")
+            raise ConfigError(
+                f"pair {name!r} reads {_READS[text]}: its queries are {_QUERIES[text]}, not {path}"
+            )
         return list(read_queries(path)) if text else list(image_items(path))
     items = list(image_items(queries))
     for position, item in enumerate(items):
@@ -290,11 +292,13 @@ def query_items(queries: Any, *, modality: str, name: str) -> list[Query]:
     stray = next((item for item in items if not isinstance(item, wanted)), None)
     if stray is not None:
         raise ConfigError(
-            f"pair {name!r} reads {modality}: its queries are {wanted.__name__}, not {type(stray).__name__}"
+            f"pair {name!r} reads {_READS[text]}: its queries are {wanted.__name__}, "
+            f"not {type(stray).__name__}"
         )
     return items  # type: ignore[return-value]
 
 
+_READS = {False: "images", True: "text"}
 _QUERIES = {
     False: "a folder DIR/<label>/<image>",
     True: 'a JSONL file, one object a line: "text" and "label" or "relevant" (ids)',

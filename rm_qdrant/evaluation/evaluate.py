@@ -146,10 +146,11 @@ def served_retrieval(
     return Retrieval(float(np.mean(aps)), float(hits_array.mean()), hits_array)
 
 
-def left_out(counts: Mapping[str, int], what: str, field: str) -> None:
-    """Warn of the queries whose label no gallery point carries (refuse when none has one)."""
+def left_out(counts: Mapping[str, int], what: str, field: str, *, refuse: bool = True) -> None:
+    """Warn of the queries whose label no gallery point carries (``refuse``: an error when none
+    has one)."""
     absent = sorted(label for label, n in counts.items() if n == 0)
-    if len(absent) == len(counts):
+    if refuse and len(absent) == len(counts):
         raise ConfigError(
             f"no gallery point has a query's label in its payload field {field!r} "
             f"(query labels: {', '.join(sorted(counts)[:5])}...; compared as text)"
@@ -209,13 +210,14 @@ class TextJudge:
         listed |= {q.id for q in queries if q.id is not None}
         self.gallery = _served(index, sorted(listed, key=str))  # id -> payload, of those the pair serves
         self.count = {q: self._relevant(q) for q in queries}
-        if labels:
-            left_out(self.counts, "queries", self.field)
+        if labels:  # those of judged ids may still be scored: refused below if none is
+            left_out(self.counts, "queries", self.field, refuse=False)
         self.scored = [q for q in queries if self.count[q]]
         unjudged = sum(1 for q in queries if q.relevant is not None and not self.count[q])
         if not self.scored:
             raise ConfigError(
-                "no query has a relevant point in the gallery: check the ids and the label field"
+                "no query has a relevant point in the gallery: no gallery point has a query's label in "
+                f"its payload field {self.field!r} (compared as text), nor one of the ids it lists"
             )
         if unjudged:
             log.warning("%d queries list no id the gallery holds: left out of mAP and top-1", unjudged)

@@ -126,4 +126,16 @@ def test_queries_of_the_other_modality_are_refused(tmp_path, rmq, text_pair, ima
     path = tmp_path / "queries.jsonl"
     path.write_text('{"text": "rain", "label": "weather"}\n', encoding="utf-8")
     line = one_error_line(rmq("eval", "--name", "photos", "--queries", path, ok=False))
-    assert "pair 'photos' reads image: its queries are a folder DIR/<label>/<image>" in line
+    assert "pair 'photos' reads images: its queries are a folder DIR/<label>/<image>" in line
+
+
+def test_a_query_nothing_is_relevant_to_is_left_out_and_none_at_all_is_refused(tmp_path, text_pair):
+    docs, labels, models = text_pair
+    kept = {"text": "rain and snow", "relevant": [3, 7, 11]}
+    asked = [{"text": "rain", "label": "no-such-topic"}, {"text": "fog", "relevant": [999]}, kept]
+    with open_store(tmp_path / "q") as store:
+        point = rm_qdrant.evaluate(store, "t", asked, at=[0]).points[0]
+        old, _ = models.encoders()
+        assert (point.map, point.top1) == pytest.approx(reference([kept], old, docs, labels))
+        with pytest.raises(rm_qdrant.ConfigError, match="no query has a relevant point in the gallery"):
+            rm_qdrant.evaluate(store, "t", asked[:2], at=[0])
