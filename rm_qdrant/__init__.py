@@ -57,6 +57,7 @@ from rm_qdrant.errors import (
     Unresolvable,
     Unsupported,
 )
+from rm_qdrant.evaluation.queries import TextQuery
 from rm_qdrant.migration.ray_engine import RayOptions
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.text import TextEncoder, load_encoder
@@ -109,6 +110,7 @@ __all__ = [
     "ModelInfo",
     "OnnxEncoder",
     "TextEncoder",
+    "TextQuery",
     "load_encoder",
     "PairPoint",
     "PairRecord",

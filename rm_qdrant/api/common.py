@@ -170,7 +170,8 @@ def draw_with_steps(
     """:func:`~rm_qdrant.evaluation.probe.draw_sample` reported as one counted step over the images,
     after a pre-flight: a few images fetched first, so settings that read none stop at once."""
     preflight(store, pair, encoder, source)
-    with Counted(on_step, label, "images") as step:
+    unit = "documents" if encoder is not None and encoder.info.modality == "text" else "images"
+    with Counted(on_step, label, unit) as step:
         return draw_sample(
             store, pair, encoder, size, seed=seed, source=source, on_plan=step.start, on_image=step.advance
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from rm_qdrant.api.common import (
 )
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import check_order
-from rm_qdrant.errors import ConfigError
+from rm_qdrant.errors import ConfigError, TextError
 from rm_qdrant.evaluation.baseline import (
     NO_PLAIN,
     Ends,
@@ -29,13 +29,14 @@ from rm_qdrant.evaluation.baseline import (
     measure_naive,
     plain_new_model,
 )
-from rm_qdrant.evaluation.evaluate import ServedPoint, evaluate_served
+from rm_qdrant.evaluation.evaluate import Query, ServedPoint, evaluate_served
+from rm_qdrant.evaluation.queries import TextQuery, query_of, read_queries
 from rm_qdrant.evaluation.sandbox import sandbox
 from rm_qdrant.migration.migrate import MigrateOptions
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.indexing import ImageItem
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.pair.record import PairRecord, load_pair, open_encoder
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
@@ -161,7 +162,7 @@ def fractions(at: str | Sequence[float]) -> list[float]:
 def evaluate(
     store: Store,
     name: str,
-    queries: str | os.PathLike[str] | Sequence[ImageItem],
+    queries: str | os.PathLike[str] | Sequence[ImageItem] | Sequence[TextQuery | Mapping[str, Any]],
     *,
     at: str | Sequence[float] = FRACTIONS,
     order: str | None = None,
@@ -186,7 +187,10 @@ def evaluate(
     pair on another copy at the same fractions: its curve is the report's ``naive``.
 
     Args:
-        queries: labelled query images: a folder ``DIR/<label>/<image>``, or :class:`ImageItem`.
+        queries: an image pair's labelled query images, a folder ``DIR/<label>/<image>`` or
+            :class:`ImageItem`; a text pair's judged queries, a JSONL file (one object a line,
+            ``{"text": ..., "label": ...}`` or ``{"text": ..., "relevant": [ids]}``; see
+            :mod:`rm_qdrant.evaluation.queries`), :class:`TextQuery` or those objects as dicts.
         at: the fractions, ``"0,0.5,1"`` or numbers in [0, 1].
         order: backfill order (default: the pair's, else random).
         k: mAP@k instead of mAP over the full ranking.
@@ -206,7 +210,9 @@ def evaluate(
             to hold the measure once the copy is made.
 
     Raises:
-        ConfigError: bad fractions; the pair is not backfilling; a bad plain new model.
+        ConfigError: bad fractions; the pair is not backfilling; a bad plain new model; a query
+            file line that is not a query (named by its number); image queries for a text pair
+            or text queries for an image pair.
         CollectionNotFound: no pair of that name.
         ImageError: no images in the query folder.
 
@@ -214,15 +220,21 @@ def evaluate(
         >>> report = rm_qdrant.evaluate(store, "photos", "queries/", at=[0, 0.5, 1])  # doctest: +SKIP
         >>> report.auc_map, report.gain_map  # doctest: +SKIP
         (0.71, 0.93)
+
+        A text pair, its queries judged by label or by the ids of their relevant points::
+
+            rm_qdrant.evaluate(store, "articles", "queries.jsonl")
+            rm_qdrant.evaluate(store, "articles", [{"text": "storm at sea", "label": "weather"}])
     """
     points = fractions(at)
     check_callback(on_point, "on_point", "(curve, ServedPoint)")
     check_callback(on_step, "on_step", "one Step")
     check_callback(on_copied, "on_copied", "no arguments")
-    items = image_items(queries)
     pair = load_pair(store, name)
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to measure")
+    encoder = open_encoder(None, pair.encoder, name, "encoder", decode=pair.decode)
+    items = query_items(queries, modality=encoder.info.modality, name=name)
     options = MigrateOptions(
         batch=batch, order=check_order(order) if order else None, source=pair_source(pair, source)
     )
@@ -241,12 +253,56 @@ def evaluate(
             target = stack.enter_context(_copy(store, pair, on_step))
             if on_copied is not None:
                 on_copied()
-        index = DualIndex.open(target, name, exact=exact)
+        index = DualIndex.open(target, name, exact=exact, encoder=encoder)
         if index.progress() > points[0]:
             say(on_step, f"note: {index.progress():.1%} of the gallery is already in new")
         results = measure(index, items, points, options=options, k=k, on_point=lambda p: shown("pair", p))
     totals = summary(results, naive.ends() if naive is not None else ends_of_curve(pair, results))
     return EvalReport(name, tuple(results), totals, in_place, naive, plain is not None)
+
+
+def query_items(queries: Any, *, modality: str, name: str) -> list[Query]:
+    """The queries of pair ``name``, whose models read ``modality`` (``image`` or ``text``): an image
+    pair's folder of labelled images or list of :class:`ImageItem`; a text pair's JSONL file
+    (:func:`~rm_qdrant.evaluation.queries.read_queries`) or list of :class:`TextQuery` or of the
+    JSON objects a query file holds (``{"text": ..., "label": ...}``).
+
+    Raises:
+        ConfigError: queries of the other modality; a path that does not exist; a query that is
+            not one (named by its line, or its position in a list).
+    """
+    text = modality == "text"
+    if isinstance(queries, (str, bytes, os.PathLike)):
+        path = os.fsdecode(queries)
+        if not os.path.exists(path):
+            raise ConfigError(f"queries {path} do not exist: {_QUERIES[text]}")
+        if os.path.isfile(path) != text:
+            raise ConfigError(
+                f"pair {name!r} reads {_READS[text]}: its queries are {_QUERIES[text]}, not {path}"
+            )
+        return list(read_queries(path)) if text else list(image_items(path))
+    items = list(image_items(queries))
+    for position, item in enumerate(items):
+        if text and isinstance(item, Mapping):
+            try:
+                items[position] = query_of(item)
+            except (ConfigError, TextError) as exc:
+                raise ConfigError(f"query {position}: {exc}") from None
+    wanted = TextQuery if text else ImageItem
+    stray = next((item for item in items if not isinstance(item, wanted)), None)
+    if stray is not None:
+        raise ConfigError(
+            f"pair {name!r} reads {_READS[text]}: its queries are {wanted.__name__}, "
+            f"not {type(stray).__name__}"
+        )
+    return items  # type: ignore[return-value]
+
+
+_READS = {False: "images", True: "text"}
+_QUERIES = {
+    False: "a folder DIR/<label>/<image>",
+    True: 'a JSONL file, one object a line: "text" and "label" or "relevant" (ids)',
+}
 
 
 @contextlib.contextmanager
@@ -262,7 +318,7 @@ def _copy(store: Store, pair: PairRecord, on_step: OnStep | None) -> Iterator[St
 def _rm_naive(
     store: Store,
     pair: PairRecord,
-    items: list[ImageItem],
+    items: list[Query],
     plain: OnnxEncoder | None,
     points: list[float],
     *,

@@ -65,6 +65,8 @@ class ProbeReport:
         advice: the recommendation and what decided it.
         cache: the file the sample is kept in for :func:`status`'s estimate (None: the store
             names no location to key it by, and nothing was kept).
+        modality: what the pair's models read, ``image`` or ``text`` (documents are tokenised
+            by the model's tokenizer: ``decode`` does not apply).
     """
 
     pair: str
@@ -80,6 +82,7 @@ class ProbeReport:
     cache: str | None
     decode: str = "exact"
     recorded_decode: str = "exact"
+    modality: str = "image"
 
     @property
     def recommendation(self) -> str:
@@ -100,6 +103,7 @@ class ProbeReport:
             "cache": self.cache,
             "decode": self.decode,
             "recorded_decode": self.recorded_decode,
+            "modality": self.modality,
         }
 
 
@@ -162,6 +166,12 @@ def probe(
     check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
     index = DualIndex.open(store, name, encoder=path_text(encoder))
     pair = index.pair
+    modality = index.encoder.info.modality if index.encoder is not None else "image"
+    if decode is not None and modality == "text":
+        raise ConfigError(
+            f"pair {name!r} reads text: --decode says how images are decoded, and a text pair's "
+            "documents are tokenised one way, by the model's tokenizer"
+        )
     decode = decode or pair.decode
     spec = check_order(order) if order else (pair.order or "random")
     field = check_path(label_field, "--label-field") if label_field is not None else pair.label_field
@@ -195,6 +205,7 @@ def probe(
         cache=None if cached is None else str(cached),
         decode=decode,
         recorded_decode=pair.decode,
+        modality=modality,
     )
 
 

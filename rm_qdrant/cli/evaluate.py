@@ -66,8 +66,11 @@ def _percent(value: float | None) -> str:
 @click.option(
     "--queries",
     required=True,
-    type=click.Path(file_okay=False),
-    help="Labelled queries: DIR/<label>/<image>.",
+    type=click.Path(),
+    help="An image pair's labelled queries, DIR/<label>/<image>; a text pair's, a JSONL file: one "
+    'object a line, {"text": ..., "label": ...} (relevant: the gallery points of that label) or '
+    '{"text": ..., "relevant": [ids]}, and "id" where the query is a gallery point (left out of '
+    "its own ranking).",
 )
 @click.option(
     "--at",

@@ -137,7 +137,7 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
     lines = [
         f"pair {data['pair']} ({mode}): {data['sample']} gallery points re-embedded"
         + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
-        + f"; decoded {data['decode']}; order {data['order']}; nothing written",
+        + f"; {_read_as(data)}; order {data['order']}; nothing written",
         "",
         f"recall@{data['k']} against the new model's own neighbours (label-free{_whose(forecasts)}):",
         *recall,
@@ -160,6 +160,12 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         _cache_line(data),
     ]
     return "\n".join(lines)
+
+
+def _read_as(data: dict[str, Any]) -> str:
+    if data.get("modality") == "text":
+        return "documents tokenised by the model's tokenizer"
+    return f"decoded {data['decode']}"
 
 
 def _cache_line(data: dict[str, Any]) -> str:

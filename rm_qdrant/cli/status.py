@@ -112,19 +112,29 @@ def status_text(report: inspecting.StatusReport) -> str:
             + (" (not served since the rollback)" if rolled_back else ""),
             f"migrated      {state.fraction:.1%} (order: {_order(pair)})",
             f"failed        {state.failed}",
+            *truncation_lines(state),
             *pace_lines(state),
             *(f"  {pid}  {plain(reason)}" for pid, _, reason in state.failure_sample),
             *_bypass_lines(state),
             f"encoder       {plain(state.encoder)}",
             f"old encoder   {plain(state.old_encoder or '-')}",
             f"plain new     {plain(state.new_model or '-')}",
-            f"decode        {_decode_text(state.decode)}",
+            f"decode        {_decode_text(state.decode, text=_reads_text(pair, state))}",
             f"merge         {'calibrated (rmq calibrate)' if calibrated else 'plain distances'}",
             f"alias         {plain(state.alias or '-')}",
-            f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}",
+            _source_line(pair),
             f"estimate      {_estimate_line(estimate, pair.state)}",
         ]
     )
+
+
+def truncation_lines(state: PairStatus) -> list[str]:
+    """A text pair's documents cut at the model's window (an image pair, or no run yet: none)."""
+    if state.truncated is None:
+        return []
+    tokens = " or ".join(f"{n:,}" for n in state.truncated_at)
+    noun = "document" if state.truncated == 1 else "documents"
+    return [f"truncated     {state.truncated:,} {noun} at {tokens} tokens (the text past it is not embedded)"]
 
 
 def pace_lines(state: PairStatus, *, now: float | None = None) -> list[str]:
@@ -176,7 +186,15 @@ def _clock(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
 
 
-def _decode_text(decode: str) -> str:
+def _reads_text(pair: PairRecord, state: PairStatus) -> bool:
+    """Whether the pair is known to read text: its documents are in the payload, or a run counted
+    the texts it cut (status opens no encoder, so a text pair read by URI is known after a run)."""
+    return pair.text_field is not None or state.truncated is not None
+
+
+def _decode_text(decode: str, *, text: bool = False) -> str:
+    if text:
+        return "- (text is tokenised one way: the model's tokenizer)"
     if decode == "fast":
         return "fast (JPEGs at a reduced DCT scale; rmq switch-encoder --decode exact changes it)"
     return "exact (the team pipeline's pixels; rmq switch-encoder --decode fast changes it)"
@@ -190,6 +208,13 @@ def _bypass_lines(state: Any) -> list[str]:
         f"bypassed      {state.stale_copies} migrated points rewritten in old by another writer: "
         "served from old; the next rmq migrate drops their stale copies from new"
     ]
+
+
+def _source_line(pair: PairRecord) -> str:
+    """Where the pair reads each point's image, or a text pair's document (``--text-field``)."""
+    if pair.text_field is not None:
+        return f"documents     the text of {plain(pair.uri_rule.describe())}"
+    return f"images        {plain(pair.uri_rule.describe())}; {source_lines(pair.source)}"
 
 
 def _order(pair: PairRecord) -> str:

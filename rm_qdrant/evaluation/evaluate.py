@@ -1,8 +1,11 @@
 """Served evaluation: the paper's metrics measured through the live pair (DualIndex over Qdrant).
 
-Queries are labelled images (an ImageFolder); the gallery is whatever the pair
-serves, each point labelled by its payload ``label``. A query that is itself in the
-gallery (same ``uri``) is left out of its own ranking, as in the offline protocol.
+Queries are labelled images (an ImageFolder), or a text pair's judged queries (a JSONL file:
+:mod:`~rm_qdrant.evaluation.queries`, each with a label or the ids of its relevant points); the
+gallery is whatever the pair serves, each point labelled by its payload ``label``. A query
+that is itself in the gallery (the same ``uri``; a text query's ``id``) is left out of its own
+ranking, as in the offline protocol. Both kinds are scored by one function,
+:func:`ranked_precision`.
 Between fractions the pair is migrated with ``--until``, in the pair's backfill order.
 """
 
@@ -11,17 +14,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rm_qdrant.core.merge import Hit
+from rm_qdrant.core.merge import Hit, PointId
 from rm_qdrant.core.metrics import Retrieval
 from rm_qdrant.core.paths import integer_text, payload_value
 from rm_qdrant.errors import ConfigError
+from rm_qdrant.evaluation.queries import TextQuery
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.operations.indexing import ImageItem
 from rm_qdrant.pair.layouts import active_where, count_new, ids_in_new
@@ -29,6 +33,9 @@ from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.store import Where
 
 log = logging.getLogger(__name__)
+
+#: What ``rmq eval`` measures with: labelled images, or a text pair's judged queries.
+Query = ImageItem | TextQuery
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,17 @@ def image_key(uri: Any, root: Path | None = None) -> Any:
     return os.path.realpath(path)
 
 
+def ranked_precision(flags: np.ndarray, relevant: int, k: int | None) -> tuple[float, bool]:
+    """AP (or AP@k) of one ranking, given which of its hits are relevant (in rank order, the query
+    itself already left out) and how many relevant points the gallery holds; and whether the
+    first hit is relevant. Every query kind is scored by this one function."""
+    denominator = min(relevant, k) if k is not None else relevant
+    if denominator == 0 or len(flags) == 0:
+        return 0.0, bool(len(flags) and flags[0])
+    precision = np.cumsum(flags) / np.arange(1, len(flags) + 1)
+    return float((precision * flags).sum() / denominator), bool(flags[0])
+
+
 def average_precision(
     hits: Sequence[Hit],
     label: str,
@@ -91,80 +109,157 @@ def average_precision(
     """
     ranked = [h for h in hits if uri_of(h) != skip_uri][:k]
     flags = np.array([label_text(payload_value(h.payload, label_field)) == label for h in ranked], dtype=bool)
-    denominator = min(relevant, k) if k is not None else relevant
-    if denominator == 0 or len(flags) == 0:
-        return 0.0, bool(len(flags) and flags[0])
-    precision = np.cumsum(flags) / np.arange(1, len(flags) + 1)
-    return float((precision * flags).sum() / denominator), bool(flags[0])
+    return ranked_precision(flags, relevant, k)
 
 
 def served_retrieval(
     index: DualIndex,
-    queries: Sequence[ImageItem],
+    queries: Sequence[Query],
     *,
     k: int | None = None,
     batch: int = 64,
     root: Path | None = None,
 ) -> Retrieval:
-    """mAP (or mAP@k) and top-1 of the pair as it serves now, over ``queries``.
+    """mAP (or mAP@k) and top-1 of the pair as it serves now, over ``queries``: labelled images
+    (:class:`ImageItem`) or a text pair's judged queries (:class:`TextQuery`).
 
-    A query whose label no gallery point carries is left out (with a warning): its AP would be
+    A query nothing in the gallery is relevant to is left out (with a warning): its AP would be
     0 whatever the pair serves. ``root`` resolves the gallery's relative image paths, so that a
     query that is itself in the gallery is recognised and left out of its own ranking.
 
     Raises:
-        ConfigError: a query has no label, or no query's label is in the gallery.
+        ConfigError: an image query has no label, or no query has a relevant gallery point.
     """
-    if any(q.label is None for q in queries):
-        raise ConfigError("served evaluation needs labelled queries: QUERIES/<label>/<image>")
-    pair = index.pair
-    counts = _label_counts(index, {q.label for q in queries if q.label is not None})
-    absent = sorted(label for label, n in counts.items() if n == 0)
-    if len(absent) == len(counts):
-        raise ConfigError(
-            f"no gallery point has a query's label in its payload field {pair.label_field!r} "
-            f"(query labels: {', '.join(sorted(counts)[:5])}...; compared as text)"
-        )
-    if absent:
-        log.warning(
-            "no gallery point is labelled %s: those queries are left out of mAP and top-1",
-            ", ".join(repr(a) for a in absent[:5])
-            + (f" and {len(absent) - 5} more" if len(absent) > 5 else ""),
-        )
-    scored = [q for q in queries if counts[q.label or ""]]
-
-    keys: dict[str, Any] = {}  # a path is resolved once a call, not once a hit (37 us each)
-
-    def uri_of(hit: Hit) -> Any:
-        uri = pair.uri_rule.find(hit.id, hit.payload)
-        if not isinstance(uri, str):
-            return uri
-        if uri not in keys:
-            keys[uri] = image_key(uri, root)
-        return keys[uri]
-
+    text = bool(queries) and isinstance(queries[0], TextQuery)
+    judge: Judge = TextJudge(index, queries) if text else ImageJudge(index, queries, root)  # type: ignore[arg-type]
     served = index.status()
-    gallery = served.old_count + served.new_count
-    limit = (k or gallery) + 1  # one more: the query itself may come back
+    limit = (k or served.old_count + served.new_count) + 1  # one more: the query itself may come back
     aps, tops = [], []
-    for start in range(0, len(scored), batch):
-        chunk = scored[start : start + batch]
-        for query, hits in zip(chunk, index.search_batch([q.uri for q in chunk], limit=limit), strict=True):
-            label, itself = query.label or "", image_key(query.uri)
-            in_gallery = any(uri_of(h) == itself for h in hits) or _in_gallery(index, query)
-            ap, top = average_precision(
-                hits,
-                label,
-                counts[label] - in_gallery,
-                skip_uri=itself,
-                k=k,
-                label_field=pair.label_field,
-                uri_of=uri_of,
-            )
+    for start in range(0, len(judge.scored), batch):
+        chunk = judge.scored[start : start + batch]
+        found = index.search_batch([judge.term(q) for q in chunk], limit=limit)
+        for query, hits in zip(chunk, found, strict=True):
+            ap, top = ranked_precision(*judge.flags(query, hits, k), k)
             aps.append(ap)
             tops.append(top)
     hits_array = np.array(tops, dtype=bool)
     return Retrieval(float(np.mean(aps)), float(hits_array.mean()), hits_array)
+
+
+def left_out(counts: Mapping[str, int], what: str, field: str, *, refuse: bool = True) -> None:
+    """Warn of the queries whose label no gallery point carries (``refuse``: an error when none
+    has one)."""
+    absent = sorted(label for label, n in counts.items() if n == 0)
+    if refuse and len(absent) == len(counts):
+        raise ConfigError(
+            f"no gallery point has a query's label in its payload field {field!r} "
+            f"(query labels: {', '.join(sorted(counts)[:5])}...; compared as text)"
+        )
+    if absent:
+        log.warning(
+            "no gallery point is labelled %s: those %s are left out of mAP and top-1",
+            ", ".join(repr(a) for a in absent[:5])
+            + (f" and {len(absent) - 5} more" if len(absent) > 5 else ""),
+            what,
+        )
+
+
+class ImageJudge:
+    """Labelled image queries: relevant are the gallery points of the query's label; a query that
+    is itself in the gallery (the same image) is left out of its own ranking."""
+
+    def __init__(self, index: DualIndex, queries: Sequence[ImageItem], root: Path | None) -> None:
+        if any(q.label is None for q in queries):
+            raise ConfigError("served evaluation needs labelled queries: QUERIES/<label>/<image>")
+        self.index, self.root, self.field = index, root, index.pair.label_field
+        self.counts = _label_counts(index, {q.label for q in queries if q.label is not None})
+        left_out(self.counts, "queries", self.field)
+        self.scored = [q for q in queries if self.counts[q.label or ""]]
+        self._keys: dict[str, Any] = {}  # a path is resolved once a call, not once a hit (37 us each)
+
+    def term(self, query: ImageItem) -> Any:
+        return query.uri
+
+    def uri_of(self, hit: Hit) -> Any:
+        uri = self.index.pair.uri_rule.find(hit.id, hit.payload)
+        if not isinstance(uri, str):
+            return uri
+        if uri not in self._keys:
+            self._keys[uri] = image_key(uri, self.root)
+        return self._keys[uri]
+
+    def flags(self, query: ImageItem, hits: Sequence[Hit], k: int | None) -> tuple[np.ndarray, int]:
+        label, itself = query.label or "", image_key(query.uri)
+        in_gallery = any(self.uri_of(h) == itself for h in hits) or _in_gallery(self.index, query)
+        ranked = [h for h in hits if self.uri_of(h) != itself][:k]
+        return _same_label(ranked, label, self.field), self.counts[label] - in_gallery
+
+
+class TextJudge:
+    """A text pair's judged queries (:mod:`~rm_qdrant.evaluation.queries`): relevant are the
+    gallery points of the query's label, or the points it lists; a query that names its own
+    gallery point (``id``) is left out of its own ranking."""
+
+    def __init__(self, index: DualIndex, queries: Sequence[TextQuery]) -> None:
+        if not all(isinstance(q, TextQuery) for q in queries):
+            raise ConfigError("the queries are all text (TextQuery) or all images (ImageItem), not both")
+        self.field = index.pair.label_field
+        labels = {q.label for q in queries if q.label is not None}
+        self.counts = _label_counts(index, labels) if labels else {}
+        listed = {i for q in queries for i in (q.relevant or ())}
+        listed |= {q.id for q in queries if q.id is not None}
+        self.gallery = _served(index, sorted(listed, key=str))  # id -> payload, of those the pair serves
+        self.count = {q: self._relevant(q) for q in queries}
+        if labels:  # those of judged ids may still be scored: refused below if none is
+            left_out(self.counts, "queries", self.field, refuse=False)
+        self.scored = [q for q in queries if self.count[q]]
+        unjudged = sum(1 for q in queries if q.relevant is not None and not self.count[q])
+        if not self.scored:
+            raise ConfigError(
+                "no query has a relevant point in the gallery: no gallery point has a query's label in "
+                f"its payload field {self.field!r} (compared as text), nor one of the ids it lists"
+            )
+        if unjudged:
+            log.warning("%d queries list no id the gallery holds: left out of mAP and top-1", unjudged)
+
+    def _relevant(self, query: TextQuery) -> int:
+        """The gallery points relevant to ``query``, itself left out."""
+        own = self.gallery.get(query.id) if query.id is not None else None
+        if query.relevant is not None:
+            return sum(1 for i in query.relevant if i in self.gallery and i != query.id)
+        itself = own is not None and label_text(payload_value(own, self.field)) == query.label
+        return self.counts.get(query.label or "", 0) - itself
+
+    def term(self, query: TextQuery) -> str:
+        return query.text
+
+    def flags(self, query: TextQuery, hits: Sequence[Hit], k: int | None) -> tuple[np.ndarray, int]:
+        ranked = [h for h in hits if query.id is None or h.id != query.id][:k]
+        if query.relevant is not None:
+            flags = np.array([h.id in query.relevant for h in ranked], dtype=bool)
+        else:
+            flags = _same_label(ranked, query.label or "", self.field)
+        return flags, self.count[query]
+
+
+Judge = ImageJudge | TextJudge
+
+
+def _same_label(hits: Sequence[Hit], label: str, field: str) -> np.ndarray:
+    return np.array([label_text(payload_value(h.payload, field)) == label for h in hits], dtype=bool)
+
+
+def _served(index: DualIndex, ids: list[PointId]) -> dict[PointId, dict[str, Any]]:
+    """The payloads of the points of ``ids`` the pair serves (from old, else new)."""
+    pair, store, found = index.pair, index.store, {}
+    for start in range(0, len(ids), 1000):
+        part = ids[start : start + 1000]
+        if pair.serves_old:
+            found.update({r.id: r.payload for r in store.retrieve(pair.old_collection, part)})
+        rest = [i for i in part if i not in found]
+        if rest and pair.serves_new:
+            found.update({r.id: r.payload for r in store.retrieve(pair.new_collection, rest)})
+    return found
 
 
 def _in_gallery(index: DualIndex, query: ImageItem) -> bool:
@@ -177,7 +272,7 @@ def _in_gallery(index: DualIndex, query: ImageItem) -> bool:
 
 def evaluate_served(
     index: DualIndex,
-    queries: Sequence[ImageItem],
+    queries: Sequence[Query],
     fractions: Sequence[float],
     *,
     options: MigrateOptions | None = None,

@@ -168,9 +168,14 @@ def draw_sample(
         loaded = load_batch(model, src, pair.uri_rule, points, pool, workers=workers, on_image=on_image)
     kept = [usable[row] for row in loaded.rows]
     if len(kept) < 2:
+        text = model.info.modality == "text"
         raise ConfigError(
-            f"only {len(kept)} of {len(records)} sampled images could be read: check the payload uris "
-            "(--root, --allow-scheme)"
+            f"only {len(kept)} of {len(records)} sampled {'documents' if text else 'images'} could be read: "
+            + (
+                "check the pair's --text-field (or the documents' URIs)"
+                if text
+                else "check the payload uris (--root, --allow-scheme)"
+            )
         )
     parts: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
     for start in range(0, len(kept), _BATCH):

@@ -25,6 +25,7 @@ from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ImageError, SourceError, TooLarge
 from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
+from rm_qdrant.models.text import TextDecoder
 from rm_qdrant.pair.layouts import layout_of
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import ImageSource, SourceConfig, shown, source_kind
@@ -89,24 +90,34 @@ def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
 
 
+def decode_item(encoder: PixelDecoder, data: Any, *, max_pixels: int) -> tuple[np.ndarray, bool]:
+    """``data`` decoded as ``encoder`` takes it, and whether it was cut to fit (a text longer than
+    the model's ``max_length``; an image never is)."""
+    if isinstance(encoder, TextDecoder):
+        return encoder.tokenise(data)
+    return encoder.decode(data, max_pixels=max_pixels), False
+
+
 def _decoded(
     encoder: PixelDecoder, source: ImageSource, point_id: PointId, uri: Any, spent: list[float]
-) -> tuple[np.ndarray | None, str]:
-    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read;
-    adds the seconds its fetch and its decode took to ``spent`` ([fetch, decode])."""
+) -> tuple[np.ndarray | None, str, bool]:
+    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read,
+    and whether it was cut (:func:`decode_item`); adds the seconds its fetch and its decode took
+    to ``spent`` ([fetch, decode])."""
     began = time.perf_counter()
     fetched = None
     try:
         data = source.fetch(uri)
         fetched = time.perf_counter()
-        return encoder.decode(data, max_pixels=source.config.max_pixels), ""
+        image, cut = decode_item(encoder, data, max_pixels=source.config.max_pixels)
+        return image, "", cut
     except SourceError as exc:
-        return None, str(exc)
+        return None, str(exc), False
     except ImageError as exc:
-        return None, f"{shown(uri)}: {exc}"
+        return None, f"{shown(uri)}: {exc}", False
     except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
         log.warning("unexpected failure reading the image of point %s", point_id, exc_info=True)
-        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
+        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}", False
     finally:
         ended = time.perf_counter()
         spent[0] += (ended if fetched is None else fetched) - began
@@ -144,6 +155,8 @@ class LoadedBatch:
         seconds: ``fetch`` and ``decode``: the wall time the batch took to load, shared between
             the two by the threads' time each took (:func:`stage_seconds`).
         retries: network fetches retried meanwhile.
+        truncated: positions, in the batch given, of the points read whose text was cut at the
+            model's ``max_length`` (a text encoder's; never an image).
     """
 
     rows: list[int]
@@ -151,6 +164,7 @@ class LoadedBatch:
     failed: list[tuple[int, str]]
     seconds: dict[str, float] = field(default_factory=dict)
     retries: int = 0
+    truncated: list[int] = field(default_factory=list)
 
 
 def stage_seconds(wall: float, fetch: float, decode: float) -> dict[str, float]:
@@ -180,6 +194,7 @@ def load_batch(
     spans: list[list[float]] = []  # [fetch, decode] seconds of each task
     images = np.empty((len(points), *encoder.item_shape), encoder.item_dtype)
     errors: list[str | None] = [None] * len(points)
+    cut = np.zeros(len(points), dtype=bool)
     uris: list[Any] = [None] * len(points)
     for row, (point_id, payload) in enumerate(points):  # pure and quick: the batch's at once
         uris[row], error = _uri(rule, point_id, payload)
@@ -195,7 +210,7 @@ def load_batch(
         spans.append(spent)
         for row in range(start, min(start + size, len(points))):
             if errors[row] is None:
-                image, error = _decoded(encoder, source, points[row][0], uris[row], spent)
+                image, error, cut[row] = _decoded(encoder, source, points[row][0], uris[row], spent)
                 if image is None:
                     errors[row] = error or "the image could not be read"
                 else:
@@ -225,7 +240,12 @@ def load_batch(
     fetch, decode = (sum(span[i] for span in spans) for i in (0, 1))
     seconds = stage_seconds(time.perf_counter() - started, fetch, decode)
     return LoadedBatch(
-        rows, images if not failed else images[rows], failed, seconds, source.retries - retried
+        rows,
+        images if not failed else images[rows],
+        failed,
+        seconds,
+        source.retries - retried,
+        np.flatnonzero(cut).tolist(),
     )
 
 

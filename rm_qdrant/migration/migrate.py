@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
+from rm_qdrant.core.textspec import TextSpec
 from rm_qdrant.errors import ConfigError, MigrationError
 from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.migrator import Migrator
@@ -118,12 +119,18 @@ def run_migration(
                     writer_deleted=len(swept.deleted),
                 )
             migrators = on_ray
-        progress = ProgressRecorder(index.store, index.pair.name)
+        progress = ProgressRecorder(index.store, index.pair.name, max_length=_max_length(index))
         stack.callback(progress.close)
         report = _run_shards(migrators, plans, skipped, upkeep, halt, on_batch, progress)
     report.stale_dropped, report.writer_deleted = len(swept.stale), len(swept.deleted)
     report.remigrated = len(layout_of(index.pair).ids_in_new(index.store, swept.stale)) if swept.stale else 0
     return report
+
+
+def _max_length(index: DualIndex) -> int | None:
+    """The tokens a text pair's model reads (its run counts the documents it cut); None for images."""
+    spec = index.encoder.info.input if index.encoder is not None else None
+    return spec.max_length if isinstance(spec, TextSpec) else None
 
 
 def _run_shards(
@@ -139,7 +146,7 @@ def _run_shards(
     lock = threading.Lock()
 
     def report_batch(result: BatchResult) -> None:
-        progress.moved(result.moved + result.repaired)
+        progress.moved(result.moved + result.repaired, truncated=result.truncated)
         if on_batch is not None:
             with lock:
                 on_batch(result)

@@ -85,6 +85,17 @@ def encode_loaded(
     return Encoded(kept, vectors[~bad], failed, seconds)
 
 
+def truncated_moved(
+    truncated: Sequence[PointId], written: Sequence[PointId], failed: Sequence[tuple[PointId, str]]
+) -> int:
+    """Of a batch's documents cut at the model's ``max_length``, those written to new and not
+    failed: a document failed (or not encoded) is read again by a later run, counted then."""
+    if not truncated:
+        return 0
+    cut, lost = set(truncated), {point_id for point_id, _ in failed}
+    return sum(1 for point_id in written if point_id in cut and point_id not in lost)
+
+
 class Migrator:
     """Runs one migration over a DualIndex's pair with its encoder.
 
@@ -295,4 +306,5 @@ class Migrator:
         stages = {**prepared.stages, "encode": encoded.seconds, "write": time.perf_counter() - started}
         if self.upkeep is not None:
             self.upkeep.written()  # on the writer thread: no write of this run races the build
-        return replace(result, stages=stages, retries=prepared.retries)
+        truncated = truncated_moved(prepared.truncated, encoded.ids, result.failed)
+        return replace(result, stages=stages, retries=prepared.retries, truncated=truncated)

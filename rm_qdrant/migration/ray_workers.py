@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class EncoderActor:
         encoded = encode_loaded(
             self.encoder, output, distance, [ids[row] for row in loaded.rows], loaded.pixels
         )
-        return Chunk(loaded.failed, encoded, loaded.seconds, loaded.retries)
+        return Chunk(loaded.failed, encoded, loaded.seconds, loaded.retries, loaded.truncated)
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,14 @@ class Chunk:
         encoded: what the encoder made of the others.
         seconds: the decode task's ``fetch`` and ``decode`` seconds.
         retries: network fetches the decode task retried.
+        truncated: positions in the chunk of the texts cut at the model's ``max_length``.
     """
 
     failed: list[tuple[int, str]]
     encoded: Encoded
     seconds: dict[str, float]
     retries: int
+    truncated: list[int] = field(default_factory=list)
 
 
 def assemble(
@@ -118,7 +120,9 @@ def assemble(
     read = sorted(set(range(len(claim.todo))) - {row for row, _ in failed})
     seconds = {stage: sum(c.seconds.get(stage, 0.0) for c in chunks) for stage in ("fetch", "decode")}
     retries = sum(c.retries for c in chunks)
-    prepared = claim.prepared(LoadedBatch(read, np.zeros((0, 0, 0, 0), np.uint8), failed, seconds, retries))
+    cut = [start + row for start, chunk in zip(starts, chunks, strict=True) for row in chunk.truncated]
+    pixels = np.zeros((0, 0, 0, 0), np.uint8)
+    prepared = claim.prepared(LoadedBatch(read, pixels, failed, seconds, retries, cut))
     encoded = [c.encoded for c in chunks]
     vectors = [e.vectors for e in encoded if len(e.ids)]
     return prepared, Encoded(

@@ -128,18 +128,28 @@ class TextDecoder:
         Raises:
             TextError: the item is not text (:func:`as_text`), or tokenises to nothing.
         """
+        return self.tokenise(item, query=query)[0]
+
+    def tokenise(self, item: object, *, query: bool = False) -> tuple[np.ndarray, bool]:
+        """:meth:`decode`'s row, and whether the text was cut at ``max_length`` (the migration
+        counts the documents it cut, ``rmq status`` shows them).
+
+        Raises:
+            TextError: as :meth:`decode`.
+        """
         text = self.spec.prefix(query=query) + as_text(item)
         encoding = self._tokenizer.encode(text)
         ids = encoding.ids
         if len(ids) == 0:
             raise TextError("the text tokenises to nothing")
-        if encoding.overflowing:
+        cut = bool(encoding.overflowing)
+        if cut:
             with self._lock:
                 self.truncated += 1
         row = np.zeros(self.item_shape, np.int64)
         row[0, : len(ids)] = ids
         row[1, : len(ids)] = encoding.attention_mask
-        return row
+        return row, cut
 
 
 class TextEncoder(TextDecoder, OnnxEncoder):

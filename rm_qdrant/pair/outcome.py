@@ -99,6 +99,7 @@ class Prepared:
     others: dict[PointId, dict[str, Any]]  # two collections: each point's other vectors, if any
     stages: dict[str, float] = field(default_factory=dict)  # fetch and decode seconds (BatchResult)
     retries: int = 0  # network fetches retried while its images were read
+    truncated: list[PointId] = field(default_factory=list)  # of ``loaded``: texts cut at max_length
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class ClaimedBatch:
             self.others,
             dict(loaded.seconds),
             loaded.retries,
+            [self.todo[row][0] for row in loaded.truncated],
         )
 
 
@@ -138,6 +140,7 @@ class LoadedRows(Protocol):
 
     rows: list[int]
     pixels: np.ndarray
+    truncated: list[int]
     failed: list[tuple[int, str]]
     seconds: Mapping[str, float]
     retries: int
@@ -155,6 +158,8 @@ class BatchResult:
             to new, read-backs, retire from old). With ``--engine ray``, fetch, decode and encode
             are the Ray workers' seconds, summed over the batch's chunks. Empty where not measured.
         retries: network fetches retried while its images were read.
+        truncated: of the points moved, those whose text was cut at the model's ``max_length``
+            (a text pair's; ``rmq status`` shows the sum).
     """
 
     moved: int
@@ -166,6 +171,7 @@ class BatchResult:
     rewritten: int = 0  # of ``unconfirmed``: rewritten in old meanwhile by a writer that bypasses rm-qdrant
     stages: Mapping[str, float] = field(default_factory=dict)
     retries: int = 0
+    truncated: int = 0
 
     @property
     def points(self) -> int:
@@ -183,6 +189,8 @@ class MigrationReport:
     migrated again, and migrated points the writer deleted from old (--keep-old) that the run
     deleted from new too. ``unconfirmed``: points left in old because their copy could not be
     confirmed (rewritten meanwhile, in old by such a writer too): the next run takes them again.
+    ``truncated``: documents a text pair's run moved whose text was cut at the model's
+    ``max_length``, as the tokenizer cuts it.
     """
 
     planned: int = 0
@@ -200,6 +208,7 @@ class MigrationReport:
     stale_dropped: int = 0
     remigrated: int = 0
     writer_deleted: int = 0
+    truncated: int = 0
 
     def add(self, result: BatchResult) -> None:
         self.moved += result.moved
@@ -208,6 +217,7 @@ class MigrationReport:
         self.gone += result.gone
         self.unconfirmed += result.unconfirmed
         self.rewritten += result.rewritten
+        self.truncated += result.truncated
         self.failure_sample = (self.failure_sample + result.failed)[:5]
 
     def merge(self, part: MigrationReport) -> None:
@@ -219,6 +229,7 @@ class MigrationReport:
         self.gone += part.gone
         self.unconfirmed += part.unconfirmed
         self.rewritten += part.rewritten
+        self.truncated += part.truncated
         self.stopped_early |= part.stopped_early
         self.failure_sample = (self.failure_sample + part.failure_sample)[:5]
 

@@ -5,6 +5,10 @@ the metrics) tell the same pace and ETA from any process, after restarts too.
 One point per process and run in ``rmq_meta`` (kind ``progress``): processes never write the
 same point, so shards need no lock. A process writes at most every :data:`WRITE_EVERY` seconds
 and once when it ends; points that stopped recording a day ago are removed when a run starts.
+
+A text pair's run also records how many of the documents it moved were cut at the model's
+``max_length`` (and that length): ``rmq status`` shows the sum over every run of the backfill, so
+those points are kept past the day, until the pair is dropped or made again.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from rm_qdrant.core.pace import WINDOW_SECONDS, Pace, Worker, add, pace
@@ -41,8 +46,11 @@ class ProgressRecorder:
         >>> recorder.close()  # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, name: str) -> None:
-        self.store, self.name = store, name
+    def __init__(self, store: Store, name: str, *, max_length: int | None = None) -> None:
+        """``max_length``: a text pair's run, the tokens its model reads (its cut documents are
+        counted); None for an image pair's."""
+        self.store, self.name, self.max_length = store, name, max_length
+        self._truncated = 0
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started = time.time()
         self._buckets: dict[int, int] = {}
@@ -66,10 +74,12 @@ class ProgressRecorder:
                 except Exception as exc:  # noqa: BLE001 - a missed beat must not end the run
                     log.warning("pair %r: cannot record this run's progress: %s", self.name, exc)
 
-    def moved(self, points: int) -> None:
-        """Count ``points`` moved now; written to the store at most every :data:`WRITE_EVERY` s."""
+    def moved(self, points: int, *, truncated: int = 0) -> None:
+        """Count ``points`` moved now (``truncated`` of them texts cut at ``max_length``); written
+        to the store at most every :data:`WRITE_EVERY` s."""
         with self._lock:
             now = time.time()
+            self._truncated += truncated
             if self._first is None and points:
                 self._first = (now, points)
             self._buckets = add(self._buckets, now, points)
@@ -95,6 +105,8 @@ class ProgressRecorder:
             "first_moved": self._first[1] if self._first else 0,
             "buckets": {str(k): n for k, n in self._buckets.items()},
         }
+        if self.max_length is not None:
+            payload.update(truncated=self._truncated, max_length=self.max_length)
         _put(self.store, KIND, f"{self.name}/{self.worker}", payload)
         self._written = now
 
@@ -118,8 +130,44 @@ def workers(store: Store, name: str) -> list[Worker]:
 def _records(store: Store, name: str) -> list[Record]:
     if not store.has_collection(META_COLLECTION):
         return []
-    page, _ = store.scroll(META_COLLECTION, limit=10_000, where=Where(must={"kind": KIND, "name": name}))
-    return page
+    where, found, offset = Where(must={"kind": KIND, "name": name}), [], None
+    while True:
+        page, offset = store.scroll(META_COLLECTION, limit=10_000, offset=offset, where=where)
+        found += page
+        if offset is None:
+            return found
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The documents a text pair's runs moved whose text was cut at the model's ``max_length``.
+
+    Attributes:
+        documents: their count, every run of the backfill together.
+        max_lengths: the ``max_length`` of the runs, in tokens (one, unless ``rmq switch-encoder``
+            changed the model's window meanwhile).
+    """
+
+    documents: int
+    max_lengths: tuple[int, ...]
+
+
+def recorded_truncation(store: Store, name: str) -> Truncation | None:
+    """What the pair's runs recorded of the texts they cut (None: no run of a text pair recorded
+    it, as for an image pair; a record not as rm-qdrant writes it is left out)."""
+    counts = [_truncation(r.payload) for r in _records(store, name)]
+    known = [c for c in counts if c is not None]
+    if not known:
+        return None
+    return Truncation(sum(n for n, _ in known), tuple(sorted({length for _, length in known})))
+
+
+def _truncation(payload: dict[str, Any]) -> tuple[int, int] | None:
+    """A text run's (documents cut, max_length), or None."""
+    count, length = payload.get("truncated"), payload.get("max_length")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (count, length)):
+        return None
+    return (count, length) if count >= 0 and length > 0 else None  # type: ignore[operator,return-value]
 
 
 def _worker(payload: dict[str, Any]) -> Worker | None:
@@ -157,14 +205,29 @@ def recorded_pace(store: Store, name: str, remaining: int, *, now: float | None 
 
 def forget_progress(store: Store, name: str) -> None:
     """Remove every progress point of the pair (``rmq drop-pair``)."""
-    _forget(store, name, before=float("inf"))
+    _forget(store, name, before=float("inf"), all_runs=True)
 
 
-def _forget(store: Store, name: str, *, before: float) -> None:
-    """Remove the pair's progress records last written before ``before``, and unreadable ones."""
-    old = [r.id for r in _records(store, name) if (w := _worker(r.payload)) is None or w.updated < before]
+def _forget(store: Store, name: str, *, before: float, all_runs: bool = False) -> None:
+    """Remove the pair's progress records last written before ``before``, and unreadable ones;
+    a text run's record, which counts its cut documents, only with ``all_runs`` (the pair goes)."""
+    old = [
+        r.id
+        for r in _records(store, name)
+        if (w := _worker(r.payload)) is None
+        or (w.updated < before and (all_runs or _truncation(r.payload) is None))
+    ]
     if old:
         store.delete(META_COLLECTION, old)
 
 
-__all__ = ["WINDOW_SECONDS", "Pace", "ProgressRecorder", "forget_progress", "recorded_pace", "workers"]
+__all__ = [
+    "WINDOW_SECONDS",
+    "Pace",
+    "ProgressRecorder",
+    "Truncation",
+    "forget_progress",
+    "recorded_pace",
+    "recorded_truncation",
+    "workers",
+]

@@ -11,7 +11,7 @@ from rm_qdrant.errors import SourceError
 from rm_qdrant.pair.bypass import stale_copies
 from rm_qdrant.pair.control import paused_since
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.progress import recorded_pace
+from rm_qdrant.pair.progress import recorded_pace, recorded_truncation
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import shown
 from rm_qdrant.store import Store, Where
@@ -51,6 +51,11 @@ class PairStatus:
         pace_seconds: the time that pace was measured over (ten minutes, or since the earliest
             of those processes started).
         migrating_now: processes that recorded progress in the last two minutes.
+        truncated: a text pair's documents whose text its migrations cut at the model's
+            ``max_length`` (as the tokenizer cuts it), every run together; None for an image pair
+            (and a text pair before its first run).
+        truncated_at: the ``max_length`` of those runs, in tokens (one, unless ``rmq
+            switch-encoder`` changed the model's window meanwhile).
     """
 
     name: str
@@ -81,6 +86,8 @@ class PairStatus:
     eta_seconds: float | None = None
     pace_seconds: float = 0.0
     migrating_now: int = 0
+    truncated: int | None = None
+    truncated_at: list[int] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:
@@ -119,6 +126,7 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
     new_count = layout.count_new(store) - stale if store.has_collection(pair.new_collection) else 0
     remaining = max(0, old_count - failed) if pair.state == "backfilling" else 0
     pace = recorded_pace(store, pair.name, remaining)
+    cut = recorded_truncation(store, pair.name)
     return PairStatus(
         name=pair.name,
         mode=pair.mode,
@@ -148,4 +156,6 @@ def pair_status(store: Store, pair: PairRecord) -> PairStatus:
         eta_seconds=pace.eta_seconds if pair.state == "backfilling" else None,
         pace_seconds=pace.window_seconds,
         migrating_now=pace.running,
+        truncated=cut.documents if cut is not None else None,
+        truncated_at=list(cut.max_lengths) if cut is not None else [],
     )
