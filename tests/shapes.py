@@ -233,8 +233,12 @@ def make_images(root: Path) -> Corpus:
 
 def make_texts(root: Path) -> Corpus:
     """Distinct documents on four topics (tests/text_models.py) of 2 to 14 words, each also in a
-    UTF-8 file, and two short queries in none."""
-    docs = varied_texts(GALLERY + FRESH, seed=4)
+    UTF-8 file, and two short queries in none. Some have accented letters (the tokenizer strips
+    the accents: the same words) and one an emoji: text that is UTF-8 through files and payloads."""
+    docs = [
+        doc.replace("e", "é", 1) + (" ☔" if k == 7 else "") if k % 5 == 2 else doc
+        for k, doc in enumerate(varied_texts(GALLERY + FRESH, seed=4))
+    ]
     root.mkdir(parents=True, exist_ok=True)
     files = {}
     for k, doc in enumerate(docs):
