@@ -1,7 +1,8 @@
 """Deployment shapes for the shapes matrix (tests/e2e/test_shapes_matrix.py): which cells
-run (:func:`design`), real ONNX graphs for each metric and scale, real PNG files, and a team's
-collection made with plain qdrant-edge or qdrant-client calls in each vector layout, with
-integer or UUID ids.
+run (:func:`design`), real ONNX graphs for each metric and scale (image graphs, and text graphs
+with a WordPiece tokenizer stamped in), real PNG files or texts (in a payload field, a nested
+one, or UTF-8 files), and a team's collection made with plain qdrant-edge or qdrant-client calls
+in each vector layout, with integer or UUID ids.
 
 Nothing here imports rm-qdrant's backfill code: this is what the team has before rm-qdrant
 runs. The expected vectors are the graphs' outputs as ONNX Runtime gives them.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ from qdrant_client import models as qm
 from rm_qdrant import OnnxEncoder
 from rm_qdrant.core.modelinfo import ModelInfo
 from tests.conftest import NEW_DIM, OLD_DIM, PIXELS, SPEC
+from tests.text_models import (
+    DOCUMENT_PREFIX,
+    QUERY_PREFIX,
+    TextModelSet,
+    reference_vectors,
+    text_model_set,
+    varied_texts,
+)
 
 GALLERY = 24  # points the team indexed
 FRESH = 8  # images the application writes during the backfill
@@ -39,8 +48,13 @@ RAW_STRETCH = 3.0
 #: Every axis and its values. ``backend``, ``switch`` (switch-encoder to the rm graph after the
 #: application's writes), ``ending`` and ``stated`` (the new graphs stamped with the distance,
 #: else for any distance; a finalize with ``stated`` also drops old) and ``engine`` (the
-#: migration's: threads, or ``--engine ray``) are the smaller axes.
+#: migration's: threads, or ``--engine ray``) are the smaller axes. ``modality``: what the
+#: gallery is, images or texts; ``documents``: where a point's image or text is: a file its
+#: payload names (every image), or the text itself in a payload field (``body``) or a nested
+#: one (``doc.body``).
 AXES: dict[str, tuple] = {
+    "modality": ("image", "text"),
+    "documents": ("files", "field", "nested"),
     "distance": ("cosine", "dot", "euclid"),
     "scale": ("unit", "raw"),
     "vectors": ("unnamed", "named", "several"),
@@ -52,23 +66,31 @@ AXES: dict[str, tuple] = {
     "stated": (False, True),
     "engine": ("local", "ray"),
 }
-#: The default suite runs every distance x scale x layout, the other axes chosen so that every
-#: pair of values of any two axes appears in some cell. RMQ_SHAPES=full runs every
-#: distance x scale x vectors x layout x ids (108 cells), the smaller axes chosen the same way.
+#: The default suite runs every distance x scale x layout of images and every distance x layout
+#: of texts, the other axes chosen so that every pair of values of any two axes appears in some
+#: cell. RMQ_SHAPES=full runs every distance x scale x vectors x layout x ids of each modality
+#: (216 cells), the smaller axes chosen the same way.
 FULL = os.environ.get("RMQ_SHAPES") == "full"
-CROSSED = ("distance", "scale", "vectors", "layout", "ids") if FULL else ("distance", "scale", "layout")
+_EVERY = ("distance", "scale", "vectors", "layout", "ids")
+CROSSED: dict[str, tuple[str, ...]] = {
+    "image": _EVERY if FULL else ("distance", "scale", "layout"),
+    "text": _EVERY if FULL else ("distance", "layout"),
+}
 
 
 def allowed(values: dict) -> bool:
-    """Only a keep-old or single-collection pair can roll back."""
+    """Only a keep-old or single-collection pair can roll back; an image is in a file."""
+    if values.get("modality") == "image" and values.get("documents", "files") != "files":
+        return False
     return not (values.get("layout") == "paired" and values.get("ending") == "rollback")
 
 
 #: The axes whose every value meets each engine in some cell: what a batch's images become
 #: (the distance's unusable vectors), how it is claimed and settled (the layout, the other
-#: vectors carried), and the ids sent through Ray. The store, scales and the steps after a
+#: vectors carried), the ids sent through Ray, and what the workers decode (images or texts, read
+#: from files or from the payload sent along). The store, scales and the steps after a
 #: migration are the driver's, whichever engine embedded the images.
-ENGINE_MEETS = ("distance", "layout", "vectors", "ids")
+ENGINE_MEETS = ("distance", "layout", "vectors", "ids", "modality", "documents")
 
 
 def required_pairs() -> set[tuple[tuple[str, object], tuple[str, object]]]:
@@ -85,32 +107,43 @@ def covered(cell: dict) -> set:
 
 
 def design() -> list[dict]:
-    """The crossed axes in full (by default the vector layout too, as a Latin square over
-    distance x layout); each cell's other axes picked greedily to cover the most pairs of values
-    not yet covered, the least used values first: the same design on every run."""
-    latin = not FULL
-    free = [name for name in AXES if name not in CROSSED and not (latin and name == "vectors")]
-    choices = [dict(zip(free, values)) for values in itertools.product(*(AXES[n] for n in free))]
+    """Each modality's crossed axes in full (by default the vector layout too, as a Latin square
+    over distance x layout, and a text's documents as a second one, orthogonal to it); each
+    cell's other axes picked greedily to cover the most pairs of values not yet covered, the
+    least used values first: the same design on every run."""
     todo, cells = required_pairs(), []
     used: dict[tuple[str, object], int] = {}
-    for values in itertools.product(*(AXES[n] for n in CROSSED)):
-        fixed = dict(zip(CROSSED, values))
-        if latin:
-            square = AXES["distance"].index(fixed["distance"]) + AXES["layout"].index(fixed["layout"])
-            fixed["vectors"] = AXES["vectors"][square % 3]
-        options = [{**fixed, **c} for c in choices if allowed({**fixed, **c})]
+    for modality in AXES["modality"]:
+        crossed = CROSSED[modality]
+        squared = () if FULL else ("vectors", "documents") if modality == "text" else ("vectors",)
+        free = [name for name in AXES if name not in (*crossed, *squared, "modality")]
+        choices = [dict(zip(free, values)) for values in itertools.product(*(AXES[n] for n in free))]
+        for values in itertools.product(*(AXES[n] for n in crossed)):
+            fixed = {"modality": modality, **dict(zip(crossed, values)), **_squares(values, crossed, squared)}
+            options = [{**fixed, **c} for c in choices if allowed({**fixed, **c})]
 
-        # ties go to the local engine (a Ray cell costs its workers' start-up), then to the least used
-        gains = [
-            (len(covered(c) & todo), c["engine"] == "local", -sum(used.get((n, c[n]), 0) for n in free))
-            for c in options
-        ]
-        best = options[gains.index(max(gains))]
-        cells.append({name: best[name] for name in AXES})
-        todo -= covered(best)
-        for name in free:
-            used[(name, best[name])] = used.get((name, best[name]), 0) + 1
+            # ties go to the local engine (a Ray cell costs its workers' start-up), then to the least used
+            gains = [
+                (len(covered(c) & todo), c["engine"] == "local", -sum(used.get((n, c[n]), 0) for n in free))
+                for c in options
+            ]
+            best = options[gains.index(max(gains))]
+            cells.append({name: best[name] for name in AXES})
+            todo -= covered(best)
+            for name in free:
+                used[(name, best[name])] = used.get((name, best[name]), 0) + 1
     return cells
+
+
+def _squares(values: tuple, crossed: tuple[str, ...], squared: tuple[str, ...]) -> dict[str, object]:
+    """The Latin squares' values for a cell: vectors at (distance + layout) mod 3, documents at
+    (distance + 2 layout) mod 3 (every pair of the four axes' values then meets)."""
+    if not squared:
+        return {}
+    at = dict(zip(crossed, values))
+    d, layout = AXES["distance"].index(at["distance"]), AXES["layout"].index(at["layout"])
+    shift = {"vectors": 1, "documents": 2}
+    return {name: AXES[name][(d + shift[name] * layout) % 3] for name in squared}
 
 
 @dataclass(frozen=True)
@@ -125,6 +158,8 @@ class Cell:
     ending: str
     stated: bool
     engine: str  # 'local' (threads) or 'ray' (rmq migrate --engine ray on a local Ray)
+    modality: str  # 'image' or 'text'
+    documents: str  # 'files' (every image), or a text in the payload: 'field' ('body'), 'nested' ('doc.body')
 
     @property
     def id(self) -> str:
@@ -134,7 +169,10 @@ class Cell:
             "stated" if self.stated else "any",
             self.engine,
         ]
-        return "-".join([self.distance, self.scale, self.vectors, self.layout, self.ids, self.backend, *tail])
+        head = [] if self.modality == "image" else [self.modality, self.documents]
+        return "-".join(
+            [*head, self.distance, self.scale, self.vectors, self.layout, self.ids, self.backend, *tail]
+        )
 
 
 def write_images(folder: Path, count: int, seed: int) -> list[str]:
@@ -150,22 +188,65 @@ def write_images(folder: Path, count: int, seed: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Images:
+class Corpus:
+    """What a gallery holds, what the application writes during the backfill and what is asked:
+    image paths, or texts (each also in a UTF-8 file, ``files``, for the cells that keep texts
+    in files). A text is asked as it is; an image by its path."""
+
+    modality: str
     gallery: list[str]
     fresh: list[str]
     queries: list[str]
+    files: dict[str, str] = field(default_factory=dict)  # text -> the absolute path of its file
 
     @property
     def every(self) -> list[str]:
         return self.gallery + self.fresh + self.queries
 
+    def fields(self, item: str, documents: str) -> dict[str, Any]:
+        """The payload fields that give ``item`` to a pair, where ``documents`` says it is."""
+        if self.modality == "image":
+            return {"image_url": item}
+        if documents == "files":
+            return {"doc_url": self.files[item]}
+        if documents == "field":
+            return {"body": item}
+        return {"doc": {"body": item, "lang": "en"}}
 
-def make_images(root: Path) -> Images:
-    return Images(
+
+#: How a text pair reads its documents (``rm_qdrant.init``'s keywords), for each ``documents``.
+TEXT_SOURCE = {
+    "files": {"uri_field": "doc_url"},
+    "field": {"text_field": "body"},
+    "nested": {"text_field": "doc.body"},
+}
+
+
+def make_images(root: Path) -> Corpus:
+    return Corpus(
+        "image",
         write_images(root / "gallery", GALLERY, 1),
         write_images(root / "fresh", FRESH, 2),
         write_images(root / "queries", QUERIES, 3),
     )
+
+
+def make_texts(root: Path) -> Corpus:
+    """Distinct documents on four topics (tests/text_models.py) of 2 to 14 words, each also in a
+    UTF-8 file, and two short queries in none. Some have accented letters (the tokenizer strips
+    the accents: the same words) and one an emoji: text that is UTF-8 through files and payloads."""
+    docs = [
+        doc.replace("e", "é", 1) + (" ☔" if k == 7 else "") if k % 5 == 2 else doc
+        for k, doc in enumerate(varied_texts(GALLERY + FRESH, seed=4))
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for k, doc in enumerate(docs):
+        target = root / f"{k:03d}.txt"
+        target.write_text(doc, encoding="utf-8")
+        files[doc] = str(target.resolve())
+    queries = ["puppy and kitten", "a storm with thunder and rain"]
+    return Corpus("text", docs[:GALLERY], docs[GALLERY:], queries, files)
 
 
 def _graph(path: Path, projections: list[tuple[str, str, np.ndarray]], *, name: str, **stamp: Any) -> Path:
@@ -200,20 +281,22 @@ def _graph(path: Path, projections: list[tuple[str, str, np.ndarray]], *, name: 
 @dataclass(frozen=True)
 class Models:
     """The team's old model, its plain new model (naive), and an rm graph whose ``new`` is the
-    plain new model's output and whose ``rev`` = ψ(new) is exactly the old model's output."""
+    plain new model's output and whose ``rev`` = ψ(new) is (images) exactly the old model's output."""
 
     old: Path
     new: Path
     rm: Path
     distance: str
-    vectors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # role -> uri -> vector
+    vectors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # role -> item -> vector
+    queries: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # the same, asked as a query
+    text: TextModelSet | None = None  # a text set: how its graphs were stamped
 
 
 def make_models(root: Path, distance: str, scale: str, *, stated: bool) -> Models:
     """Graphs for ``distance`` and ``scale``; the new ones are stamped with the distance when
     ``stated``, else for any distance. Each weight column sums to zero over the pixels, so an
     image's vector is its noise pattern (directions spread out)."""
-    rng = np.random.default_rng(["cosine", "dot", "euclid"].index(distance) * 2 + (scale == "raw"))
+    rng = np.random.default_rng(AXES["distance"].index(distance) * 2 + (scale == "raw"))
 
     def weights(dim: int) -> np.ndarray:
         w = rng.normal(size=(PIXELS, dim))
@@ -235,14 +318,47 @@ def make_models(root: Path, distance: str, scale: str, *, stated: bool) -> Model
     )
 
 
-def embed(models: Models, uris: list[str]) -> Models:
-    """``models`` with every graph's output for ``uris``, as ONNX Runtime gives it."""
-    old = OnnxEncoder(models.old).encode(uris)["embedding"]
-    new = OnnxEncoder(models.new).encode(uris)["embedding"]
-    rm = OnnxEncoder(models.rm).encode(uris)
-    table = {"old": old, "new": new, "rm_new": rm["new"], "rev": rm["rev"]}
-    vectors = {role: dict(zip(uris, rows)) for role, rows in table.items()}
-    return Models(models.old, models.new, models.rm, models.distance, vectors)
+def make_text_models(root: Path, distance: str, scale: str, *, stated: bool) -> Models:
+    """Text graphs (tests/text_models.py's, stamped with its vocabulary) for ``distance`` and
+    ``scale``: an old and a new model of other seeds (two incompatible spaces), the new one's
+    vectors ``RAW_STRETCH`` times longer at raw scale (L2-normalised at unit scale), and an rm
+    graph whose ``rev`` is a fixed projection of ``new``. Each (distance, scale) pools its own way
+    (mean, cls or the graph's one vector a text). Queries get a prefix, the new model's documents
+    another: a query encoded as a document is another vector."""
+    k = AXES["distance"].index(distance) * 2 + (scale == "raw")
+    stretch = RAW_STRETCH if scale == "raw" else 1.0
+    made = text_model_set(
+        root,
+        dims=(OLD_DIM, NEW_DIM),
+        seeds=(10 + k, 20 + k),
+        pooling=("mean", "cls", "output")[k % 3],
+        rev=np.random.default_rng(k).normal(size=(NEW_DIM, OLD_DIM)) / (np.sqrt(NEW_DIM) * stretch),
+        stretch=stretch,
+        scale=scale,
+        distance=distance,
+        new_distance=distance if stated else None,
+    )
+    return Models(made.old, made.new, made.rm, distance, text=made)
+
+
+def embed(models: Models, items: list[str]) -> Models:
+    """``models`` with every graph's output for ``items`` (as documents, and as queries), as ONNX
+    Runtime gives it: an image through rm-qdrant's encoder (uint8 pixels in, vectors out), a text
+    without rm-qdrant (:func:`~tests.text_models.reference_vectors`)."""
+    tables = []
+    for query in (False, True):
+        out = {}
+        for name in ("old", "new", "rm"):
+            graph = getattr(models, name)
+            if models.text is None:
+                out[name] = OnnxEncoder(graph).encode(items)
+            else:
+                prefix = QUERY_PREFIX if query else DOCUMENT_PREFIX[name]
+                out[name] = reference_vectors(graph, models.text, items, prefix=prefix)
+        old, new, rm = out["old"]["embedding"], out["new"]["embedding"], out["rm"]
+        table = {"old": old, "new": new, "rm_new": rm["new"], "rev": rm["rev"]}
+        tables.append({role: dict(zip(items, rows)) for role, rows in table.items()})
+    return replace(models, vectors=tables[0], queries=tables[1])
 
 
 def point_ids(kind: str, count: int, start: int = 0) -> list[int | str]:
@@ -258,8 +374,8 @@ def sparse(rng: np.random.Generator) -> tuple[list[int], list[float]]:
 
 @dataclass
 class Point:
-    """What the team expects a point to be: its image, payload and the vectors rm-qdrant must
-    not touch (None: the point has none)."""
+    """What the team expects a point to be: its image (or text), payload and the vectors
+    rm-qdrant must not touch (None: the point has none)."""
 
     image: str
     payload: dict[str, Any]
@@ -267,26 +383,31 @@ class Point:
     bm25: tuple[list[int], list[float]] | None = None
 
 
-#: The searched vector's name in each vector layout ('' is the unnamed vector).
-VECTOR_NAME = {"unnamed": "", "named": "image", "several": "image"}
+#: The searched vector's name in each vector layout ('' is the unnamed vector), by modality.
+VECTOR_NAME = {
+    "image": {"unnamed": "", "named": "image", "several": "image"},
+    "text": {"unnamed": "", "named": "dense", "several": "dense"},
+}
 
 
-def team_points(images: Images, kind: str, vectors: str) -> dict[int | str, Point]:
+def team_points(corpus: Corpus, kind: str, vectors: str, documents: str = "files") -> dict[int | str, Point]:
     rng = np.random.default_rng(5)
     points = {}
-    for k, (point, uri) in enumerate(zip(point_ids(kind, GALLERY), images.gallery)):
-        payload = {"image_url": uri, "sku": f"SKU-{k}", "n": k}
+    for k, (point, item) in enumerate(zip(point_ids(kind, GALLERY), corpus.gallery)):
+        payload = {**corpus.fields(item, documents), "sku": f"SKU-{k}", "n": k}
         if vectors == "several":
-            points[point] = Point(uri, payload, rng.normal(size=TEXT).astype(np.float32), sparse(rng))
+            points[point] = Point(item, payload, rng.normal(size=TEXT).astype(np.float32), sparse(rng))
         else:
-            points[point] = Point(uri, payload)
+            points[point] = Point(item, payload)
     return points
 
 
-def build_collection(folder: Path, backend: str, *, distance: str, vectors: str, points, old) -> None:
+def build_collection(
+    folder: Path, backend: str, *, distance: str, vectors: str, points, old, modality: str = "image"
+) -> None:
     """The team's 'products' collection, written with plain qdrant-edge (a shard in an embedded
-    store) or qdrant-client (a ``QdrantClient(path=...)`` folder) calls; ``old``: uri -> vector."""
-    name = VECTOR_NAME[vectors]
+    store) or qdrant-client (a ``QdrantClient(path=...)`` folder) calls; ``old``: item -> vector."""
+    name = VECTOR_NAME[modality][vectors]
     if backend == "edge":
         _edge(folder, distance, name, vectors == "several", points, old)
     else:

@@ -10,7 +10,9 @@ The real pretrained pair (MiniLM) is in :mod:`rm_qdrant.evaluation.text_corpus`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -142,3 +144,161 @@ def stamped_text_graph(folder: Path, name: str, *, seed: int, pooling: str = "me
         raw, out, outputs={"embedding": output}, tokenizer=vocab, max_length=16, pooling=pooling, **stamp
     )  # type: ignore[arg-type]
     return out
+
+
+def scaled_text_graph(
+    path: Path,
+    *,
+    dim: int,
+    seed: int,
+    pooled: bool = False,
+    stretch: float = 1.0,
+    rev: np.ndarray | None = None,
+) -> Path:
+    """A :func:`text_graph` whose context (the mean state every position carries) is taken over
+    the attention mask, so that a text's vector is the same whatever texts share its batch, as a
+    real encoder's is (:func:`text_graph`'s mean counts the batch's padding too); its states (or,
+    ``pooled``, the first token's state) are multiplied by ``stretch`` and named ``embedding``:
+    a raw-scale model whose vectors are ``stretch`` times longer. With ``rev`` (a ``dim × k``
+    matrix) the output is named ``new`` and a second output ``rev`` = ``new @ rev`` joins it: an
+    rm graph whose ``new`` is, to the bit, the ``embedding`` of the same call without ``rev``."""
+    text_graph(path, dim=dim, seed=seed, pooled=pooled)
+    model = onnx.load(str(path))
+    graph = model.graph
+    nodes = list(graph.node)
+    at = next(k for k, node in enumerate(nodes) if node.op_type == "ReduceMean")
+    nodes[at : at + 1] = [
+        helper.make_node("Cast", ["attention_mask"], ["context_mask"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["context_mask", "last_axis"], ["context_weights"]),
+        helper.make_node("Mul", ["tokens", "context_weights"], ["context_masked"]),
+        helper.make_node("ReduceSum", ["context_masked", "token_axis"], ["context_sum"], keepdims=1),
+        helper.make_node("ReduceSum", ["context_weights", "token_axis"], ["context_count"], keepdims=1),
+        helper.make_node("Div", ["context_sum", "context_count"], ["context"]),
+    ]
+    source = "pooler_output" if pooled else "last_hidden_state"
+    shape: list[object] = ["batch", dim] if pooled else ["batch", "tokens", dim]
+    name = "embedding" if rev is None else "new"
+    nodes.append(helper.make_node("Mul", [source, "stretch"], [name]))
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([2], np.int64), "last_axis"),
+            numpy_helper.from_array(np.array([1], np.int64), "token_axis"),
+            numpy_helper.from_array(np.array(stretch, np.float32), "stretch"),
+        ]
+    )
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)]
+    if rev is not None:
+        graph.initializer.append(numpy_helper.from_array(np.asarray(rev, np.float32), "psi"))
+        nodes.append(helper.make_node("MatMul", [name, "psi"], ["rev"]))
+        outputs.append(helper.make_tensor_value_info("rev", TensorProto.FLOAT, [*shape[:-1], rev.shape[1]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.output[:]
+    graph.output.extend(outputs)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def varied_texts(count: int, *, seed: int = 0) -> list[str]:
+    """``count`` distinct documents of 2 to 14 words drawn from :func:`texts`: a batch of them pads
+    its shorter texts, and the longest, with a prefix, pass a 16-token window."""
+    drawn = texts(2 * count + 1, seed=seed)[0]
+    lengths = [2 + (k * 7) % 15 for k in range(len(drawn) - 1)]
+    docs = [" ".join(f"{a} {b}".split()[:n]) for a, b, n in zip(drawn, drawn[1:], lengths)]
+    return list(dict.fromkeys(docs))[:count]
+
+
+#: :func:`text_model_set`'s prefixes: before every query, and before each model's documents.
+QUERY_PREFIX = "very "
+DOCUMENT_PREFIX = {"old": "", "new": "of ", "rm": "of "}
+
+
+@dataclass(frozen=True)
+class TextModelSet:
+    """An old text model, a new one and an rm graph (outputs ``new`` and ``rev``), stamped with one
+    vocabulary, window and pooling: all :func:`reference_vectors` needs besides a graph."""
+
+    old: Path
+    new: Path
+    rm: Path
+    vocab: Path
+    pooling: str
+    normalize: bool
+    max_length: int = 16
+
+
+def text_model_set(
+    folder: Path,
+    *,
+    dims: tuple[int, int],
+    seeds: tuple[int, int],
+    pooling: str,
+    rev: np.ndarray,
+    stretch: float = 1.0,
+    scale: str = "unit",
+    distance: str,
+    new_distance: str | None,
+) -> TextModelSet:
+    """Stamped :func:`scaled_text_graph` graphs in ``folder``: the old model (``dims[0]``, seed
+    ``seeds[0]``, stamped with ``distance``) and the new one (``dims[1]``, ``seeds[1]``, its
+    vectors ``stretch`` times longer, stamped with ``new_distance``: None for any), and an rm
+    graph whose ``new`` is the new model's and whose ``rev`` is ``new @ rev``. ``scale`` unit:
+    L2-normalised vectors. Queries get :data:`QUERY_PREFIX`, documents :data:`DOCUMENT_PREFIX`."""
+    from rm_qdrant.models.text_stamp import stamp_text_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_vocab(folder / "vocab.txt")
+
+    def stamped(name: str, dim: int, seed: int, outputs: dict[str, str], **graph: Any) -> Path:
+        raw = scaled_text_graph(
+            folder / f"{name}-raw.onnx", dim=dim, seed=seed, pooled=pooling == "output", **graph
+        )
+        out = folder / f"{name}.onnx"
+        stamp_text_model(
+            raw,
+            out,
+            outputs=outputs,
+            tokenizer=vocab,
+            max_length=16,
+            pooling=pooling,
+            normalize=scale == "unit",
+            scale=scale,
+            name=name,
+            query_prefix=QUERY_PREFIX,
+            document_prefix=DOCUMENT_PREFIX[name],
+            distance=distance if name == "old" else new_distance,
+        )
+        return out
+
+    return TextModelSet(
+        stamped("old", dims[0], seeds[0], {"embedding": "embedding"}),
+        stamped("new", dims[1], seeds[1], {"embedding": "embedding"}, stretch=stretch),
+        stamped("rm", dims[1], seeds[1], {"new": "new", "rev": "rev"}, stretch=stretch, rev=rev),
+        vocab,
+        pooling,
+        scale == "unit",
+    )
+
+
+def reference_vectors(
+    graph: Path, models: TextModelSet, items: list[str], *, prefix: str
+) -> dict[str, np.ndarray]:
+    """Each output of ``graph`` (one of ``models``) for ``prefix`` + each text, without rm-qdrant:
+    tokenised by ``tokenizers``' own BERT WordPiece tokenizer, run by ONNX Runtime one text a
+    run (no padding), pooled and normalised in numpy."""
+    import onnxruntime as ort
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(str(models.vocab), lowercase=True)
+    tokenizer.enable_truncation(models.max_length)
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rows: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for item in items:
+        ids = np.array([tokenizer.encode(prefix + item).ids], np.int64)
+        values = session.run(names, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        for name, value in zip(names, values):
+            vector = {"mean": value[0].mean(axis=0), "cls": value[0][0], "output": value[0]}[models.pooling]
+            rows[name].append(vector / np.linalg.norm(vector) if models.normalize else vector)
+    return {name: np.array(vectors, np.float32) for name, vectors in rows.items()}

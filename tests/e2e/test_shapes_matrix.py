@@ -1,12 +1,20 @@
 """Issue 23's matrix: correct results for every deployment shape, by design rather than by case.
 
-Axes: distance (cosine, dot, euclid) x the models' scale (unit, raw) x vector layout (one
-unnamed vector; one named; several: the searched 'image' beside a dense 'text' and a sparse
-'bm25') x pair layout (paired, paired --keep-old, single-collection) x ids (int, UUID), each
-cell on qdrant-edge or on qdrant-client's local mode, migrated by the local engine or by
-``--engine ray`` (a local Ray: fetch, decode and encode in Ray workers). Which cells run: ``tests/shapes.py``
-:func:`design` (by default 18: every distance x scale x pair layout, the other axes chosen so
-that every pair of values of any two axes is in some cell; ``RMQ_SHAPES=full``: all 108).
+Axes: modality (an image gallery, or a text one) x distance (cosine, dot, euclid) x the models'
+scale (unit, raw) x vector layout (one unnamed vector; one named; several: the searched vector
+beside a dense 'text' and a sparse 'bm25') x pair layout (paired, paired --keep-old,
+single-collection) x ids (int, UUID), each cell on qdrant-edge or on qdrant-client's local mode,
+migrated by the local engine or by ``--engine ray`` (a local Ray: fetch, decode and encode in Ray
+workers). A text gallery's documents are in a payload field (``body``), a nested one
+(``doc.body``) or UTF-8 files its payload names (``doc_url``); its queries are strings. Which
+cells run: ``tests/shapes.py`` :func:`design` (by default 27: every distance x scale x pair
+layout of images and every distance x pair layout of texts, the other axes chosen so that every
+pair of values of any two axes is in some cell; ``RMQ_SHAPES=full``: all 216).
+
+An image cell calls rm-qdrant's operations as ``rmq`` does; a text cell calls the Python API
+(``rm_qdrant.init(text_field=...)``, ``migrate``, ``switch_encoder``, ``finalize``,
+``rollback``), whose CLI forms (``rmq init --text-field``, ``rmq search --text``, ``rmq model
+stamp --tokenizer``) tests/cli/test_cli_text.py covers.
 
 Each cell plays a team's upgrade: init (naive: the plain new model and the old one), migrate
 to 0.5, calibrate (raw scales: the map ``rmq calibrate`` fits), the application's updates,
@@ -19,8 +27,9 @@ or roll back. After every step:
   its old copy is there too), nothing else is stored there, and a search with no limit returns
   each id once;
 - each served payload, text and bm25 vector is what the team (or the application) wrote;
-- every vector rm-qdrant wrote is the encoder's output for the point's current image
-  (the old model's in old, the new model's in new; cosine collections store them normalised);
+- every vector rm-qdrant wrote is the encoder's output for the point's current image or text
+  (the old model's in old, the new model's in new; cosine collections store them normalised; a
+  text is encoded as a document, with the document prefix, a query with the query prefix);
 - the merged top k (and the full ranking) equals a brute-force numpy merge: the new query
   vector against the points served from new, the old-side query (the old model's, or rev)
   against the points served from old, old distances through the pair's calibration while it
@@ -36,7 +45,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rm_qdrant import DualIndex, OnnxEncoder, create_pair, open_store
+import rm_qdrant
+from rm_qdrant import DualIndex, MigrationReport, OnnxEncoder, create_pair, open_store
 from rm_qdrant.core.calibration import Calibration, fit_calibration
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.evaluation.probe import draw_sample
@@ -46,26 +56,31 @@ from rm_qdrant.operations.cutover import finalize, rollback
 from rm_qdrant.operations.switch import switch_encoder
 from rm_qdrant.pair.record import save_pair
 from tests import shapes
-from tests.shapes import TEXT, VECTOR_NAME, Cell, Point, design
+from tests.shapes import TEXT, TEXT_SOURCE, VECTOR_NAME, Cell, Point, design
 
 K = 5
 CELLS = [Cell(**values) for values in design()]
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory) -> shapes.Images:
-    return shapes.make_images(tmp_path_factory.mktemp("shape-images"))
+def corpora(tmp_path_factory) -> dict[str, shapes.Corpus]:
+    return {
+        "image": shapes.make_images(tmp_path_factory.mktemp("shape-images")),
+        "text": shapes.make_texts(tmp_path_factory.mktemp("shape-texts")),
+    }
 
 
 @pytest.fixture(scope="module")
-def model_sets(tmp_path_factory, images):
-    made: dict[tuple[str, str, bool], shapes.Models] = {}
+def model_sets(tmp_path_factory, corpora):
+    made: dict[tuple[str, str, str, bool], shapes.Models] = {}
+    makers = {"image": shapes.make_models, "text": shapes.make_text_models}
 
-    def get(distance: str, scale: str, stated: bool) -> shapes.Models:
-        key = (distance, scale, stated)
+    def get(modality: str, distance: str, scale: str, stated: bool) -> shapes.Models:
+        key = (modality, distance, scale, stated)
         if key not in made:
-            folder = tmp_path_factory.mktemp(f"models-{distance}-{scale}-{int(stated)}")
-            made[key] = shapes.embed(shapes.make_models(folder, distance, scale, stated=stated), images.every)
+            folder = tmp_path_factory.mktemp(f"models-{modality}-{distance}-{scale}-{int(stated)}")
+            models = makers[modality](folder, distance, scale, stated=stated)
+            made[key] = shapes.embed(models, corpora[modality].every)
         return made[key]
 
     return get
@@ -87,8 +102,8 @@ def metric(query: np.ndarray, vector: np.ndarray, distance: str) -> float:
 class Run:
     """One cell's upgrade, and the state the team expects after each step."""
 
-    def __init__(self, cell: Cell, store, models: shapes.Models, images: shapes.Images, points):
-        self.cell, self.store, self.m, self.images = cell, store, models, images
+    def __init__(self, cell: Cell, store, models: shapes.Models, corpus: shapes.Corpus, points):
+        self.cell, self.store, self.m, self.corpus = cell, store, models, corpus
         self.points: dict[int | str, Point] = points
         self.mode = "naive"
         self.calibration: Calibration | None = None
@@ -105,7 +120,7 @@ class Run:
             old_collection="products",
             encoder=OnnxEncoder(self.m.new),
             old_encoder=OnnxEncoder(self.m.old),
-            old_vector=VECTOR_NAME[cell.vectors] or None,
+            old_vector=VECTOR_NAME[cell.modality][cell.vectors] or None,
             uri=UriRule("image_url"),
             keep_old=cell.layout == "keep-old",
             layout="single-collection" if cell.layout == "single" else "paired",
@@ -115,7 +130,11 @@ class Run:
 
     def migrate(self, until: float | None) -> None:
         ray = RayOptions(encoders=2, decoders=1) if self.cell.engine == "ray" else None
-        run_migration(self.index, MigrateOptions(batch=5, until=until), ray=ray)
+        self._moved(run_migration(self.index, MigrateOptions(batch=5, until=until), ray=ray))
+
+    def _moved(self, report: MigrationReport) -> None:
+        """A run moved points, and every image or text it read was one the encoder could take."""
+        assert report.moved > 0 and report.failed == 0, f"migrate: {report.failure_sample or report}"
 
     def calibrate(self) -> None:
         """What ``rmq calibrate --force`` keeps: the quantile map fitted on a sample."""
@@ -131,8 +150,8 @@ class Run:
         several = self.cell.vectors == "several"
         moved, waiting = self._split()
         updated = moved[:2] + waiting[:2]
-        fresh = self.images.fresh
-        payloads = [{"image_url": fresh[k], "sku": "updated", "n": -k} for k in range(4)]
+        fresh, named = self.corpus.fresh, self._named
+        payloads = [{**named(fresh[k]), "sku": "updated", "n": -k} for k in range(4)]
         payloads[1] = None  # the same image written again: its payload (and image_url) kept
         images = [fresh[0], self.points[updated[1]].image, fresh[2], fresh[3]]
         others = [None] * 4
@@ -144,7 +163,7 @@ class Run:
             self.points[point] = Point(images[k], payloads[k] or p.payload, text, p.bm25)
         added = shapes.point_ids(self.cell.ids, 2, start=1000)
         for k, point in enumerate(added):
-            payloads.append({"image_url": fresh[4 + k], "sku": f"added-{k}", "n": 1000 + k})
+            payloads.append({**named(fresh[4 + k]), "sku": f"added-{k}", "n": 1000 + k})
             text = self.rng.normal(size=TEXT).astype(np.float32) if several else None
             bm25 = shapes.sparse(self.rng) if several and k == 0 else None
             given = {"text": text} if several else None
@@ -167,13 +186,13 @@ class Run:
 
     def late_write(self) -> None:
         """After the switch step: one add and one update of a point still waiting, if any."""
-        fresh = self.images.fresh
+        fresh, named = self.corpus.fresh, self._named
         point = shapes.point_ids(self.cell.ids, 1, start=1002)[0]
-        writes = {point: Point(fresh[6], {"image_url": fresh[6], "sku": "late", "n": 1002})}
+        writes = {point: Point(fresh[6], {**named(fresh[6]), "sku": "late", "n": 1002})}
         _, waiting = self._split()
         if waiting:
             old = self.points[waiting[0]]
-            writes[waiting[0]] = Point(fresh[7], {"image_url": fresh[7], "sku": "late"}, old.text, old.bm25)
+            writes[waiting[0]] = Point(fresh[7], {**named(fresh[7]), "sku": "late"}, old.text, old.bm25)
         ids = list(writes)
         self.index.upsert(ids, [writes[i].image for i in ids], [writes[i].payload for i in ids])
         self.points.update(writes)
@@ -197,6 +216,10 @@ class Run:
         vectors = store.collection(pair.old_collection, pair.new_using).vectors
         assert pair.new_using in vectors  # a rollback keeps the new vectors, unserved
         assert (pair.vector in vectors) == (back or not pair.drop_old)
+
+    def _named(self, item: str) -> dict:
+        """The payload fields that give ``item`` to the pair."""
+        return self.corpus.fields(item, self.cell.documents)
 
     def _split(self) -> tuple[list, list]:
         """The gallery's ids in new (migrated) and still waiting, in the team's order."""
@@ -247,7 +270,7 @@ class Run:
             assert self.store.count(collection) == len(everything), f"{step}: stray points in {collection!r}"
             for point, record in stored.items():
                 self._check_point(step, side, point, record, exact_payload=done)
-        for query in (self.images.gallery[0], self.images.fresh[5], *self.images.queries):
+        for query in (self.corpus.gallery[0], self.corpus.fresh[5], *self.corpus.queries):
             ranking = self.reference(query, sides)
             for limit in (K, len(self.points) + 5):
                 self._check_hits(step, self.index.search(query, limit=limit), ranking, limit, sides)
@@ -277,10 +300,10 @@ class Run:
 
     def reference(self, query: str, sides: dict) -> list[tuple[float, int, str, object]]:
         """The brute-force merge: (distance, new first, id) for every served point, sorted."""
-        pair, vectors = self.index.pair, self.m.vectors
-        new_q = vectors["new"][query]
+        pair, vectors, queries = self.index.pair, self.m.vectors, self.m.queries
+        new_q = queries["new"][query]
         naive = self.mode == "naive" or pair.state == "rolled_back"
-        old_q = vectors["old" if naive else "rev"][query]
+        old_q = queries["old" if naive else "rev"][query]
         calibrated = self.calibration if (self.mode == "naive" and pair.state == "backfilling") else None
         rows = []
         for point, side in sides.items():
@@ -316,6 +339,46 @@ class Run:
         )
 
 
+class TextRun(Run):
+    """A text cell's upgrade: the same steps and checks, through the Python API."""
+
+    def init(self) -> None:
+        cell = self.cell
+        where: dict = {"old_collection": "products"}
+        if cell.layout == "single":
+            where = {"collection": "products", "mode": "single-collection", "new_vector": "new"}
+        rm_qdrant.init(
+            self.store,
+            "p",
+            encoder=self.m.new,
+            old_encoder=self.m.old,
+            old_vector=VECTOR_NAME["text"][cell.vectors] or None,
+            keep_old=cell.layout == "keep-old",
+            **where,
+            **TEXT_SOURCE[cell.documents],
+        )
+        self.index = DualIndex.open(self.store, "p", exact=True)
+
+    def migrate(self, until: float | None) -> None:
+        engine = RayOptions(encoders=2, decoders=1) if self.cell.engine == "ray" else "local"
+        self._moved(rm_qdrant.migrate(self.store, "p", engine=engine, batch=5, until=until))
+        self.index.refresh()
+
+    def switch(self) -> None:
+        rm_qdrant.switch_encoder(self.store, "p", self.m.rm)
+        self.index.close()
+        self.index = DualIndex.open(self.store, "p", exact=True)
+        self.mode = "rm"
+
+    def end(self) -> None:
+        if self.cell.ending == "rollback":
+            rm_qdrant.rollback(self.store, "p")
+        else:
+            rm_qdrant.finalize(self.store, "p", drop_old=self.cell.stated)
+        self.index.refresh()
+        self._check_cutover()
+
+
 @pytest.fixture(params=CELLS, ids=[cell.id for cell in CELLS])
 def cell(request) -> Cell:
     return request.param
@@ -323,12 +386,13 @@ def cell(request) -> Cell:
 
 @pytest.mark.slow
 def test_every_step_serves_each_point_once_with_its_own_vectors_ranked_as_brute_force(
-    cell, images, model_sets, tmp_path: Path, request
+    cell, corpora, model_sets, tmp_path: Path, request
 ):
     if cell.engine == "ray":
         request.getfixturevalue("local_ray")
-    models = model_sets(cell.distance, cell.scale, cell.stated)
-    points = shapes.team_points(images, cell.ids, cell.vectors)
+    corpus = corpora[cell.modality]
+    models = model_sets(cell.modality, cell.distance, cell.scale, cell.stated)
+    points = shapes.team_points(corpus, cell.ids, cell.vectors, cell.documents)
     folder = tmp_path / "team"
     shapes.build_collection(
         folder,
@@ -337,9 +401,10 @@ def test_every_step_serves_each_point_once_with_its_own_vectors_ranked_as_brute_
         vectors=cell.vectors,
         points=points,
         old=models.vectors["old"],
+        modality=cell.modality,
     )
     with open_store(folder, create=False) as store:
-        run = Run(cell, store, models, images, points)
+        run = (TextRun if cell.modality == "text" else Run)(cell, store, models, corpus, points)
         run.init()
         run.check("init")
         run.migrate(0.5)
@@ -366,6 +431,9 @@ def test_the_design_puts_every_pair_of_axis_values_in_some_cell():
     """Whatever two axes a bug needs (say a dot collection with UUID ids), some cell has them."""
     missing = shapes.required_pairs() - set().union(*(shapes.covered(c) for c in design()))
     assert not missing
-    assert {(c.distance, c.scale, c.layout) for c in CELLS} == set(
-        itertools.product(*(shapes.AXES[n] for n in ("distance", "scale", "layout")))
-    )
+    crossed = {"image": ("distance", "scale", "layout"), "text": ("distance", "layout")}
+    for modality, axes in crossed.items():
+        cells = [c for c in CELLS if c.modality == modality]
+        assert {tuple(getattr(c, n) for n in axes) for c in cells} == set(
+            itertools.product(*(shapes.AXES[n] for n in axes))
+        ), modality
