@@ -519,3 +519,20 @@ def test_finalize_a_single_collection_text_pair(rmq, tm, tmp_path):
     hits = json.loads(rmq("search", "--name", "s", "--text", "rain snow", "--limit", "40", "--json").output)
     assert sorted(h["id"] for h in hits) == list(range(40)) and {h["source"] for h in hits} == {"new"}
     assert hits[0]["payload"]["label"] == "weather"
+
+
+def test_documents_that_are_not_text_are_recorded_failures(rmq, tm, tmp_path):
+    vectors = gallery(tmp_path, tm)
+    bad = {2: {"body": "  "}, 3: {"body": "a\x00b"}, 4: {"title": "no body"}, 5: {"body": 42}}
+    with open_store(tmp_path / "q") as store:
+        store.upsert("articles", list(bad), vectors[list(bad)], list(bad.values()))
+    _init_naive(rmq, tm, "p", "articles", "--text-field", "body")
+    assert "moved 36 points" in rmq("migrate", "--name", "p").output
+    listed = json.loads(rmq("failures", "--name", "p", "--json").output)["points"]
+    failed = {f["id"]: f["reason"] for f in listed}
+    assert failed == {
+        2: "payload field 'body': the text is empty",
+        3: "payload field 'body': the text holds control character U+0000: binary data, not text",
+        4: "payload has no 'body'",
+        5: "payload field 'body': expected text, got int 42",
+    }
