@@ -166,18 +166,18 @@ def stamp_command(
     roles = parse_output_roles(outputs)
     common = {k: options.pop(k) for k in ("distance", "scale", "name")}
     if options["tokenizer"] is not None:
-        _refuse_given(ctx, IMAGE_OPTIONS, "is for image graphs; a text graph (--tokenizer) takes none")
-        report = _stamp_text(source, out, roles, options, common)
+        _refuse_given(ctx, IMAGE_OPTIONS, why="is for image graphs; a text graph (--tokenizer) takes none")
+        report = _stamp_text(source, out, roles=roles, options=options, common=common)
         emit(_text_dict(report), as_json, _text_text(report))
         return
-    _refuse_given(ctx, TEXT_OPTIONS, "is for text graphs: give the model's tokenizer with --tokenizer")
+    _refuse_given(ctx, TEXT_OPTIONS, why="is for text graphs: give the model's tokenizer with --tokenizer")
     if options["input_size"] is None:
         raise click.UsageError("an image graph needs --input-size (a text graph: --tokenizer)")
-    image_report = _stamp_image(source, out, roles, options, common)
+    image_report = _stamp_image(source, out, roles=roles, options=options, common=common)
     emit(_as_dict(image_report), as_json, _as_text(image_report))
 
 
-def _refuse_given(ctx: click.Context, names: tuple[str, ...], why: str) -> None:
+def _refuse_given(ctx: click.Context, names: tuple[str, ...], *, why: str) -> None:
     """One line naming the first option of ``names`` the user gave."""
     for param in ctx.command.params:
         if (
@@ -189,7 +189,7 @@ def _refuse_given(ctx: click.Context, names: tuple[str, ...], why: str) -> None:
 
 
 def _stamp_text(
-    source: str, out: str, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
+    source: str, out: str, *, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
 ) -> TextStampReport:
     from rm_qdrant.models.text_stamp import stamp_text_model
 
@@ -199,7 +199,7 @@ def _stamp_text(
 
 
 def _stamp_image(
-    source: str, out: str, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
+    source: str, out: str, *, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
 ) -> StampReport:
     from rm_qdrant.models.stamp import stamp_model
 
@@ -284,11 +284,13 @@ def _text_text(report: TextStampReport) -> str:
     lines = [f"stamped {report.source} -> {report.out} ({_facts(info)})"]
     if report.replaced:
         lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
-    lines += _text_lines(info, spec, f"{spec.max_length} tokens ({window})", report.vocabulary)
+    lines += _text_lines(
+        info, spec, window=f"{spec.max_length} tokens ({window})", vocabulary=report.vocabulary
+    )
     return "\n".join(lines)
 
 
-def _text_lines(info: ModelInfo, spec: TextSpec, window: str, vocabulary: int) -> list[str]:
+def _text_lines(info: ModelInfo, spec: TextSpec, *, window: str, vocabulary: int) -> list[str]:
     """What a text graph says: its roles, window, pooling, prefixes and tokenizer."""
     lines = [f"  {role:9} -> {info.output_names[role]}: {dim}-d" for role, dim in info.outputs.items()]
     pooled = f"{spec.pooling} pooling" + (", L2-normalised" if spec.normalize else ", not normalised")
@@ -342,7 +344,9 @@ def describe_command(model_path: str, as_json: bool) -> None:
             "tokenizer": _tokenizer_kind(info.input),
             "vocabulary": vocabulary,
         }
-        lines += _text_lines(info, info.input, f"{info.input.max_length} tokens", vocabulary)
+        lines += _text_lines(
+            info, info.input, window=f"{info.input.max_length} tokens", vocabulary=vocabulary
+        )
     else:
         data["input"] = dataclasses.asdict(info.input)
         lines += [f"  {role:9} -> {info.output_names[role]}: {d}-d" for role, d in info.outputs.items()]

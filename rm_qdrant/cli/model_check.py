@@ -11,10 +11,8 @@ from rm_qdrant.cli.common import SEED, decode_option, emit, json_option, open_cl
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
-from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.text import load_encoder
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.store import Store
 
 if TYPE_CHECKING:
     from rm_qdrant.operations.verify import Agreement, Fidelity
@@ -80,7 +78,7 @@ def check_command(
     A text model (stamped with --tokenizer) re-encodes each point's document: the text in
     --text-field, or the file or object at --uri-field/--uri-template, decoded as UTF-8.
     """
-    from rm_qdrant.operations.verify import Fidelity, recorded_decode
+    from rm_qdrant.operations.verify import Fidelity, agreement, fidelity, recorded_decode
 
     uri_given = ctx.get_parameter_source("uri_field") is not click.core.ParameterSource.DEFAULT
     if text_field is not None and (uri_given or uri_template is not None):
@@ -96,11 +94,14 @@ def check_command(
     if decode is None and not text:
         decode, recorded = recorded_decode(store, collection)
     rule = UriRule(text_field, inline=True) if text_field else UriRule(uri_field, uri_template)
-    measured = _measure(store, collection, encoder, decode == "fast", vector, rule, sample, seed, source)
+    measure = fidelity if decode == "fast" else agreement
+    measured = measure(
+        store, collection, encoder, vector=vector, rule=rule, sample=sample, seed=seed, source=source
+    )
     fast = measured if isinstance(measured, Fidelity) else None
     found = measured.exact if isinstance(measured, Fidelity) else measured
-    shown = _check_text(model_path, collection, found, fast, recorded, text)
-    emit(_check_dict(found, fast, decode, recorded), as_json, shown)
+    shown = _check_text(model_path, collection, found=found, fast=fast, recorded=recorded, text=text)
+    emit(_check_dict(found, fast, decode=decode, recorded=recorded), as_json, shown)
     reason = found.mismatch()
     if reason is not None:
         raws = (
@@ -114,27 +115,8 @@ def check_command(
         )
 
 
-def _measure(
-    store: Store,
-    collection: str,
-    encoder: OnnxEncoder,
-    fast: bool,
-    vector: str | None,
-    rule: UriRule,
-    sample: int,
-    seed: int,
-    source: SourceConfig,
-) -> Agreement | Fidelity:
-    from rm_qdrant.operations.verify import agreement, fidelity
-
-    measure = fidelity if fast else agreement
-    return measure(  # type: ignore[operator]
-        store, collection, encoder, vector=vector, rule=rule, sample=sample, seed=seed, source=source
-    )
-
-
 def _check_dict(
-    found: Agreement, fast: Fidelity | None, decode: str | None, recorded: str | None
+    found: Agreement, fast: Fidelity | None, *, decode: str | None, recorded: str | None
 ) -> dict[str, object]:
     from rm_qdrant.operations.verify import SAME_OUTPUT, SAME_VECTOR
 
@@ -152,6 +134,7 @@ def _check_dict(
 def _check_text(
     model_path: str,
     collection: str,
+    *,
     found: Agreement,
     fast: Fidelity | None,
     recorded: str | None,

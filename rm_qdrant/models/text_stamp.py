@@ -126,7 +126,7 @@ def stated_window(document: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _window(max_length: int | None, document: str, tokenizer: Path) -> tuple[int, str]:
+def _window(max_length: int | None, document: str, *, tokenizer: Path) -> tuple[int, str]:
     """``max_length`` as given, else the tokenizer's own; and where it came from."""
     if max_length is not None:
         if (
@@ -187,7 +187,7 @@ def stamp_text_model(
     weights = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in weights]
     document = read_tokenizer(tokenizer)
-    max_length, max_length_from = _window(max_length, document, Path(tokenizer))
+    max_length, max_length_from = _window(max_length, document, tokenizer=Path(tokenizer))
     try:
         spec = TextSpec(
             max_length=max_length,
@@ -292,14 +292,14 @@ def _check_fits(
             f"is larger than the graph's embedding table; is it the model's own tokenizer? "
             f"({clip(str(exc).splitlines()[0])})"
         ) from exc
-    if _runs(session, feed_types, max_length):
+    if _runs(session, feed_types, width=max_length):
         return
-    longest = _longest_window(session, feed_types, max_length)
+    longest = _longest_window(session, feed_types, fails=max_length)
     takes = f"it runs on {longest} at most: --max-length {longest}" if longest else "nor on 2"
     raise ConfigError(f"{source} does not run on {max_length} tokens, over its position table; {takes}")
 
 
-def _runs(session: Any, feed_types: dict[str, str], width: int) -> bool:
+def _runs(session: Any, feed_types: dict[str, str], *, width: int) -> bool:
     try:
         _run(session, feed_types, np.ones((1, width), np.int64))
     except Exception:  # onnxruntime raises its own untyped errors
@@ -307,14 +307,14 @@ def _runs(session: Any, feed_types: dict[str, str], width: int) -> bool:
     return True
 
 
-def _longest_window(session: Any, feed_types: dict[str, str], fails: int) -> int | None:
+def _longest_window(session: Any, feed_types: dict[str, str], *, fails: int) -> int | None:
     """The most tokens below ``fails`` the graph runs on (a bisection: a few runs), None if not 2."""
-    if not _runs(session, feed_types, 2):
+    if not _runs(session, feed_types, width=2):
         return None
     runs = 2
     while fails - runs > 1:
         middle = (runs + fails) // 2
-        runs, fails = (middle, fails) if _runs(session, feed_types, middle) else (runs, middle)
+        runs, fails = (middle, fails) if _runs(session, feed_types, width=middle) else (runs, middle)
     return runs
 
 
