@@ -276,6 +276,8 @@ def test_model_check_reencodes_a_text_collection(rmq, tm, tmp_path):
         assert result.exit_code == 1 and "against 40 stored vectors of 'articles'" in measured
         assert line.startswith("Error: the model does not reproduce the stored vectors (cosine min"), why
         assert "stamped with its own tokenizer, and --max-length, --pooling" in line
+    line = one_error_line(rmq(*check, tm.old, "--collection", "articles", ok=False))  # --text-field forgotten
+    assert "none of the 40 sampled documents could be read (first: payload has no 'uri')" in line
     (tmp_path / "docs" / "3.txt").write_bytes(b"\xff\xfe not text")
     text = rmq(*check, tm.old, "--collection", "files").output
     assert "39 stored vectors" in text and "1 documents unreadable (first: " in text and "not UTF-8" in text
@@ -536,3 +538,17 @@ def test_documents_that_are_not_text_are_recorded_failures(rmq, tm, tmp_path):
         4: "payload has no 'body'",
         5: "payload field 'body': expected text, got int 42",
     }
+
+
+def test_rollback_of_a_text_pair_takes_an_old_model_that_reads_text(rmq, tm, tmp_path, models):
+    gallery(tmp_path, tm, "single")
+    rmq(
+        "init", "--name", "s", "--mode", "single-collection", "--collection", "single", "--new-vector", "v2",
+        "--encoder", tm.rm, "--text-field", "body",
+    )  # fmt: skip
+    rmq("migrate", "--name", "s", "--until", "0.5")
+    line = one_error_line(rmq("rollback", "--name", "s", "--old-encoder", models.old, ok=False))
+    assert line == f"Error: {models.old} reads images, pair 's' serves text"
+    assert "pair 's' rolled back" in rmq("rollback", "--name", "s", "--old-encoder", tm.old).output
+    hits = json.loads(rmq("search", "--name", "s", "--text", "bank money", "--limit", "40", "--json").output)
+    assert sorted(h["id"] for h in hits) == list(range(40)) and {h["source"] for h in hits} == {"old"}
