@@ -62,9 +62,11 @@ def text_graph(
     token_types: bool = False,
     pooled: bool = False,
     int32: bool = False,
+    positions: int | None = None,
 ) -> Path:
     """Write a text encoder graph (see the module's docstring); ``vocab`` rows in its table
-    (default: :func:`vocabulary`'s size)."""
+    (default: :func:`vocabulary`'s size); ``positions``: a position table of that many rows
+    added to the token embeddings, as BERT's (a longer text does not run)."""
     words = vocabulary()
     rows = vocab or len(words)
     rng = np.random.default_rng(seed)
@@ -82,19 +84,36 @@ def text_graph(
     ]
     if token_types:
         inputs.append(helper.make_tensor_value_info("token_type_ids", kind, ["batch", "tokens"]))
-    nodes = [
-        helper.make_node("Gather", ["table", "input_ids"], ["embedded"]),
-        helper.make_node("MatMul", ["embedded", "mix"], ["mixed"]),
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["embedded"])]
+    weights = []
+    if positions:
+        weights = [
+            numpy_helper.from_array(
+                (0.1 * rng.normal(size=(positions, dim))).astype(np.float32), "positions"
+            ),
+            numpy_helper.from_array(np.array(0, np.int64), "start"),
+            numpy_helper.from_array(np.array(1, np.int64), "step"),
+        ]
+        nodes += [
+            helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+            helper.make_node("Gather", ["ids_shape", "step"], ["length"]),
+            helper.make_node("Range", ["start", "length", "step"], ["position"]),
+            helper.make_node("Gather", ["positions", "position"], ["placed"]),
+            helper.make_node("Add", ["embedded", "placed"], ["embedded_at"]),
+        ]
+    nodes += [
+        helper.make_node("MatMul", ["embedded_at" if positions else "embedded", "mix"], ["mixed"]),
         helper.make_node("Tanh", ["mixed"], ["tokens"]),
-        # every position also carries the text's mean state, as attention would: the first
-        # token's state (cls pooling) then says what the text is about
-        helper.make_node("ReduceMean", ["tokens"], ["context"], axes=[1], keepdims=1),
-        helper.make_node("Add", ["tokens", "context"], ["mixed_states"]),
-        # the mask takes part, as in a real encoder (and keeps the input in the graph)
+        # every position also carries the mean state of the text's own tokens, as attention over
+        # the mask would: the first token's state (cls pooling) then says what the text is about,
+        # and a text's vectors do not depend on the padding of the batch it is encoded in
         helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
-        helper.make_node("ReduceSum", ["mask_f"], ["mask_sum"], keepdims=1),
-        helper.make_node("Mul", ["mask_sum", "zero"], ["mask_zero"]),
-        helper.make_node("Add", ["mixed_states", "mask_zero"], ["states"]),
+        helper.make_node("Unsqueeze", ["mask_f", "last_axis"], ["mask_3d"]),
+        helper.make_node("Mul", ["tokens", "mask_3d"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "token_axis"], ["masked_sum"], keepdims=1),
+        helper.make_node("ReduceSum", ["mask_3d", "token_axis"], ["mask_count"], keepdims=1),
+        helper.make_node("Div", ["masked_sum", "mask_count"], ["context"]),
+        helper.make_node("Add", ["tokens", "context"], ["states"]),
     ]
     if token_types:
         nodes += [
@@ -122,7 +141,10 @@ def text_graph(
             numpy_helper.from_array(table, "table"),
             numpy_helper.from_array(mix, "mix"),
             numpy_helper.from_array(np.zeros((), np.float32), "zero"),
+            numpy_helper.from_array(np.array([2], np.int64), "last_axis"),
+            numpy_helper.from_array(np.array([1], np.int64), "token_axis"),
             *([numpy_helper.from_array(np.array(0, np.int64), "first")] if pooled else []),
+            *weights,
         ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -302,3 +324,37 @@ def reference_vectors(
             vector = {"mean": value[0].mean(axis=0), "cls": value[0][0], "output": value[0]}[models.pooling]
             rows[name].append(vector / np.linalg.norm(vector) if models.normalize else vector)
     return {name: np.array(vectors, np.float32) for name, vectors in rows.items()}
+
+
+def rm_text_graph(path: Path, *, new: Path, old: Path) -> Path:
+    """An rm text graph from two :func:`text_graph` files: output ``new`` is ``new``'s token states
+    and ``rev`` is ``old``'s (a ψ that reproduces the old model exactly), one graph over the same
+    ``input_ids`` and ``attention_mask``, as an exporter writes φ_new + ρ + ψ."""
+    from onnx import compose
+
+    parts = [compose.add_prefix(onnx.load(str(p)), f"{tag}_") for tag, p in (("n", new), ("o", old))]
+    inputs = [i for i in onnx.load(str(new)).graph.input]
+    nodes = [
+        helper.make_node("Identity", [i.name], [f"{tag}_{i.name}"]) for tag in ("n", "o") for i in inputs
+    ]
+    nodes += [n for part in parts for n in part.graph.node]
+    nodes += [
+        helper.make_node("Identity", ["n_last_hidden_state"], ["new_states"]),
+        helper.make_node("Identity", ["o_last_hidden_state"], ["rev_states"]),
+    ]
+    dim = [d for d in parts[0].graph.output[0].type.tensor_type.shape.dim][-1].dim_value
+    old_dim = [d for d in parts[1].graph.output[0].type.tensor_type.shape.dim][-1].dim_value
+    graph = helper.make_graph(
+        nodes,
+        "rm-text",
+        inputs,
+        [
+            helper.make_tensor_value_info("new_states", TensorProto.FLOAT, ["batch", "tokens", dim]),
+            helper.make_tensor_value_info("rev_states", TensorProto.FLOAT, ["batch", "tokens", old_dim]),
+        ],
+        initializer=[t for part in parts for t in part.graph.initializer],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

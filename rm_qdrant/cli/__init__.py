@@ -20,7 +20,8 @@ from rm_qdrant.cli.model import model
 from rm_qdrant.cli.pairs import drop_pair_command, pairs_command, switch_encoder_command
 from rm_qdrant.cli.plan import plan_command
 from rm_qdrant.cli.probe import probe_command
-from rm_qdrant.cli.serve import index, init, search
+from rm_qdrant.cli.search import search
+from rm_qdrant.cli.serve import index, init
 from rm_qdrant.cli.status import status
 from rm_qdrant.cli.training import TrainGroup, demo, export_command
 

@@ -1,31 +1,91 @@
-"""``rmq model``: describe a team's own ONNX encoder so rm-qdrant can serve it."""
+"""``rmq model``: describe a team's own ONNX encoder (image or text) so rm-qdrant can serve it."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from rm_qdrant.cli.common import SEED, Group, decode_option, emit, json_option, open_cli_store
-from rm_qdrant.cli.sourceopts import source_options
+from rm_qdrant.cli.common import Group, emit, json_option, plain
+from rm_qdrant.cli.model_check import check_command
 from rm_qdrant.core.inputspec import INTERPOLATIONS, ORIENTATIONS
-from rm_qdrant.core.modelinfo import parse_floats
-from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ConfigError
-from rm_qdrant.models.encoder import OnnxEncoder
-from rm_qdrant.sources import SourceConfig
+from rm_qdrant.core.modelinfo import ModelInfo, parse_floats
+from rm_qdrant.core.textspec import MAX_TOKENS, POOLINGS, TRUNCATIONS, TextSpec
+from rm_qdrant.models.text import load_encoder
 
 if (
     TYPE_CHECKING
 ):  # rm_qdrant.models.stamp imports onnx: loaded when a model command runs, not for every rmq call
     from rm_qdrant.models.stamp import StampReport
-    from rm_qdrant.operations.verify import Fidelity
+    from rm_qdrant.models.text_stamp import TextStampReport
+
+#: Options that describe how images are prepared, and how texts are: one kind per stamp.
+IMAGE_OPTIONS = (
+    "input_size",
+    "resize",
+    "crop",
+    "input_layout",
+    "input_dtype",
+    "mean",
+    "std",
+    "channel_order",
+    "interpolation",
+    "orientation",
+)
+TEXT_OPTIONS = ("max_length", "pooling", "normalize", "truncation", "query_prefix", "document_prefix")
 
 
 @click.group(name="model", cls=Group)
 def model() -> None:
     """Describe ONNX encoders: the rm_qdrant metadata entry any graph needs."""
+
+
+def _text_options(command: Any) -> Any:
+    """``--tokenizer`` and the options of a text stamp."""
+    options = [
+        click.option(
+            "--tokenizer",
+            type=click.Path(dir_okay=False),
+            help="Text graph: the model's tokenizer.json or WordPiece vocab.txt, written into the graph "
+            "(another tokenizer is another model).",
+        ),
+        click.option(
+            "--max-length",
+            type=click.IntRange(2, MAX_TOKENS),
+            help="Text: tokens per text, special tokens included [default: the tokenizer.json's own "
+            "truncation max_length; a vocab.txt, or a tokenizer.json without one, needs it].",
+        ),
+        click.option(
+            "--pooling",
+            type=click.Choice(POOLINGS),
+            default="mean",
+            show_default=True,
+            help="Text: mean (token states averaged over the attention mask), cls (the first token's "
+            "state) or output (the output is one vector a text already).",
+        ),
+        click.option(
+            "--normalize/--no-normalize",
+            default=True,
+            show_default=True,
+            help="Text: L2-normalise the pooled vectors.",
+        ),
+        click.option(
+            "--truncation",
+            type=click.Choice(TRUNCATIONS),
+            default="right",
+            show_default=True,
+            help="Text: a longer text keeps its start (right) or its end (left).",
+        ),
+        click.option("--query-prefix", default="", help="Text: put before every query, e.g. 'query: '."),
+        click.option(
+            "--document-prefix", default="", help="Text: put before every document, e.g. 'passage: '."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @model.command(name="stamp")
@@ -39,7 +99,7 @@ def model() -> None:
     metavar="ROLE=GRAPH_OUTPUT",
     help="A role (embedding, new, rev, scores) and the graph output that plays it (repeatable).",
 )
-@click.option("--input-size", required=True, type=int, help="Input height = width.")
+@click.option("--input-size", type=int, help="Image: input height = width (needed for an image graph).")
 @click.option("--resize", type=int, help="Shorter side before the centre crop (torchvision Resize(N)).")
 @click.option("--crop", type=int, help="Centre crop side, equal to --input-size (torchvision CenterCrop(N)).")
 @click.option(
@@ -71,6 +131,7 @@ def model() -> None:
     help="The EXIF orientation tag: ignore it (as Image.open and torchvision's default loader do) or "
     "turn each photo as it says (exif: the team's pipeline calls ImageOps.exif_transpose).",
 )
+@_text_options
 @click.option(
     "--distance",
     type=click.Choice(["cosine", "dot", "euclid", "manhattan"]),
@@ -84,52 +145,80 @@ def model() -> None:
 )
 @click.option("--name", help="Model name [default: the file's stem].")
 @json_option
+@click.pass_context
 def stamp_command(
-    source: str,
-    out: str,
-    outputs: tuple[str, ...],
-    input_size: int,
-    resize: int | None,
-    crop: int | None,
-    input_layout: str | None,
-    input_dtype: str | None,
-    mean: str | None,
-    std: str | None,
-    channel_order: str,
-    interpolation: str,
-    orientation: str,
-    distance: str | None,
-    scale: str | None,
-    name: str | None,
-    as_json: bool,
+    ctx: click.Context, source: str, out: str, outputs: tuple[str, ...], **options: Any
 ) -> None:
     """Add the rm_qdrant metadata entry to SOURCE, an ONNX graph; nothing else in it changes.
 
     Roles map to the graph's own outputs (nothing is renamed), e.g.
     --output embedding=image_embeds. Output dimensions come from the graph's static
     shapes, or from one run on a zero input.
-    """
-    from rm_qdrant.models.stamp import parse_output_roles, stamp_model
 
-    report = stamp_model(
+    An image graph takes --input-size and the image options. A text graph (inputs input_ids,
+    attention_mask, optionally token_type_ids) takes --tokenizer and the text options; its
+    tokenizer is written into the graph. --max-length left out is the tokenizer.json's own
+    truncation max_length (a vocab.txt states none: give it).
+    """
+    from rm_qdrant.models.stamp import parse_output_roles
+
+    as_json = options.pop("as_json")
+    roles = parse_output_roles(outputs)
+    common = {k: options.pop(k) for k in ("distance", "scale", "name")}
+    if options["tokenizer"] is not None:
+        _refuse_given(ctx, IMAGE_OPTIONS, why="is for image graphs; a text graph (--tokenizer) takes none")
+        report = _stamp_text(source, out, roles=roles, options=options, common=common)
+        emit(_text_dict(report), as_json, _text_text(report))
+        return
+    _refuse_given(ctx, TEXT_OPTIONS, why="is for text graphs: give the model's tokenizer with --tokenizer")
+    if options["input_size"] is None:
+        raise click.UsageError("an image graph needs --input-size (a text graph: --tokenizer)")
+    image_report = _stamp_image(source, out, roles=roles, options=options, common=common)
+    emit(_as_dict(image_report), as_json, _as_text(image_report))
+
+
+def _refuse_given(ctx: click.Context, names: tuple[str, ...], *, why: str) -> None:
+    """One line naming the first option of ``names`` the user gave."""
+    for param in ctx.command.params:
+        if (
+            param.name in names
+            and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT
+        ):
+            flag = param.opts[0] if param.name != "normalize" else "--normalize/--no-normalize"
+            raise click.UsageError(f"{flag} {why}")
+
+
+def _stamp_text(
+    source: str, out: str, *, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
+) -> TextStampReport:
+    from rm_qdrant.models.text_stamp import stamp_text_model
+
+    return stamp_text_model(
+        source, out, outputs=roles, **{k: options[k] for k in ("tokenizer", *TEXT_OPTIONS)}, **common
+    )
+
+
+def _stamp_image(
+    source: str, out: str, *, roles: dict[str, str], options: dict[str, Any], common: dict[str, Any]
+) -> StampReport:
+    from rm_qdrant.models.stamp import stamp_model
+
+    return stamp_model(
         source,
         out,
-        outputs=parse_output_roles(outputs),
-        size=input_size,
-        layout=input_layout,
-        dtype=input_dtype,
-        resize=resize,
-        crop=crop,
-        mean=parse_floats(mean, "--mean"),
-        std=parse_floats(std, "--std"),
-        channel_order=channel_order,
-        interpolation=interpolation,
-        orientation=orientation,
-        distance=distance,
-        scale=scale,
-        name=name,
+        outputs=roles,
+        size=options["input_size"],
+        layout=options["input_layout"],
+        dtype=options["input_dtype"],
+        resize=options["resize"],
+        crop=options["crop"],
+        mean=parse_floats(options["mean"], "--mean"),
+        std=parse_floats(options["std"], "--std"),
+        channel_order=options["channel_order"],
+        interpolation=options["interpolation"],
+        orientation=options["orientation"],
+        **common,
     )
-    emit(_as_dict(report), as_json, _as_text(report))
 
 
 def _as_dict(report: StampReport) -> dict[str, object]:
@@ -139,6 +228,7 @@ def _as_dict(report: StampReport) -> dict[str, object]:
         "out": str(report.out),
         "replaced": report.replaced,
         "name": info.name,
+        "modality": info.modality,
         "distance": info.distance,
         "scale": info.scale,
         "outputs": {
@@ -151,9 +241,7 @@ def _as_dict(report: StampReport) -> dict[str, object]:
 
 def _as_text(report: StampReport) -> str:
     info = report.info
-    facts = [info.name, f"{info.distance} distance" if info.distance else "any distance"]
-    facts += [f"{info.scale} vectors"] if info.scale else []
-    lines = [f"stamped {report.source} -> {report.out} ({', '.join(facts)})"]
+    lines = [f"stamped {report.source} -> {report.out} ({_facts(info)})"]
     if report.replaced:
         lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
     for role, dim in info.outputs.items():
@@ -162,120 +250,108 @@ def _as_text(report: StampReport) -> str:
     return "\n".join(lines)
 
 
-@model.command(name="check")
-@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(dir_okay=False))
-@click.option("--collection", required=True, help="A collection whose vectors this model should reproduce.")
-@click.option("--vector", help="Its vector name, if it has named vectors [default: its only vector].")
-@click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Points compared.")
-@click.option("--uri-field", default="uri", show_default=True, help="Payload field with each image's URI.")
-@click.option("--uri-template", help="Or build the URI from payload fields, e.g. 's3://bucket/{sku}.jpg'.")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the sample.")
-@decode_option(
-    "fast: also re-encode the same images decoded fast, and print how close they come to the stored "
-    "vectors and to the exact-decoded ones [default: as the pair over the collection records, else exact].",
-)
-@source_options
-@json_option
-@click.pass_context
-def check_command(
-    ctx: click.Context,
-    model_path: str,
-    collection: str,
-    vector: str | None,
-    sample: int,
-    uri_field: str,
-    uri_template: str | None,
-    seed: int,
-    decode: str | None,
-    source: SourceConfig,
-    as_json: bool,
-) -> None:
-    """Re-encode stored points' images with MODEL and compare with the vectors stored for them.
-
-    The comparison is the collection's own metric: cosine >= 0.999 for a cosine
-    collection; for Euclid, Manhattan and dot, the vectors themselves (relative error
-    <= 0.045), so a model that L2-normalises raw vectors fails. A wrong resize, crop,
-    interpolation, normalisation, channel order or scale shows here, before anything moves. The
-    norms of both sides are reported. Exits 1 when they do not match.
-
-    With --decode fast the same images are also decoded fast: the fast vectors against the
-    stored ones and against the exact-decoded ones (min and median, in the collection's
-    metric) say what fast decoding costs on these images. The exact-decoded vectors still
-    decide the exit status: fast decoding is the team's choice (rmq init/switch-encoder --decode).
-    """
-    from rm_qdrant.operations.verify import (
-        SAME_OUTPUT,
-        SAME_VECTOR,
-        Fidelity,
-        agreement,
-        fidelity,
-        recorded_decode,
-    )
-
-    store = open_cli_store(ctx)
-    recorded = None
-    if decode is None:
-        decode, recorded = recorded_decode(store, collection)
-    measure = fidelity if decode == "fast" else agreement
-    measured = measure(
-        store,
-        collection,
-        OnnxEncoder(model_path),  # decodes exact; fidelity decodes fast too
-        vector=vector,
-        rule=UriRule(uri_field, uri_template),
-        sample=sample,
-        seed=seed,
-        source=source,
-    )
-    fast = measured if isinstance(measured, Fidelity) else None
-    found = measured.exact if isinstance(measured, Fidelity) else measured
-    reason = found.mismatch()
-    data = {
-        **dataclasses.asdict(found),
-        "matches": reason is None,
-        "threshold": SAME_OUTPUT,
-        "max_relative_error": SAME_VECTOR,
-        "decode": decode,
-        "decode_from_pair": recorded,
-        "fast": None if fast is None else _fast_dict(fast),
-    }
-    text = (
-        f"{model_path} against {found.checked} stored vectors of {collection!r} ({found.metric}): "
-        f"{found.describe()}"
-        + (f"; {found.unreadable} images unreadable (first: {found.first_error})" if found.unreadable else "")
-    )
-    if fast is not None:
-        text += "\n" + _fast_text(fast, recorded)
-    emit(data, as_json, text)
-    if reason is not None:
-        raise ConfigError(
-            f"the model does not reproduce the stored vectors ({reason}): check "
-            + (
-                "that the graph gives its raw vectors (not L2-normalised), and "
-                if found.metric != "cosine"
-                else ""
-            )
-            + "--resize/--crop, --interpolation, --orientation, --mean/--std, --channel-order and "
-            "--input-size of 'rmq model stamp'"
-        )
+def _facts(info: ModelInfo) -> str:
+    facts = [info.name, info.modality, f"{info.distance} distance" if info.distance else "any distance"]
+    return ", ".join(facts + ([f"{info.scale} vectors"] if info.scale else []))
 
 
-def _fast_dict(fast: Fidelity) -> dict[str, object]:
+def _text_dict(report: TextStampReport) -> dict[str, object]:
+    info = report.info
     return {
-        "checked": fast.fast.checked,
-        "against_stored": dataclasses.asdict(fast.fast),
-        "against_exact": dataclasses.asdict(fast.fast_vs_exact),
+        "source": str(report.source),
+        "out": str(report.out),
+        "replaced": report.replaced,
+        "name": info.name,
+        "modality": info.modality,
+        "distance": info.distance,
+        "scale": info.scale,
+        "outputs": {
+            role: {"graph_output": info.output_names[role], "dim": dim} for role, dim in info.outputs.items()
+        },
+        "input": {
+            **info.input.to_json(),  # type: ignore[union-attr]  # a TextSpec
+            "max_length_from": report.max_length_from,
+            "tokenizer": _tokenizer_kind(info.input),  # type: ignore[arg-type]
+            "vocabulary": report.vocabulary,
+        },
     }
 
 
-def _fast_text(fast: Fidelity, pair: str | None) -> str:
-    """The fidelity of fast decoding, in the collection's metric (a similarity: cosine; and the
-    relative error where norms matter), on the images both decodings read."""
-    by = f" (as pair {pair!r} records)" if pair else ""
-    return (
-        f"decoded fast{by}, {fast.fast.checked} images:\n"
-        f"  fast against the stored vectors:        {fast.fast.describe()}\n"
-        f"  fast against the exact-decoded vectors: {fast.fast_vs_exact.describe()}\n"
-        "  (the exact-decoded vectors above decide whether the model matches; whether fast is close enough "
-        "is yours: rmq probe --decode fast forecasts serving with it)"
+def _text_text(report: TextStampReport) -> str:
+    info = report.info
+    spec: TextSpec = info.input  # type: ignore[assignment]  # a text stamp's
+    window = "given" if report.max_length_from == "given" else "the tokenizer's own truncation"
+    lines = [f"stamped {report.source} -> {report.out} ({_facts(info)})"]
+    if report.replaced:
+        lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
+    lines += _text_lines(
+        info, spec, window=f"{spec.max_length} tokens ({window})", vocabulary=report.vocabulary
     )
+    return "\n".join(lines)
+
+
+def _text_lines(info: ModelInfo, spec: TextSpec, *, window: str, vocabulary: int) -> list[str]:
+    """What a text graph says: its roles, window, pooling, prefixes and tokenizer."""
+    lines = [f"  {role:9} -> {info.output_names[role]}: {dim}-d" for role, dim in info.outputs.items()]
+    pooled = f"{spec.pooling} pooling" + (", L2-normalised" if spec.normalize else ", not normalised")
+    lines.append(f"  text      {window}, cut {spec.truncation}; {pooled}")
+    if spec.query_prefix or spec.document_prefix:
+        shown = f"query {spec.query_prefix!r}, document {spec.document_prefix!r}"
+        lines.append(f"  prefixes  {plain(shown)}")
+    inputs = "input_ids, attention_mask" + (", token_type_ids" if spec.token_type_ids else "")
+    kind = f"{_tokenizer_kind(spec)}, {vocabulary:,} tokens"
+    lines.append(f"  tokenizer {spec.tokenizer_sha256} ({kind}); inputs {inputs}")
+    return lines
+
+
+def _tokenizer_kind(spec: TextSpec) -> str:
+    """The tokenizer's model type (WordPiece, BPE, Unigram...)."""
+    try:
+        kind = json.loads(spec.tokenizer).get("model", {}).get("type")
+    except (ValueError, AttributeError, RecursionError):
+        kind = None
+    return kind if isinstance(kind, str) else "unknown kind"
+
+
+@model.command(name="describe")
+@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(dir_okay=False))
+@json_option
+def describe_command(model_path: str, as_json: bool) -> None:
+    """What a stamped graph says about itself: what it reads (images or text) and how, its roles and
+    their dimensions, its distance and scale, and its fingerprint (what a pair records).
+
+    The graph is loaded as every command loads it, so one that rm-qdrant would refuse is refused
+    here, in one line.
+    """
+    encoder = load_encoder(model_path)
+    info = encoder.info
+    data: dict[str, Any] = {
+        "path": model_path,
+        "name": info.name,
+        "fingerprint": encoder.fingerprint,
+        "modality": info.modality,
+        "distance": info.distance,
+        "scale": info.scale,
+        "outputs": {
+            role: {"graph_output": info.output_names[role], "dim": d} for role, d in info.outputs.items()
+        },
+    }
+    lines = [f"{model_path}: {_facts(info)}; fingerprint {encoder.fingerprint}"]
+    if isinstance(info.input, TextSpec):
+        vocabulary = encoder.vocabulary  # type: ignore[attr-defined]  # a TextEncoder
+        data["input"] = {
+            **info.input.to_json(),
+            "tokenizer": _tokenizer_kind(info.input),
+            "vocabulary": vocabulary,
+        }
+        lines += _text_lines(
+            info, info.input, window=f"{info.input.max_length} tokens", vocabulary=vocabulary
+        )
+    else:
+        data["input"] = dataclasses.asdict(info.input)
+        lines += [f"  {role:9} -> {info.output_names[role]}: {d}-d" for role, d in info.outputs.items()]
+        lines.append(f"  input     {info.input.describe()}")
+    emit(data, as_json, "\n".join(lines))
+
+
+model.add_command(check_command)

@@ -129,7 +129,8 @@ def switch_encoder_command(
             else "; new was empty"
         )
         text = f"pair {name!r} now serves {plain(updated.encoder.name)} ({updated.mode} mode){check}"
-    text += "\n" + _decode_line(report)
+    if updated.encoder.modality != "text":  # text is read one way
+        text += "\n" + _decode_line(report)
     if calibration is not None:
         text += "\n" + _calibration_line(name, calibration)
     recorded = updated.new_model

@@ -115,6 +115,11 @@ class ModelInfo:
         return self.input.modality
 
     @property
+    def items(self) -> str:
+        """What the graph reads, for messages: ``images`` or ``text``."""
+        return items_of(self.modality)
+
+    @property
     def query_modes(self) -> tuple[str, ...]:
         """``("rm",)`` for a graph with ``new`` and ``rev`` outputs, else ``()``."""
         return ("rm",) if {"new", "rev"} <= set(self.outputs) else ()
@@ -153,6 +158,11 @@ class ModelInfo:
         if isinstance(self.input, TextSpec):
             entry[TOKENIZER_KEY] = self.input.tokenizer
         return entry
+
+
+def items_of(modality: str) -> str:
+    """A modality as messages say it: ``images`` or ``text``."""
+    return "images" if modality == "image" else modality
 
 
 def parse_metadata(

@@ -109,6 +109,11 @@ class TextDecoder:
     def item_shape(self) -> tuple[int, ...]:
         return (2, self.spec.max_length)
 
+    @property
+    def vocabulary(self) -> int:
+        """The tokenizer's size, added tokens included."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
     def blank(self, count: int) -> np.ndarray:
         """``count`` decoded one-token texts (token id 0): what a check that only runs the graph feeds it."""
         rows = np.zeros((count, *self.item_shape), self.item_dtype)

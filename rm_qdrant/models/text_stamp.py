@@ -7,8 +7,14 @@ JSON file, or a WordPiece ``vocab.txt``) is written into the graph beside the en
 the stamped file is one model: a different tokenizer makes a different fingerprint.
 
 What the stamp checks by running the graph: the tokenizer's largest token id fits the
-graph's embedding table; ``max_length`` tokens fit its position table; each output has
-the rank its pooling needs; ``--scale unit`` vectors have norm 1.
+graph's embedding table; ``max_length`` tokens fit its position table (if not, the message
+names the longest window it runs on); each output has the rank its pooling needs;
+``--scale unit`` vectors have norm 1.
+
+``max_length`` left out is the window the tokenizers JSON states itself (its
+``truncation.max_length``, what ``tokenizer.json`` files saved with truncation carry); a
+``vocab.txt``, or a JSON that states none, needs it given: the model's window is a fact of
+the model, never guessed.
 """
 
 from __future__ import annotations
@@ -23,10 +29,18 @@ from typing import Any
 
 import numpy as np
 
+from rm_qdrant.core.inputspec import clip
 from rm_qdrant.core.modelinfo import METADATA_KEY, ModelInfo, parse_metadata
-from rm_qdrant.core.textspec import TOKENIZER_KEY, TextSpec, check_prefix, tokenizer_sha
+from rm_qdrant.core.textspec import (
+    MAX_TOKENIZER_CHARS,
+    MAX_TOKENS,
+    TOKENIZER_KEY,
+    TextSpec,
+    check_prefix,
+    tokenizer_sha,
+)
 from rm_qdrant.errors import ConfigError, EncoderError
-from rm_qdrant.models.stamp import _check_roles, _load, _session, _set_entry, _write
+from rm_qdrant.models.stamp import _check_roles, _load, _set_entry, _write
 from rm_qdrant.models.text import check_text_inputs, load_tokenizer, pool, text_feed
 
 #: Sentences the stamp runs the graph on (dimension, pooling and scale checks).
@@ -38,13 +52,20 @@ _SAMPLES = (
 
 @dataclass(frozen=True)
 class TextStampReport:
-    """What :func:`stamp_text_model` wrote (see :class:`~rm_qdrant.models.stamp.StampReport`)."""
+    """What :func:`stamp_text_model` wrote (see :class:`~rm_qdrant.models.stamp.StampReport`).
+
+    Attributes:
+        vocabulary: the tokenizer's size, added tokens included.
+        max_length_from: where ``max_length`` came from: ``"given"``, or ``"tokenizer"`` (the
+            tokenizers JSON's own truncation).
+    """
 
     source: Path
     out: Path
     info: ModelInfo
     vocabulary: int
     replaced: bool
+    max_length_from: str = "given"
 
 
 def read_tokenizer(path: str | os.PathLike[str]) -> str:
@@ -53,14 +74,20 @@ def read_tokenizer(path: str | os.PathLike[str]) -> str:
     no token but the special ones has a capital letter, as uncased vocabularies are).
 
     Raises:
-        ConfigError: no such file, or neither kind of tokenizer.
+        ConfigError: no such file, too large, or neither kind of tokenizer (one line).
     """
+    from tokenizers import Tokenizer
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read tokenizer {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    text = _read_text(path)
     if text.lstrip().startswith("{"):
+        try:
+            Tokenizer.from_str(text)
+        except Exception as exc:  # tokenizers raises its own untyped errors
+            raise ConfigError(
+                f"{path} is JSON but not a tokenizer the 'tokenizers' library reads ({clip(str(exc))}): "
+                "give the model's tokenizer.json or its vocab.txt"
+            ) from exc
         return text
     tokens = [line for line in text.splitlines() if line]
     if "[UNK]" not in tokens or "[CLS]" not in tokens or "[SEP]" not in tokens:
@@ -74,13 +101,58 @@ def read_tokenizer(path: str | os.PathLike[str]) -> str:
     return str(BertWordPieceTokenizer(vocab, lowercase=not cased).to_str())
 
 
+def _read_text(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_TOKENIZER_CHARS:
+            raise ConfigError(f"{path} is {size:,} bytes: not a tokenizer (at most 32 MiB are read)")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not a tokenizer: not UTF-8 text (byte {exc.start}); give the model's tokenizer.json "
+            "or its vocab.txt"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read tokenizer {path}: {exc.strerror or exc}") from exc
+
+
+def stated_window(document: str) -> int | None:
+    """The window a ``tokenizers`` JSON document states itself (``truncation.max_length``), or None."""
+    try:
+        truncation = json.loads(document).get("truncation")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    value = truncation.get("max_length") if isinstance(truncation, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _window(max_length: int | None, document: str, *, tokenizer: Path) -> tuple[int, str]:
+    """``max_length`` as given, else the tokenizer's own; and where it came from."""
+    if max_length is not None:
+        if (
+            isinstance(max_length, bool)
+            or not isinstance(max_length, int)
+            or not 2 <= max_length <= MAX_TOKENS
+        ):
+            raise ConfigError(f"--max-length is 2 to {MAX_TOKENS:,} tokens, got {max_length!r}")
+        return max_length, "given"
+    stated = stated_window(document)
+    if stated is None:
+        raise ConfigError(
+            f"--max-length is needed: {tokenizer} states no window of its own (a vocab.txt, or a "
+            "tokenizer.json saved without truncation); give the model's, e.g. 256 for all-MiniLM-L6-v2, "
+            "512 for BERT"
+        )
+    return stated, "tokenizer"
+
+
 def stamp_text_model(
     source: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
     outputs: Mapping[str, str],
     tokenizer: str | os.PathLike[str],
-    max_length: int,
+    max_length: int | None = None,
     pooling: str = "mean",
     normalize: bool = True,
     truncation: str = "right",
@@ -97,7 +169,8 @@ def stamp_text_model(
         out: Where the stamped graph goes (may be ``source``).
         outputs: Role → the graph's output name, as for images.
         tokenizer: A ``tokenizers`` JSON file or a WordPiece ``vocab.txt``.
-        max_length: Tokens per text, special tokens included (the model's window).
+        max_length: Tokens per text, special tokens included (the model's window); None:
+            the window the tokenizers JSON states itself (its truncation), else refused.
         pooling: ``mean``, ``cls`` or ``output``.
         normalize: L2-normalise the pooled vectors.
         truncation: Keep a long text's start (``right``) or end (``left``).
@@ -114,6 +187,7 @@ def stamp_text_model(
     weights = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in weights]
     document = read_tokenizer(tokenizer)
+    max_length, max_length_from = _window(max_length, document, tokenizer=Path(tokenizer))
     try:
         spec = TextSpec(
             max_length=max_length,
@@ -140,7 +214,7 @@ def stamp_text_model(
     except EncoderError as exc:
         raise ConfigError(f"cannot stamp {exc}") from exc
     _check_prefixes(tok, spec, source)
-    session = _session(model, source)
+    session = _quiet_session(model, source)
     feed_types = {i.name: i.type for i in session.get_inputs()}
     vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
     _check_fits(session, feed_types, vocabulary, max_length, source)
@@ -150,7 +224,20 @@ def stamp_text_model(
     replaced = _set_entry(model, entry[METADATA_KEY])
     _set_tokenizer(model, entry[TOKENIZER_KEY])
     _write(model, out)
-    return TextStampReport(source, out, info, vocabulary, replaced)
+    return TextStampReport(source, out, info, vocabulary, replaced, max_length_from)
+
+
+def _quiet_session(model: Any, source: Path) -> Any:
+    """A CPU session that logs nothing: a run the checks expect to fail is reported in one line,
+    not also in ONNX Runtime's own error log on stderr."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EncoderError(f"{source} is not a loadable ONNX graph: {clip(str(exc))}") from exc
 
 
 @dataclass(frozen=True)
@@ -203,15 +290,32 @@ def _check_fits(
         raise ConfigError(
             f"{source} does not take token id {vocabulary - 1}: the tokenizer's vocabulary ({vocabulary:,}) "
             f"is larger than the graph's embedding table; is it the model's own tokenizer? "
-            f"({str(exc).splitlines()[0][:160]})"
+            f"({clip(str(exc).splitlines()[0])})"
         ) from exc
+    if _runs(session, feed_types, width=max_length):
+        return
+    longest = _longest_window(session, feed_types, fails=max_length)
+    takes = f"it runs on {longest} at most: --max-length {longest}" if longest else "nor on 2"
+    raise ConfigError(f"{source} does not run on {max_length} tokens, over its position table; {takes}")
+
+
+def _runs(session: Any, feed_types: dict[str, str], *, width: int) -> bool:
     try:
-        _run(session, feed_types, np.ones((1, max_length), np.int64))
-    except Exception as exc:
-        raise ConfigError(
-            f"{source} does not run on {max_length} tokens (--max-length above the model's window?): "
-            f"{str(exc).splitlines()[0][:160]}"
-        ) from exc
+        _run(session, feed_types, np.ones((1, width), np.int64))
+    except Exception:  # onnxruntime raises its own untyped errors
+        return False
+    return True
+
+
+def _longest_window(session: Any, feed_types: dict[str, str], *, fails: int) -> int | None:
+    """The most tokens below ``fails`` the graph runs on (a bisection: a few runs), None if not 2."""
+    if not _runs(session, feed_types, width=2):
+        return None
+    runs = 2
+    while fails - runs > 1:
+        middle = (runs + fails) // 2
+        runs, fails = (middle, fails) if _runs(session, feed_types, width=middle) else (runs, middle)
+    return runs
 
 
 def _dims(

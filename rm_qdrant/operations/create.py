@@ -112,6 +112,8 @@ def create_pair(
     check_decode(decode)
     check_path(label_field, "--label-field")
     check_modality(encoder, [old_encoder, new_model], uri)
+    if decode != DEFAULT_DECODE and encoder.info.modality == "text":
+        raise ConfigError(f"--decode {decode} is for images: a text pair reads its documents one way")
     single = layout == SINGLE
     existing = _get(store, "pair", name)
     if existing is not None:
@@ -255,7 +257,7 @@ def check_modality(encoder: OnnxEncoder, others: list[OnnxEncoder | None], uri: 
     for other in others:
         if other is not None and other.info.modality != modality:
             raise ConfigError(
-                f"{other.path} reads {other.info.modality}, {encoder.path} reads {modality}: "
+                f"{other.path} reads {other.info.items}, {encoder.path} reads {encoder.info.items}: "
                 "a pair's models read the same kind of item"
             )
     if uri is not None and uri.inline and modality != "text":

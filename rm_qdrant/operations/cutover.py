@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from rm_qdrant.core.merge import PointId
+from rm_qdrant.core.modelinfo import items_of
 from rm_qdrant.errors import ConfigError, MigrationError, RmqError
 from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.migrate import MigrateOptions, Migrator
@@ -178,6 +179,11 @@ def rollback(
 
 
 def _check_old_model(store: Store, pair: PairRecord, encoder: OnnxEncoder) -> ModelRef:
+    if encoder.info.modality != pair.encoder.modality:
+        raise ConfigError(
+            f"{encoder.path} reads {encoder.info.items}, pair {pair.name!r} serves "
+            f"{items_of(pair.encoder.modality)}"
+        )
     ref = old_model_ref(store, store.collection(pair.old_collection, pair.vector), encoder)
     if pair.old_encoder is not None and pair.old_encoder.fingerprint != ref.fingerprint:
         raise ConfigError(f"pair {pair.name!r} recorded another old model ({pair.old_encoder.name})")

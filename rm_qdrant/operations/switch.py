@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rm_qdrant.core.inputspec import check_decode
+from rm_qdrant.core.modelinfo import items_of
 from rm_qdrant.errors import ConfigError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations.create import old_model_ref, plain_model_ref
@@ -57,14 +58,36 @@ def switch_decode(store: Store, pair: PairRecord, decode: str) -> PairRecord:
     model check --decode fast`` measures how far the two modes are apart on the pair's images).
 
     Raises:
-        ConfigError: an unknown mode.
+        ConfigError: an unknown mode, or a text pair (text is read one way).
         MigrationError: the pair is not backfilling.
     """
     check_decode(decode)
     _check_switchable(pair)
+    _check_decodes_images(pair)
     updated = replace(pair, decode=decode)
     save_pair(store, updated)
     return updated
+
+
+def _check_decodes_images(pair: PairRecord) -> None:
+    if pair.encoder.modality == "text":
+        raise ConfigError(f"--decode is for images: text pair {pair.name!r} reads its documents one way")
+
+
+def _check_reads(
+    pair: PairRecord, encoder: OnnxEncoder, old: OnnxEncoder | None, plain: OnnxEncoder | None
+) -> None:
+    """Every graph given reads what the pair's models read (images or text).
+
+    Raises:
+        ConfigError: one line naming the graph that reads the other kind.
+    """
+    for model in (encoder, old, plain):
+        if model is not None and model.info.modality != pair.encoder.modality:
+            raise ConfigError(
+                f"{model.path} reads {model.info.items}, pair {pair.name!r} serves "
+                f"{items_of(pair.encoder.modality)}: a pair's models read one kind of item"
+            )
 
 
 def calibration_after(before: PairRecord, after: PairRecord) -> str | None:
@@ -103,12 +126,15 @@ def switch_encoder(
 
     Raises:
         MigrationError: the pair is not backfilling.
-        ConfigError: sizes or distance do not fit.
+        ConfigError: sizes or distance do not fit; a graph that reads another kind of item
+            (images, text) than the pair; ``decode`` on a text pair.
         Refused: the candidate's output differs from the vectors already in new.
     """
     if decode is not None:
         check_decode(decode)
+        _check_decodes_images(pair)
     _check_switchable(pair)
+    _check_reads(pair, encoder, old_encoder, new_model)
     encoder = encoder.decoding_as(pair.decode)  # as new's vectors were made (a copy: the caller's stays)
     gallery = encoder.info.gallery_output()
     new_dim = store.collection(pair.new_collection, pair.new_using).dim
@@ -148,9 +174,10 @@ def switch_encoder(
         )
         reason = measured.mismatch()
         if reason is not None:
+            other = pair.encoder.another_kind(encoder)  # a text graph with another tokenizer says so
             raise Refused(
                 f"{encoder.path} does not reproduce the vectors already in {pair.new_collection!r} "
-                f"({reason}, {measured.checked} points); "
+                f"({reason}, {measured.checked} points{'; ' + other if other else ''}); "
                 "they would mix two embedding spaces. Switch only to a graph whose gallery output is "
                 "unchanged (e.g. ψ trained with ρ = identity), or start a new pair",
                 measured=measured,

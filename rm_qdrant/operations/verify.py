@@ -238,7 +238,8 @@ def _encoded(
     good = [usable[row] for row in loaded.rows]
     if not good:
         first = loaded.failed[0][1] if loaded.failed else "-"
-        raise ConfigError(f"none of the {len(records)} sampled images could be read (first: {first})")
+        items = "documents" if encoder.info.modality == "text" else "images"
+        raise ConfigError(f"none of the {len(records)} sampled {items} could be read (first: {first})")
     return good, encoder.run_pixels(loaded.pixels, [output])[output], loaded.failed
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from rm_qdrant.core.calibration import Calibration
 from rm_qdrant.core.inputspec import DECODES, DEFAULT_DECODE
+from rm_qdrant.core.modelinfo import items_of
 from rm_qdrant.core.planning import INTERNAL_FIELDS
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import CollectionNotFound, ConfigError, MigrationError
@@ -33,18 +34,51 @@ LAYOUTS = (PAIRED, SINGLE)
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model as a record remembers it: name, graph fingerprint, dimension, file path."""
+    """A model as a record remembers it: name, graph fingerprint, dimension, file path, and what
+    it reads (``image`` or ``text``, with a text model's tokenizer hash).
+
+    Records written before ``modality`` existed read ``image``; an image model's record leaves
+    the two facts out, so a record reads the same to an rm-qdrant that predates them.
+    """
 
     name: str
     fingerprint: str
     dim: int
     path: str
+    modality: str = "image"
+    #: A text model's ``tokenizer_sha256``; "" for an image model.
+    tokenizer: str = ""
 
     @classmethod
     def of(cls, encoder: OnnxEncoder, output: str) -> ModelRef:
-        return cls(
-            encoder.info.name, encoder.fingerprint, encoder.info.outputs[output], str(encoder.path.resolve())
-        )
+        info = encoder.info
+        tokenizer = str(getattr(info.input, "tokenizer_sha256", ""))
+        path = str(encoder.path.resolve())
+        return cls(info.name, encoder.fingerprint, info.outputs[output], path, info.modality, tokenizer)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelRef:
+        """A reference as :meth:`to_dict` wrote it (facts a newer rm-qdrant added are left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reference as a record stores it; an image model's without ``modality`` and ``tokenizer``."""
+        raw = asdict(self)
+        if self.modality == "image" and not self.tokenizer:
+            del raw["modality"], raw["tokenizer"]
+        return raw
+
+    def another_kind(self, encoder: OnnxEncoder) -> str | None:
+        """How ``encoder`` differs from this model in what it reads: another modality, another
+        tokenizer; None where it reads what this model read."""
+        info = encoder.info
+        if info.modality != self.modality:
+            return f"it reads {info.items}, {self.name} reads {items_of(self.modality)}"
+        theirs = str(getattr(info.input, "tokenizer_sha256", ""))
+        if self.tokenizer and theirs != self.tokenizer:
+            return f"another tokenizer: {theirs}, {self.name}'s is {self.tokenizer}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -159,16 +193,20 @@ class PairRecord:
         return self.state != "rolled_back"
 
     def to_payload(self) -> dict[str, Any]:
-        return {"kind": "pair", "name": self.name, "record": asdict(self)}
+        record = asdict(self)
+        for model in ("encoder", "old_encoder", "new_model"):
+            ref = getattr(self, model)
+            record[model] = None if ref is None else ref.to_dict()
+        return {"kind": "pair", "name": self.name, "record": record}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> PairRecord:
         known = {f.name for f in fields(cls)}
         raw = {k: v for k, v in payload["record"].items() if k in known}
-        raw["encoder"] = ModelRef(**raw["encoder"])
+        raw["encoder"] = ModelRef.from_dict(raw["encoder"])
         for model in ("old_encoder", "new_model"):  # optional: absent from records written before it
             if raw.get(model):
-                raw[model] = ModelRef(**raw[model])
+                raw[model] = ModelRef.from_dict(raw[model])
         # Absent from records written before it: exact. A mode this rm-qdrant does not know is
         # refused where images are decoded (open_encoder), not here: `rmq pairs`, `drop-pair` and
         # `switch-encoder --decode` still reach the pair to list, remove or repair it.
@@ -192,9 +230,11 @@ def open_encoder(
         )
     encoder = given if isinstance(given, OnnxEncoder) else load_encoder(given or ref.path, decode=decode)
     if encoder.fingerprint != ref.fingerprint:
+        other = ref.another_kind(encoder)
         raise ConfigError(
             f"{role} {encoder.path} (fingerprint {encoder.fingerprint}) is not the model pair "
             f"{pair!r} was created with ({ref.name}, fingerprint {ref.fingerprint})"
+            + (f"; {other}" if other else "")
         )
     return encoder.decoding_as(decode)
 
@@ -267,13 +307,15 @@ def load_pair(store: Store, name: str) -> PairRecord:
 
 def record_collection_model(store: Store, collection: str, model: ModelRef) -> None:
     """Remember which model made a collection's vectors."""
-    _put(store, "collection", collection, {"kind": "collection", "name": collection, "model": asdict(model)})
+    _put(
+        store, "collection", collection, {"kind": "collection", "name": collection, "model": model.to_dict()}
+    )
 
 
 def collection_model(store: Store, collection: str) -> ModelRef | None:
     """The model recorded for a collection, or None if rm-qdrant did not fill it."""
     payload = _get(store, "collection", collection)
-    return ModelRef(**payload["model"]) if payload else None
+    return ModelRef.from_dict(payload["model"]) if payload else None
 
 
 def check_collection_model(store: Store, collection: str, encoder: OnnxEncoder) -> None:

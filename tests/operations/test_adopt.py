@@ -371,7 +371,7 @@ def test_drop_pair_refuses_a_keep_old_pair_with_user_writes_in_new(store, models
 
 
 def test_search_output_is_safe_for_a_terminal_and_filters_keep_strings(tmp_path, models):
-    from rm_qdrant.cli.serve import parse_filter
+    from rm_qdrant.cli.search import parse_filter
 
     assert parse_filter(('sku="3"', "n=3", "code=007", "x=-2")) == {
         "sku": "3",
