@@ -160,8 +160,7 @@ def _load(
 ) -> _Loaded:
     """Fetch and decode each point's image on this thread, timing the two apart (wall seconds to
     fetch, CPU seconds to decode); failures are kept with their reason, out of the times."""
-    spec = encoder.info.input
-    pixels = np.empty((len(records), spec.height, spec.width, spec.channels), np.uint8)
+    pixels = np.empty((len(records), *encoder.item_shape), encoder.item_dtype)
     read: list[Record] = []
     failed: list[tuple[PointId, str]] = []
     fetch = decode = 0.0

@@ -274,3 +274,15 @@ def test_rollback_of_a_text_pair_takes_an_old_model_that_reads_text(rmq, tm, tmp
     assert "pair 's' rolled back" in rmq("rollback", "--name", "s", "--old-encoder", tm.old).output
     hits = json.loads(rmq("search", "--name", "s", "--text", "bank money", "--limit", "40", "--json").output)
     assert sorted(h["id"] for h in hits) == list(range(40)) and {h["source"] for h in hits} == {"old"}
+
+
+def test_plan_of_a_text_pair_times_its_documents_and_writes_nothing(rmq, tm, tmp_path):
+    gallery(tmp_path, tm)
+    _init_naive(rmq, tm, "p", "articles", "--text-field", "body")
+    before = store_state(tmp_path)
+    plan = json.loads(rmq("plan", "p", "--no-forecast", "--json").output)
+    docs = len(documents()[0])
+    assert plan["left"] == docs
+    assert plan["sample"]["timed"] == min(64, docs) and plan["sample"]["unreadable"] == 0
+    assert plan["points_per_s"] > 0
+    assert store_state(tmp_path) == before
