@@ -79,9 +79,10 @@ def check_reads(pair: PairRecord, encoder: OnnxEncoder, backbone: str | os.PathL
     if recorded.is_file() and recorded.resolve() != Path(backbone).resolve():
         holds = "text" if is_text_graph(recorded) else "image"
         if holds != reads:
+            kind = {"image": "images", "text": "text"}
             raise ConfigError(
-                f"{os.fspath(backbone)} reads {reads}; pair {pair.name!r}'s model {recorded} reads "
-                f"{holds}: a fit's backbone reads what the pair's models read"
+                f"{os.fspath(backbone)} reads {kind[reads]}; pair {pair.name!r}'s model {recorded} reads "
+                f"{kind[holds]}: a fit's backbone reads what the pair's models read"
             )
 
 

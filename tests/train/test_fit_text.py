@@ -214,3 +214,11 @@ def test_the_real_minilm_pair_fits_with_labels_and_padding_never_reaches_a_vecto
                 DualIndex.open(store, "upgrade").search_batch(queries, limit=10), wanted, topics
             )
     assert served["fitted"] > served["naive"], served
+
+
+def test_a_text_backbone_for_an_image_pair_is_one_error_line(rmq, demo, graphs, tmp_path):
+    _, new = graphs
+    result = rmq("fit", "--name", "demo", "--backbone", new, "--out", tmp_path / "x.onnx", ok=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "reads text; pair 'demo''s model" in errors[0] and "reads images" in errors[0]
+    assert result.exit_code == 1 and not (tmp_path / "x.onnx").exists()
