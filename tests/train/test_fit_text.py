@@ -222,3 +222,37 @@ def test_a_text_backbone_for_an_image_pair_is_one_error_line(rmq, demo, graphs, 
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "reads text; pair 'demo''s model" in errors[0] and "reads images" in errors[0]
     assert result.exit_code == 1 and not (tmp_path / "x.onnx").exists()
+
+
+def test_a_fit_reads_a_text_pairs_documents_from_their_uris(graphs, tmp_path):
+    """Documents as files behind a payload URI (not in the payload): fetched and read as UTF-8."""
+    old, new = graphs
+    docs, topics = mixed_texts(N, seed=0)
+    files = tmp_path / "docs"
+    files.mkdir()
+    for i, doc in enumerate(docs):
+        (files / f"{i:04d}.txt").write_text(doc, encoding="utf-8")
+    (files / f"{EMPTY:04d}.txt").write_bytes(b"\xff\xd8\xff\xe0 a JPEG, not text")
+    vectors = load_encoder(old).encode(docs, ["embedding"])["embedding"]
+    with open_store(tmp_path / "store") as store:
+        store.create_collection("docs", dim=16, distance="cosine")
+        store.upsert("docs", list(range(N)), vectors, [{"path": f"{i:04d}.txt"} for i in range(N)])
+        rm_qdrant.init(
+            store, "upgrade", encoder=new, old_collection="docs", old_encoder=old, uri_field="path"
+        )
+    rmq = runner(tmp_path / "store")
+    out = tmp_path / "fitted.onnx"
+    args = ["--root", files, "--loss", "procrustes", "--force", "--json"]
+    report = json.loads(rmq(*fit_args(new, out), *args).output)
+    assert (report["sample"], report["unreadable"], report["recipe"]) == (N - 1, 1, "procrustes")
+    fitted = load_encoder(out)
+    assert isinstance(fitted, TextEncoder)
+    # ψ learnt from the files: queries find old documents of their topic, as the plain new
+    # model's vectors do not
+    queries, wanted = mixed_texts(80, seed=1)
+    rev = fitted.encode(queries, ["rev"], query=True)["rev"]
+    plain = load_encoder(new).encode(queries, ["embedding"], query=True)["embedding"]
+    with open_store(tmp_path / "store") as store:
+        by_psi = precision(store.search("docs", rev, limit=10), wanted, topics)
+        cross = precision(store.search("docs", plain, limit=10), wanted, topics)
+    assert by_psi > cross + 0.2, (by_psi, cross)
