@@ -8,6 +8,10 @@ resize and crop, layout, dtype, normalisation, channel order), its distance and 
 output scale become the composed graph's. The heads' outputs are L2-normalised only
 where the backbone's are (:meth:`ModelInfo.derived_scale`): a Euclid or dot
 collection stores raw vectors, and ``new`` must stay in their space.
+
+A text backbone keeps its tokenizer, window and prefixes; the pooling and normalisation
+rm-qdrant's text encoder did outside it go into the graph before the heads
+(:mod:`rm_qdrant_exporters.text_pool`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,9 +31,12 @@ from onnx import compose, helper
 from torch import Tensor, nn
 
 from rm_qdrant.core.modelinfo import METADATA_KEY, InputSpec, ModelInfo, parse_metadata
+from rm_qdrant.core.textspec import TextSpec
 from rm_qdrant.errors import EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder, run_in_chunks
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant_exporters.serving import TOLERANCE, ExportError, FoldedHeads, checked_write, unit
+from rm_qdrant_exporters.text_pool import POOLED, parity_texts, pool_in_graph, pooled_spec, text_embeddings
 from rm_qdrant_train.heads import Heads, load_heads
 
 PREFIX = "rmq_heads/"
@@ -111,10 +120,26 @@ def _export_heads(graph: nn.Module, phi: np.ndarray, opset: int, tmp: str) -> on
     return onnx.load(f"{tmp}/heads.onnx")
 
 
-def _merge(backbone: onnx.ModelProto, heads: onnx.ModelProto, embedding: str, opset: int) -> onnx.ModelProto:
+def _parity_items(
+    source: str, info: ModelInfo, embedding: str, items: Sequence[Any] | None
+) -> tuple[list[Any], dict[int, np.ndarray]]:
+    """What the parity check feeds both graphs (``items``, else random images of several sizes or
+    texts of several lengths), and the backbone's φ of the first one alone and of all of them.
+
+    A text batch is padded to its longest text, so φ of one text is its own run, not a row of
+    the batch's: the check then sees whether padding reaches a vector in the composed graph."""
+    if not isinstance(info.input, TextSpec):
+        images = list(items) if items is not None else _sample_images(info.input, 7)
+        phi = _embeddings(source, embedding, images)
+        return images, {1: phi[:1], len(images): phi}
+    texts = list(items) if items is not None else parity_texts(info.input)
+    return texts, {
+        count: text_embeddings(source, info, embedding, texts[:count]) for count in (1, len(texts))
+    }
+
+
+def _merge(backbone: onnx.ModelProto, heads: onnx.ModelProto, embedding: str) -> onnx.ModelProto:
     heads.ir_version = backbone.ir_version
-    if opset < 13:
-        backbone = onnx.version_converter.convert_version(backbone, 13)
     merged = compose.merge_models(
         backbone,
         compose.add_prefix(heads, PREFIX),
@@ -128,19 +153,20 @@ def _merge(backbone: onnx.ModelProto, heads: onnx.ModelProto, embedding: str, op
     return merged
 
 
-def _parity(path: Path, images: list[np.ndarray], expected: list[np.ndarray]) -> float:
+def _parity(path: Path, items: list[Any], expected: dict[int, list[np.ndarray]]) -> float:
     """Largest difference between the composed graph, read through rm-qdrant's encoder, and
-    backbone + heads, at batch 1 and 7, relative to the largest value where that exceeds 1
-    (raw vectors of norm 100 carry float noise of their own size)."""
-    encoder = OnnxEncoder(path)
+    backbone + heads (``expected``: batch size → ``new`` and ``rev``), at batch 1 and 7, relative
+    to the largest value where that exceeds 1 (raw vectors of norm 100 carry float noise of their
+    own size)."""
+    encoder = load_encoder(path)
     worst = 0.0
-    for count in (1, len(images)):
-        got = encoder.encode(images[:count], ["new", "rev"])
-        for want, role in zip(expected, ("new", "rev"), strict=True):
+    for count, wanted in expected.items():
+        got = encoder.encode(items[:count], ["new", "rev"])
+        for want, role in zip(wanted, ("new", "rev"), strict=True):
             if not (np.isfinite(want).all() and np.isfinite(got[role]).all()):
                 raise ExportError(f"the heads give NaN or infinity for {role!r}; nothing written")
-            size = max(1.0, float(np.abs(want[:count]).max()))
-            worst = max(worst, float(np.abs(want[:count] - got[role]).max()) / size)
+            size = max(1.0, float(np.abs(want).max()))
+            worst = max(worst, float(np.abs(want - got[role]).max()) / size)
     if worst > TOLERANCE:
         raise ExportError(f"composed graph differs from backbone + heads by {worst:.2e} (> {TOLERANCE})")
     return worst
@@ -169,6 +195,7 @@ def attach_model(
     what: str = "the heads",
     distance: str | None = None,
     fit: dict[str, object] | None = None,
+    parity_items: Sequence[Any] | None = None,
 ) -> tuple[Path, float]:
     """Join trained heads to ``backbone_onnx``'s embedding output; returns (path, worst parity difference).
 
@@ -181,6 +208,12 @@ def attach_model(
     PyTorch, at batch 1 and 7. ``fit`` (e.g. the winning recipe) goes into the graph's metadata
     as JSON under :data:`FIT_METADATA_KEY`.
 
+    A text backbone (its stamp reads text) gets the pooling and normalisation its encoder did
+    outside the graph added to the graph before the heads (:mod:`rm_qdrant_exporters.text_pool`):
+    the composed graph keeps its tokenizer, window, truncation and prefixes, and gives one
+    vector a text. Parity is checked on ``parity_items`` (texts, or images; default: seven
+    texts of several lengths in the tokenizer's words, or random images of several sizes).
+
     Raises:
         ExportError: an unstamped backbone, a missing output, a width that does not
             fit the heads, or a parity failure.
@@ -191,22 +224,24 @@ def attach_model(
     except Exception as exc:
         raise ExportError(f"{source} is not a loadable ONNX graph: {exc}") from exc
     info, embedding = _describe(backbone, output_name, source)
-    images = _sample_images(info.input, 7)
-    phi = _embeddings(source, embedding, images)
-    if phi.shape[1] != heads.d_new:
-        raise ExportError(
-            f"{source} output {embedding!r} is {phi.shape[1]}-d; {what} expects {heads.d_new}-d"
-        )
+    items, phis = _parity_items(source, info, embedding, parity_items)
+    if (width := phis[len(items)].shape[1]) != heads.d_new:
+        raise ExportError(f"{source} output {embedding!r} is {width}-d; {what} expects {heads.d_new}-d")
     opset = next((o.version for o in backbone.opset_import if o.domain in ("", "ai.onnx")), 17)
+    if opset < 13:  # the heads' and the pooling's nodes are opset 13's
+        backbone, opset = onnx.version_converter.convert_version(backbone, 13), 13
+    spec = info.input
+    if isinstance(spec, TextSpec):  # heads read one vector a text: the encoder's pooling goes in the graph
+        backbone, embedding, spec = pool_in_graph(backbone, embedding, spec, width), POOLED, pooled_spec(spec)
     scale = info.derived_scale(distance)
     graph = _HeadsGraph(FoldedHeads(heads.eval()), normalise=scale == "unit").eval()
     with tempfile.TemporaryDirectory() as tmp:
-        merged = _merge(backbone, _export_heads(graph, phi, opset, tmp), embedding, opset)
+        merged = _merge(backbone, _export_heads(graph, phis[len(items)], opset, tmp), embedding)
     composed = ModelInfo(
         name or f"{Path(source).stem}+heads",
         info.distance,
         {"new": heads.d_new, "rev": heads.d_old},
-        info.input,
+        spec,
         scale=scale,
     )
     props = composed.to_metadata()
@@ -218,6 +253,6 @@ def attach_model(
     with checked_write(path) as partial:
         onnx.save(merged, str(partial))
         with torch.no_grad():
-            expected = [t.numpy() for t in graph(torch.from_numpy(phi))]
-        worst = _parity(partial, images, expected)
+            expected = {n: [t.numpy() for t in graph(torch.from_numpy(phi))] for n, phi in phis.items()}
+        worst = _parity(partial, items, expected)
     return path, worst

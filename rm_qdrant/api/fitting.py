@@ -29,6 +29,7 @@ from rm_qdrant.api.instead import calibrate_options, instead_text, loss_options
 from rm_qdrant.api.training import (
     apply_threads,
     attach,
+    check_reads,
     choose_threads,
     fit_settings,
     import_training,
@@ -69,7 +70,7 @@ class FitReport:
         sample_key: a digest of the sample: the same key, seed, threads and baseline give the
             same verdict.
         judged_on: what the verdict was judged on, in one line.
-        unreadable: sampled points whose image could not be read.
+        unreadable: sampled points whose image (or document) could not be read.
         trained_on: pairs the heads were trained on.
         held_out: points held out to judge them.
         train_seconds: the training's time.
@@ -185,6 +186,10 @@ def fit(
     and :class:`Refused` is raised, its ``report`` naming what would pass instead. The same seed,
     gallery, backbone and thread count give the same graph.
 
+    A text pair's documents are read as the pair reads them (its text field, or URIs) and
+    tokenised as the backbone's stamp says; the graph written reads text the same way, with the
+    backbone's pooling inside it.
+
     Args:
         backbone: the team's new model (.onnx), described by ``rmq model stamp``.
         out: where the fitted graph goes (its folder must exist).
@@ -201,8 +206,10 @@ def fit(
         batch: pairs per step (default 256).
         force: write the graph even when it forecasts worse than the naive merge.
         threads: PyTorch's threads (default: OMP_NUM_THREADS, else 1); set for the process.
-        source: how images are fetched (default: the settings the pair recorded).
-        on_step: told of each image embedded, and of what is being trained (:class:`Step`).
+        source: how images (and a text pair's documents at URIs) are fetched (default: the
+            settings the pair recorded).
+        on_step: told of each image or document embedded, and of what is being trained
+            (:class:`Step`).
 
     Raises:
         Refused: the fitted graph forecasts worse than the naive merge (nothing written).
@@ -304,6 +311,7 @@ def _backbone_for(
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to fit heads for")
     encoder = load_encoder(backbone, threads=threads, decode=pair.decode)
+    check_reads(pair, encoder, backbone)
     if "rev" in encoder.info.outputs:
         raise ConfigError(
             f"{os.fspath(backbone)} already has heads (a 'rev' output): give the plain backbone"

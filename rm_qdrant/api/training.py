@@ -19,6 +19,7 @@ from rm_qdrant.core.paths import check_path
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.evaluation.probe import ProbeSample
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import is_text_graph
 from rm_qdrant.pair.record import PairRecord
 
 #: The training modules a fit needs, imported when it runs (they import PyTorch).
@@ -59,6 +60,30 @@ def import_training() -> None:
             importlib.import_module(module)
     except ModuleNotFoundError as exc:
         raise needs_torch(exc) from exc
+
+
+def check_reads(pair: PairRecord, encoder: OnnxEncoder, backbone: str | os.PathLike[str]) -> None:
+    """The backbone reads the kind of item the pair holds: text for a pair whose documents are in
+    a payload field, and what the pair's own model reads where its file is on this machine.
+
+    Raises:
+        ConfigError: one line naming both kinds.
+    """
+    reads = encoder.info.modality
+    if pair.text_field is not None and reads != "text":
+        raise ConfigError(
+            f"{os.fspath(backbone)} reads images; pair {pair.name!r} holds text (payload field "
+            f"{pair.text_field!r}): give its text backbone, stamped with its tokenizer"
+        )
+    recorded = Path(pair.encoder.path)
+    if recorded.is_file() and recorded.resolve() != Path(backbone).resolve():
+        holds = "text" if is_text_graph(recorded) else "image"
+        if holds != reads:
+            kind = {"image": "images", "text": "text"}
+            raise ConfigError(
+                f"{os.fspath(backbone)} reads {kind[reads]}; pair {pair.name!r}'s model {recorded} reads "
+                f"{kind[holds]}: a fit's backbone reads what the pair's models read"
+            )
 
 
 def resolve_loss_for(loss: str, label_field: str | None) -> str:
