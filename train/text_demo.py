@@ -81,6 +81,7 @@ def stamped_models(folder: Path) -> tuple[Path, Path]:
     """The demo's old and new graphs, stamped with their tokenizer into ``folder``."""
     models = text_demo_models()
     paths = []
+    names = {"old": "paraphrase-MiniLM-L3-v2", "new": "all-MiniLM-L6-v2-int8"}
     for role, model in (("old", models.old), ("new", models.new)):
         out = folder / f"{role}.onnx"
         stamp_text_model(
@@ -90,7 +91,7 @@ def stamped_models(folder: Path) -> tuple[Path, Path]:
             tokenizer=models.tokenizer,
             max_length=model.max_length,
             pooling=model.pooling,
-            name=model.name,
+            name=names[role],
         )
         paths.append(out)
     return paths[0], paths[1]

@@ -70,7 +70,9 @@ def migration(folder: Path, graph: Path, texts: list[str], batch: int, run: int)
         old = rng.normal(size=(len(texts), 384)).astype(np.float32)  # the old model's: never read
         ids = list(range(len(texts)))
         store.upsert("docs", ids, old, [{"text": t} for t in texts])
-        rm_qdrant.init(store, "docs", old_collection="docs", encoder=graph, old_encoder=graph, text_field="text")
+        rm_qdrant.init(
+            store, "docs", old_collection="docs", encoder=graph, old_encoder=graph, text_field="text"
+        )
         started = time.perf_counter()
         report = rm_qdrant.migrate(store, "docs", batch=batch)
         seconds = time.perf_counter() - started
@@ -96,12 +98,14 @@ def main() -> None:
             figures["tokenise + encode"].append(tokenise_and_encode(encoder, texts, args.batch))
             figures["migration"].append(migration(folder, graph, texts, args.batch, run))
         tokens = rows[:, 1].sum(axis=1)
-        print(f"{len(texts):,} texts, {tokens.mean():.1f} tokens on average (max {tokens.max()}), batch {args.batch}")
+        shape = f"{tokens.mean():.1f} tokens on average (max {tokens.max()})"
+        print(f"{len(texts):,} texts, {shape}, batch {args.batch}")
         base = statistics.median(figures["encoder alone"])
         print(f"{'':20}{'texts/s (median)':>18}{'runs':>28}{'of encoder alone':>18}")
         for name, values in figures.items():
             shown = ", ".join(f"{v:,.0f}" for v in values)
-            print(f"{name:20}{statistics.median(values):18,.0f}{shown:>28}{statistics.median(values) / base:18.2f}")
+            median = statistics.median(values)
+            print(f"{name:20}{median:18,.0f}{shown:>28}{median / base:18.2f}")
 
 
 if __name__ == "__main__":

