@@ -14,19 +14,21 @@ The choice, written down so the corpus can be argued with:
   compounds, clothing and containers, cities and bodies of water, five kinds of people
   (writers, scientists, leaders, performers, deities), music and time periods. Left out:
   groups that overlap a chosen one (shrub and tree, symptom and disease, document and
-  writer), glosses that follow one template (``the basic unit of money in ...``, ``the
-  language of ...``: every model finds them) and groups with too few synsets (vehicle, 292).
+  writer), groups whose glosses follow one template (``the basic unit of money in ...``, ``the
+  language of ...``: retrieval by template, not by meaning) and groups with fewer than 350
+  (vehicle).
   A synset under two chosen categories is dropped.
-- **Why not the lexicographer files** (``noun.animal``, ``verb.motion``, ...): 20 of them
-  were tried first (same sizes); they are too coarse and too arbitrary for retrieval (an
-  ``noun.act`` gloss and a ``verb.change`` one read alike): old→old mAP 25.3, new→new 28.5,
-  a 3.2-point margin that is mostly noise per class. These categories give 49.2 → 56.4
+- **Why not the lexicographer files** (``noun.animal``, ``noun.food``, ...): they were tried
+  first (``--by lexname``: every noun file with at least 350 usable synsets, 23 of them, the
+  same sizes). They are coarse and partly arbitrary (an act and a state read alike): old→old
+  mAP 23.2, new→new 25.7, a 2.5-point margin, the new model below the old in 5 of the 23.
+  These categories give 49.2 → 56.4, the new model above in 18 of 20
   (``benchmarks/text/model_pair.py``, ``benchmarks/results/text_model_pair.md``).
 - **Sizes**: per class, 300 gallery documents and 50 held-out queries (6,000 + 1,000).
-  Both models embed the whole corpus in under a minute on 2 cores.
-- **Filters**: a definition of fewer than 4 words is dropped (``"a tropical fish"`` says
-  little), and so is every copy of a definition that occurs more than once in ``data.noun``
-  (no document may have a duplicate, maybe under another label).
+  The two models embed the whole corpus in 50 to 80 s on a shared 2-core machine.
+- **Filters**: a definition of fewer than 4 words is dropped (three words say little), and
+  so is every copy of a definition that occurs more than once in ``data.noun`` (no document
+  may have a duplicate, maybe under another label).
 - **Sampling**: per class (in name order), :data:`SEED`-seeded ``random.Random.sample`` over
   the class's usable synsets in file order; the first 50 drawn are the queries. The gallery
   is then shuffled (same generator), so ids do not group by class; gallery ids are 0..5999
@@ -41,7 +43,7 @@ format is ``man 5 wndb``, the lexicographer file numbers ``man 5 lexnames``). On
 ``data.noun`` is read.
 
 Run: ``python benchmarks/text/make_corpus.py --wordnet /usr/share/wordnet
-[--tokenizer tokenizer.json] [--out rm_qdrant/data/text]``
+[--tokenizer tokenizer.json] [--out rm_qdrant/data/text] [--by category|lexname]``
 """
 
 from __future__ import annotations
@@ -157,22 +159,32 @@ def ancestors(synsets: dict[str, Synset]) -> dict[str, frozenset[str]]:
     return done
 
 
-def labelled(synsets: dict[str, Synset], categories: dict[str, str] = CATEGORIES) -> list[tuple[Synset, str]]:
-    """Usable synsets under exactly one category, with its name, in file order.
+def usable(synsets: dict[str, Synset]) -> list[Synset]:
+    """Synsets whose definition has at least MIN_WORDS words and occurs once in ``data.noun``."""
+    counts = Counter(s.text.lower() for s in synsets.values())
+    return [s for s in synsets.values() if len(s.text.split()) >= MIN_WORDS and counts[s.text.lower()] == 1]
 
-    Usable: a definition of at least MIN_WORDS words that occurs once in ``data.noun``.
-    """
+
+def labelled(synsets: dict[str, Synset], categories: dict[str, str] = CATEGORIES) -> list[tuple[Synset, str]]:
+    """Usable synsets under exactly one category, with its name, in file order."""
     for name, offset in categories.items():
         if offset not in synsets or synsets[offset].lemma != name.replace("_", " "):
             raise SystemExit(f"{offset} is not {name!r} in this WordNet: WordNet 3.0's data.noun is needed")
-    counts = Counter(s.text.lower() for s in synsets.values())
     up = ancestors(synsets)
     rows = []
-    for s in synsets.values():
+    for s in usable(synsets):
         hits = [name for name, offset in categories.items() if offset in up[s.offset]]
-        if len(hits) == 1 and len(s.text.split()) >= MIN_WORDS and counts[s.text.lower()] == 1:
+        if len(hits) == 1:
             rows.append((s, hits[0]))
     return rows
+
+
+def labelled_by_lexname(synsets: dict[str, Synset], *, least: int) -> list[tuple[Synset, str]]:
+    """The rejected alternative, to measure against: usable synsets labelled by their
+    lexicographer file, in every noun file with at least ``least`` of them."""
+    kept = usable(synsets)
+    sizes = Counter(s.lexname for s in kept)
+    return [(s, s.lexname) for s in kept if sizes[s.lexname] >= least]
 
 
 def sample(
@@ -224,14 +236,26 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--tokenizer", type=Path, help="all-MiniLM-L6-v2's tokenizer.json, to copy")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--by",
+        choices=("category", "lexname"),
+        default="category",
+        help="label by CATEGORIES (the bundled corpus) or by lexicographer file (for comparison)",
+    )
     args = parser.parse_args()
-    records = sample(labelled(read_synsets(args.wordnet)), seed=args.seed)
+    synsets = read_synsets(args.wordnet)
+    if args.by == "category":
+        rows = labelled(synsets)
+    else:
+        rows = labelled_by_lexname(synsets, least=GALLERY_PER_CLASS + QUERIES_PER_CLASS)
+    records = sample(rows, seed=args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     digest = write_corpus(records, args.out / "corpus.jsonl.gz")
     if args.tokenizer is not None:
         copy_tokenizer(args.tokenizer, args.out)
     splits = Counter(r["split"] for r in records)
-    print(f"{len(CATEGORIES)} classes, {splits['gallery']} gallery + {splits['query']} query documents")
+    classes = len({r["label"] for r in records})
+    print(f"{classes} classes, {splits['gallery']} gallery + {splits['query']} query documents")
     print(f"corpus.jsonl.gz sha256 {digest}")
 
 

