@@ -1,6 +1,6 @@
 """``rmq demo --text``: a text team's upgrade on the bundled corpus with a real pretrained pair.
 
-The gallery is the bundled corpus's 6,000 WordNet definitions in 20 categories
+The gallery is the bundled corpus's WordNet definitions in 20 categories
 (:mod:`rm_qdrant.evaluation.text_corpus`), embedded by the old model (paraphrase-MiniLM-L3-v2)
 into three copies of a Qdrant collection on the embedded store, the text in payload field
 ``text``. The new model is all-MiniLM-L6-v2 (int8 ONNX); both come from the pinned
@@ -15,13 +15,20 @@ and, as the baseline a team would otherwise reach for, Qdrant's reciprocal rank 
 (qdrant-client's own ``reciprocal_rank_fusion``, its default constant) of the naive pair's two
 halves: the new model's hits in new and the old model's in old, fused by rank.
 
-At t = 0, 0.1, ..., 1 each prints mAP@100 of the 1,000 held-out queries (same category =
-relevant), served as a search would serve them; the query vectors are computed once per pair
-(the graphs do not change) and every step searches the store as it is then.
+By default the demo serves half the corpus (150 documents a category, 25 held-out queries a
+category: :class:`DemoSize`), to stay within about 3 minutes on 2 cores. At t = 0, 0.1, ..., 1
+each prints mAP@100 of the held-out queries (same category = relevant), served as a search
+would serve them; the query vectors are computed once per pair (the graphs do not change) and
+every step searches the store as it is then.
+
+The two MiniLMs are not unrelated models: a new model's query against the old gallery already
+scores six times chance (benchmarks/results/text_model_pair.md), so ψ starts from a head start
+that two models of unrelated training would not give.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +44,7 @@ from rm_qdrant import DualIndex, open_store
 from rm_qdrant.core.metrics import FRACTIONS, area, gain
 from rm_qdrant.errors import Refused
 from rm_qdrant.evaluation.evaluate import ranked_precision
-from rm_qdrant.evaluation.text_corpus import TextCorpus, load_text_corpus, text_demo_models
+from rm_qdrant.evaluation.text_corpus import TextCorpus, TextSplit, load_text_corpus, text_demo_models
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.models.text import load_encoder
 from rm_qdrant.models.text_stamp import stamp_text_model
@@ -97,9 +104,26 @@ def stamped_models(folder: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+@dataclass(frozen=True)
+class DemoSize:
+    """How much of the corpus the demo serves, and how ``rmq fit`` and ``rmq calibrate`` sample it.
+
+    The defaults keep ``rmq demo --text`` within about 3 minutes on 2 cores: half the gallery,
+    half the queries, and ``rmq fit --loss procrustes`` (label-free, closed form; the default
+    recipe search also picks Procrustes on this corpus, in minutes: benchmarks/text/demo_curve.py
+    runs it on the whole corpus).
+    """
+
+    gallery_per_class: int = 150
+    queries_per_class: int = 25
+    fit_loss: str = "procrustes"
+    sample: int = 2000
+
+
 def run_text_demo(
     out: Path,
     *,
+    size: DemoSize = DemoSize(),
     on_row: Callable[[TextDemoRow], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> TextDemo:
@@ -107,7 +131,7 @@ def run_text_demo(
     tell = on_stage or (lambda _: None)
     out.mkdir(parents=True, exist_ok=True)
     old_graph, new_graph = stamped_models(out)
-    corpus = load_text_corpus()
+    corpus = _sized(load_text_corpus(), size)
     demo = TextDemo()
     folder = out / "qdrant-text"
     shutil.rmtree(folder, ignore_errors=True)  # the demo's own store, from an earlier run
@@ -125,14 +149,25 @@ def run_text_demo(
             )
         tell("rmq calibrate calibrated")
         demo.notes.append(
-            _guarded("calibrate", lambda force: rm_qdrant.calibrate(store, "calibrated", force=force))
+            _guarded(
+                "calibrate",
+                lambda force: rm_qdrant.calibrate(store, "calibrated", sample=size.sample, force=force),
+            )
         )
-        tell("rmq fit naive (label-free: no label is read)")
+        tell(f"rmq fit naive --loss {size.fit_loss} (label-free: the pair knows no label)")
         fitted = out / "fit.onnx"
         demo.notes.append(
             _guarded(
                 "fit",
-                lambda force: rm_qdrant.fit(store, "naive", backbone=new_graph, out=fitted, force=force),
+                lambda force: rm_qdrant.fit(
+                    store,
+                    "naive",
+                    backbone=new_graph,
+                    out=fitted,
+                    loss=size.fit_loss,
+                    sample=size.sample,
+                    force=force,
+                ),
             )
         )
         rm_qdrant.init(
@@ -143,13 +178,15 @@ def run_text_demo(
         vectors = {name: index.query_vectors(texts) for name, index in indexes.items()}
         labels = np.array(corpus.queries.labels)
         relevant = {label: int(np.sum(np.array(corpus.gallery.labels) == label)) for label in set(labels)}
-        tell("migrating the three pairs step by step")
+        tell(f"migrating the three pairs step by step; {len(texts):,} queries at each step")
         for t in FRACTIONS:
             scores = {}
             for name, index in indexes.items():
                 run_migration(index, MigrateOptions(until=t, batch=500, order="random"))
                 hits = index.search_vectors_batch(*vectors[name], limit=K)
-                scores[name] = _map([[h.payload.get("label") for h in row] for row in hits], labels, relevant)
+                scores[name] = _map(
+                    [[h.payload.get("category") for h in row] for row in hits], labels, relevant
+                )
             scores["rrf"] = _map(_fused(store, indexes["naive"], vectors["naive"]), labels, relevant)
             row = TextDemoRow(t, **scores)
             demo.rows.append(row)
@@ -158,11 +195,32 @@ def run_text_demo(
     return demo
 
 
+def _sized(corpus: TextCorpus, size: DemoSize) -> TextCorpus:
+    """The first ``gallery_per_class`` documents and ``queries_per_class`` queries of each class."""
+    return dataclasses.replace(
+        corpus,
+        gallery=_first(corpus.gallery, size.gallery_per_class),
+        queries=_first(corpus.queries, size.queries_per_class),
+    )
+
+
+def _first(split: TextSplit, per_class: int) -> TextSplit:
+    seen: dict[str, int] = {}
+    keep = []
+    for row, label in enumerate(split.labels):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] <= per_class:
+            keep.append(row)
+    return TextSplit(
+        *(tuple(column[i] for i in keep) for column in (split.ids, split.texts, split.labels, split.lemmas))
+    )
+
+
 def _index(store: Any, corpus: TextCorpus, old: Any) -> None:
     gallery = corpus.gallery
     vectors = old.encode(list(gallery.texts))["embedding"]
-    payloads = [
-        {"text": text, "label": label, "lemma": lemma}
+    payloads = [  # the category is the team's own field: no pair is told it holds labels
+        {"text": text, "category": label, "lemma": lemma}
         for text, label, lemma in zip(gallery.texts, gallery.labels, gallery.lemmas, strict=True)
     ]
     for name in ("naive", "calibrated", "fit"):
@@ -192,7 +250,7 @@ def _fused(store: Any, index: DualIndex, vectors: tuple[np.ndarray, np.ndarray])
             [qm.ScoredPoint(id=h.id, version=0, score=h.score, payload=h.payload) for h in row]
             for row in (new_row, old_row)
         ]
-        fused.append([p.payload.get("label") for p in reciprocal_rank_fusion(responses, limit=K)])
+        fused.append([p.payload.get("category") for p in reciprocal_rank_fusion(responses, limit=K)])
     return fused
 
 

@@ -200,12 +200,12 @@ def text_demo(out: Path, choice: Any, as_json: bool) -> None:
 
     def stage(text: str) -> None:
         if not as_json:
-            click.echo(text + "...")
+            click.echo(f"[{time.perf_counter() - started:5.0f} s] {text}...")
 
     def show(row: Any) -> None:
         if not as_json:
             if row.t == 0:
-                click.echo("\nmAP@100 (%) as served, 1,000 held-out queries")
+                click.echo("\nmAP@100 (%) as served to the held-out queries")
                 click.echo(f"{'t':>4}" + "".join(f"{names[s]:>12}" for s in SYSTEMS))
             click.echo(f"{row.t:4.1f}" + "".join(f"{100 * getattr(row, s):12.1f}" for s in SYSTEMS))
 
