@@ -217,7 +217,7 @@ def stamp_text_model(
     session = _quiet_session(model, source)
     feed_types = {i.name: i.type for i in session.get_inputs()}
     vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
-    _check_fits(session, feed_types, vocabulary, max_length, source)
+    _check_fits(session, feed_types, tok, max_length, source)
     dims = _dims(session, feed_types, tok, info, outputs, source)
     info = dataclasses.replace(info, outputs=dims)
     entry = info.to_metadata()
@@ -280,15 +280,20 @@ def _run(
     return list(session.run(names, text_feed(feed_types, ids, np.ones_like(ids))))
 
 
-def _check_fits(
-    session: Any, feed_types: dict[str, str], vocabulary: int, max_length: int, source: Path
-) -> None:
-    """The tokenizer's largest id, and ``max_length`` tokens, are inputs the graph can take."""
+def _check_fits(session: Any, feed_types: dict[str, str], tok: Any, max_length: int, source: Path) -> None:
+    """The tokenizer's largest id, and ``max_length`` tokens, are inputs the graph can take.
+
+    The largest id, not the vocabulary's size less one: a vocabulary's ids may have gaps (an
+    added token numbered past the rest), and the graph meets every one of them in some text.
+    """
+    vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
+    largest = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
     try:
-        _run(session, feed_types, np.array([[1, vocabulary - 1, 2]], np.int64))
+        _run(session, feed_types, np.array([[1, largest, 2]], np.int64))
     except Exception as exc:  # onnxruntime raises its own untyped errors
+        ids = "" if largest == vocabulary - 1 else f", ids up to {largest:,}"
         raise ConfigError(
-            f"{source} does not take token id {vocabulary - 1}: the tokenizer's vocabulary ({vocabulary:,}) "
+            f"{source} does not take token id {largest:,}: the tokenizer's vocabulary ({vocabulary:,}{ids}) "
             f"is larger than the graph's embedding table; is it the model's own tokenizer? "
             f"({clip(str(exc).splitlines()[0])})"
         ) from exc

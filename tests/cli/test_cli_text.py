@@ -88,12 +88,22 @@ def _write(tmp_path: Path, name: str, content: str | bytes) -> Path:
     return path
 
 
+def _sparse(vocab: Path) -> str:
+    """A tokenizers JSON of ``vocab`` whose last word has id 5,000: 67 tokens, the largest id far
+    past a 67-row embedding table (vocabularies with gaps in their ids exist)."""
+    document = json.loads(read_tokenizer(vocab))
+    words = document["model"]["vocab"]
+    words[max(words, key=words.get)] = 5000
+    return json.dumps(document)
+
+
 BAD_STAMPS = [
     ("{tmp}/missing.txt", [], "cannot read tokenizer {tmp}/missing.txt: No such file or directory"),
     ("bin", [], "is not a tokenizer: not UTF-8 text"),
     ("words", [], "is neither a tokenizers JSON file nor a WordPiece vocabulary"),
     ("json", [], "is JSON but not a tokenizer the 'tokenizers' library reads"),
     ("big", [], "the tokenizer's vocabulary (567) is larger than the graph's embedding table"),
+    ("sparse", [], "does not take token id 5,000: the tokenizer's vocabulary (67, ids up to 5,000) is larger"),
     ("{vocab}", ["--pooling", "output"], "pooling 'output' needs one vector a text (--pooling)"),
     ("{vocab}", ["--max-length", "40", "@positions"], "does not run on 40 tokens, over its position table; "),
     ("{vocab}", ["--query-prefix", "€€ "], "--query-prefix '€€ ' is no text this tokenizer knows"),
@@ -116,6 +126,7 @@ def test_a_bad_text_stamp_is_one_line_and_writes_nothing(
         "words": _write(tmp_path, "words.txt", "hello\nworld\n"),
         "json": _write(tmp_path, "config.json", '{"hidden_size": 384}'),
         "big": _write(tmp_path, "big.txt", tm.vocab.read_text() + "".join(f"extra{i}\n" for i in range(500))),
+        "sparse": _write(tmp_path, "sparse.json", _sparse(tm.vocab)),
     }
     graph = tm.new_raw
     if "@positions" in extra:
