@@ -214,6 +214,7 @@ def stamp_text_model(
     except EncoderError as exc:
         raise ConfigError(f"cannot stamp {exc}") from exc
     _check_prefixes(tok, spec, source)
+    _check_room(spec, source)
     session = _quiet_session(model, source)
     feed_types = {i.name: i.type for i in session.get_inputs()}
     vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
@@ -272,6 +273,30 @@ def _check_prefixes(tok: Any, spec: TextSpec, source: Path) -> None:
                 f"{option} {prefix!r} is no text this tokenizer knows ({source}): a model that takes no "
                 "prefix takes no option either"
             )
+
+
+def _check_room(spec: TextSpec, source: Path) -> None:
+    """A text keeps a token of its own in the window, after the special tokens and its prefix: else
+    every document (or every query) is the same tokens, and so the same vector."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(spec.tokenizer)
+    tok.no_truncation()
+    tok.no_padding()
+    specials = tok.encode("").tokens
+    for option, prefix in (
+        ("--document-prefix", spec.document_prefix),
+        ("--query-prefix", spec.query_prefix),
+    ):
+        taken = len(tok.encode(prefix).ids)
+        if taken < spec.max_length:
+            continue
+        parts = ([f"{option} {prefix!r}"] if prefix else []) + specials
+        names = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+        raise ConfigError(
+            f"--max-length {spec.max_length} leaves no token for the text: {names} "
+            f"take{'s' if len(parts) == 1 else ''} {taken} ({source}); every text would be the same vector"
+        )
 
 
 def _run(

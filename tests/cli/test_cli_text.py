@@ -107,6 +107,12 @@ BAD_STAMPS = [
     ("{vocab}", ["--pooling", "output"], "pooling 'output' needs one vector a text (--pooling)"),
     ("{vocab}", ["--max-length", "40", "@positions"], "does not run on 40 tokens, over its position table; "),
     ("{vocab}", ["--query-prefix", "€€ "], "--query-prefix '€€ ' is no text this tokenizer knows"),
+    ("{vocab}", ["--max-length", "2"], "--max-length 2 leaves no token for the text: [CLS] and [SEP] take 2"),
+    (
+        "{vocab}",
+        ["--max-length", "4", "--document-prefix", "the big old "],
+        "--max-length 4 leaves no token for the text: --document-prefix 'the big old ', [CLS] and [SEP] take 5",
+    ),
     ("{vocab}", ["@image"], "a text graph takes input_ids, attention_mask and optionally token_type_ids; "),
     ("{vocab}", ["--resize", "3"], "--resize is for image graphs; a text graph (--tokenizer) takes none"),
     ("{vocab}", ["--max-length", "1"], "Invalid value for '--max-length': 1 is not in the range 2<=x<=8192"),
