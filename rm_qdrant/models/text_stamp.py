@@ -277,7 +277,8 @@ def _check_prefixes(tok: Any, spec: TextSpec, source: Path) -> None:
 
 def _check_room(spec: TextSpec, source: Path) -> None:
     """A text keeps a token of its own in the window, after the special tokens and its prefix: else
-    every document (or every query) is the same tokens, and so the same vector."""
+    every document (or every query) is the same tokens, and so the same vector. A prefix is kept
+    only where a long text is cut at its end: cut at its start, a long text loses the prefix."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(spec.tokenizer)
@@ -288,6 +289,11 @@ def _check_room(spec: TextSpec, source: Path) -> None:
         ("--document-prefix", spec.document_prefix),
         ("--query-prefix", spec.query_prefix),
     ):
+        if prefix and spec.truncation == "left":  # the tokenizer cuts the prefix off a long text
+            raise ConfigError(
+                f"--truncation left cuts a long text's start, and {option} {prefix!r} with it: a model "
+                "that takes a prefix reads it on every text (--truncation right)"
+            )
         taken = len(tok.encode(prefix).ids)
         if taken < spec.max_length:
             continue

@@ -110,6 +110,11 @@ BAD_STAMPS = [
     ("{vocab}", ["--max-length", "2"], "--max-length 2 leaves no token for the text: [CLS] and [SEP] take 2"),
     (
         "{vocab}",
+        ["--truncation", "left", "--query-prefix", "big "],
+        "--truncation left cuts a long text's start, and --query-prefix 'big ' with it",
+    ),
+    (
+        "{vocab}",
         ["--max-length", "4", "--document-prefix", "the big old "],
         "--max-length 4 leaves no token for the text: --document-prefix 'the big old ', [CLS] and [SEP] take 5",
     ),
