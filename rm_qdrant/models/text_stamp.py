@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +103,19 @@ def read_tokenizer(path: str | os.PathLike[str]) -> str:
 
 
 def _read_text(path: Path) -> str:
+    """A regular file's text, at most :data:`MAX_TOKENIZER_CHARS` bytes read (a device or a pipe
+    has no size to check first: ``/dev/zero`` never ends, a FIFO waits for a writer)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_TOKENIZER_CHARS:
-            raise ConfigError(f"{path} is {size:,} bytes: not a tokenizer (at most 32 MiB are read)")
-        return path.read_text(encoding="utf-8")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"cannot read tokenizer {path}: not a regular file")
+        if info.st_size > MAX_TOKENIZER_CHARS:
+            raise ConfigError(f"{path} is {info.st_size:,} bytes: not a tokenizer (at most 32 MiB are read)")
+        with path.open(encoding="utf-8") as file:
+            text = file.read(MAX_TOKENIZER_CHARS + 1)  # the file may have grown since
+        if len(text) > MAX_TOKENIZER_CHARS:
+            raise ConfigError(f"{path} is over 32 MiB: not a tokenizer (at most 32 MiB are read)")
+        return text
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path} is not a tokenizer: not UTF-8 text (byte {exc.start}); give the model's tokenizer.json "

@@ -99,6 +99,7 @@ def _sparse(vocab: Path) -> str:
 
 BAD_STAMPS = [
     ("{tmp}/missing.txt", [], "cannot read tokenizer {tmp}/missing.txt: No such file or directory"),
+    ("/dev/zero", [], "cannot read tokenizer /dev/zero: not a regular file"),  # endless: read, memory ran out
     ("bin", [], "is not a tokenizer: not UTF-8 text"),
     ("words", [], "is neither a tokenizers JSON file nor a WordPiece vocabulary"),
     ("json", [], "is JSON but not a tokenizer the 'tokenizers' library reads"),
