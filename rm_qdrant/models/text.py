@@ -7,8 +7,8 @@ token states are pooled as the graph's metadata says (:mod:`rm_qdrant.core.texts
 and the vectors L2-normalised where it says so.
 
 What is not text is a recorded failure of that document, never a crash: a value that is
-not a string or bytes, bytes that are not UTF-8, text with control characters that no
-text has (binary read as text), an empty text, or one over :data:`MAX_TEXT_BYTES`.
+not a string or bytes, bytes that are not UTF-8, binary data read as text (a NUL, or many
+control characters; a stray one is text), an empty text, or one over :data:`MAX_TEXT_BYTES`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,15 @@ from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder, fingerprint_byte
 #: The largest text read, in UTF-8 bytes: beyond any model's window, and a bound on the work one
 #: document can cost (the tokenizer reads all of it before truncating).
 MAX_TEXT_BYTES = 1 << 20
-#: Control characters no text holds (all but tab, line feed, form feed and carriage return),
-#: and lone surrogates: what binary data read as text is full of.
-_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+#: What no text holds, and binary data read as text does: NUL (UTF-16 text read as UTF-8 is half
+#: NULs) and lone surrogates.
+_BINARY = re.compile("[\x00\ud800-\udfff]")
+#: The other control characters (all but tab, line feed, form feed and carriage return): a
+#: stray one is text (a word processor's line break U+000B, a cp1252 byte read as Latin-1);
+#: binary data holds many.
+_CONTROL = re.compile("[\x01-\x08\x0b\x0e-\x1f\x7f-\x9f]")
+#: A text is binary data when more than one character in this many is a control character.
+CONTROL_SHARE = 20
 
 
 def load_tokenizer(spec: TextSpec, source: str) -> Any:
@@ -60,7 +66,8 @@ def as_text(item: object) -> str:
 
     Raises:
         TextError: not a string or bytes, not UTF-8, over :data:`MAX_TEXT_BYTES`, empty, or
-            holding control characters (binary data read as text).
+            binary data read as text: a NUL or a lone surrogate, or control characters in more
+            than one character in :data:`CONTROL_SHARE`.
     """
     if isinstance(item, (bytes, bytearray, memoryview)):
         data = bytes(item)
@@ -78,7 +85,10 @@ def as_text(item: object) -> str:
         raise TextError(f"expected text, got {type(item).__name__} {clip(repr(item))}")
     if not text.strip():
         raise TextError("the text is empty")
-    bad = _CONTROL.search(text)
+    bad = _BINARY.search(text)
+    controls = _CONTROL.findall(text) if bad is None else []
+    if len(controls) * CONTROL_SHARE > len(text):
+        bad = _CONTROL.search(text)
     if bad is not None:
         raise TextError(f"the text holds control character U+{ord(bad.group()):04X}: binary data, not text")
     return text

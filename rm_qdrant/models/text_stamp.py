@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +103,19 @@ def read_tokenizer(path: str | os.PathLike[str]) -> str:
 
 
 def _read_text(path: Path) -> str:
+    """A regular file's text, at most :data:`MAX_TOKENIZER_CHARS` bytes read (a device or a pipe
+    has no size to check first: ``/dev/zero`` never ends, a FIFO waits for a writer)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_TOKENIZER_CHARS:
-            raise ConfigError(f"{path} is {size:,} bytes: not a tokenizer (at most 32 MiB are read)")
-        return path.read_text(encoding="utf-8")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"cannot read tokenizer {path}: not a regular file")
+        if info.st_size > MAX_TOKENIZER_CHARS:
+            raise ConfigError(f"{path} is {info.st_size:,} bytes: not a tokenizer (at most 32 MiB are read)")
+        with path.open(encoding="utf-8") as file:
+            text = file.read(MAX_TOKENIZER_CHARS + 1)  # the file may have grown since
+        if len(text) > MAX_TOKENIZER_CHARS:
+            raise ConfigError(f"{path} is over 32 MiB: not a tokenizer (at most 32 MiB are read)")
+        return text
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path} is not a tokenizer: not UTF-8 text (byte {exc.start}); give the model's tokenizer.json "
@@ -214,10 +223,11 @@ def stamp_text_model(
     except EncoderError as exc:
         raise ConfigError(f"cannot stamp {exc}") from exc
     _check_prefixes(tok, spec, source)
+    _check_room(spec, source)
     session = _quiet_session(model, source)
     feed_types = {i.name: i.type for i in session.get_inputs()}
     vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
-    _check_fits(session, feed_types, vocabulary, max_length, source)
+    _check_fits(session, feed_types, tok, max_length, source)
     dims = _dims(session, feed_types, tok, info, outputs, source)
     info = dataclasses.replace(info, outputs=dims)
     entry = info.to_metadata()
@@ -274,21 +284,56 @@ def _check_prefixes(tok: Any, spec: TextSpec, source: Path) -> None:
             )
 
 
+def _check_room(spec: TextSpec, source: Path) -> None:
+    """A text keeps a token of its own in the window, after the special tokens and its prefix: else
+    every document (or every query) is the same tokens, and so the same vector. A prefix is kept
+    only where a long text is cut at its end: cut at its start, a long text loses the prefix."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(spec.tokenizer)
+    tok.no_truncation()
+    tok.no_padding()
+    specials = tok.encode("").tokens
+    for option, prefix in (
+        ("--document-prefix", spec.document_prefix),
+        ("--query-prefix", spec.query_prefix),
+    ):
+        if prefix and spec.truncation == "left":  # the tokenizer cuts the prefix off a long text
+            raise ConfigError(
+                f"--truncation left cuts a long text's start, and {option} {prefix!r} with it: a model "
+                "that takes a prefix reads it on every text (--truncation right)"
+            )
+        taken = len(tok.encode(prefix).ids)
+        if taken < spec.max_length:
+            continue
+        parts = ([f"{option} {prefix!r}"] if prefix else []) + specials
+        names = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+        raise ConfigError(
+            f"--max-length {spec.max_length} leaves no token for the text: {names} "
+            f"take{'s' if len(parts) == 1 else ''} {taken} ({source}); every text would be the same vector"
+        )
+
+
 def _run(
     session: Any, feed_types: dict[str, str], ids: np.ndarray, names: list[str] | None = None
 ) -> list[Any]:
     return list(session.run(names, text_feed(feed_types, ids, np.ones_like(ids))))
 
 
-def _check_fits(
-    session: Any, feed_types: dict[str, str], vocabulary: int, max_length: int, source: Path
-) -> None:
-    """The tokenizer's largest id, and ``max_length`` tokens, are inputs the graph can take."""
+def _check_fits(session: Any, feed_types: dict[str, str], tok: Any, max_length: int, source: Path) -> None:
+    """The tokenizer's largest id, and ``max_length`` tokens, are inputs the graph can take.
+
+    The largest id, not the vocabulary's size less one: a vocabulary's ids may have gaps (an
+    added token numbered past the rest), and the graph meets every one of them in some text.
+    """
+    vocabulary = int(tok.get_vocab_size(with_added_tokens=True))
+    largest = max(tok.get_vocab(with_added_tokens=True).values(), default=0)
     try:
-        _run(session, feed_types, np.array([[1, vocabulary - 1, 2]], np.int64))
+        _run(session, feed_types, np.array([[1, largest, 2]], np.int64))
     except Exception as exc:  # onnxruntime raises its own untyped errors
+        ids = "" if largest == vocabulary - 1 else f", ids up to {largest:,}"
         raise ConfigError(
-            f"{source} does not take token id {vocabulary - 1}: the tokenizer's vocabulary ({vocabulary:,}) "
+            f"{source} does not take token id {largest:,}: the tokenizer's vocabulary ({vocabulary:,}{ids}) "
             f"is larger than the graph's embedding table; is it the model's own tokenizer? "
             f"({clip(str(exc).splitlines()[0])})"
         ) from exc

@@ -88,15 +88,37 @@ def _write(tmp_path: Path, name: str, content: str | bytes) -> Path:
     return path
 
 
+def _sparse(vocab: Path) -> str:
+    """A tokenizers JSON of ``vocab`` whose last word has id 5,000: 67 tokens, the largest id far
+    past a 67-row embedding table (vocabularies with gaps in their ids exist)."""
+    document = json.loads(read_tokenizer(vocab))
+    words = document["model"]["vocab"]
+    words[max(words, key=words.get)] = 5000
+    return json.dumps(document)
+
+
 BAD_STAMPS = [
     ("{tmp}/missing.txt", [], "cannot read tokenizer {tmp}/missing.txt: No such file or directory"),
+    ("/dev/zero", [], "cannot read tokenizer /dev/zero: not a regular file"),  # endless: read, memory ran out
     ("bin", [], "is not a tokenizer: not UTF-8 text"),
     ("words", [], "is neither a tokenizers JSON file nor a WordPiece vocabulary"),
     ("json", [], "is JSON but not a tokenizer the 'tokenizers' library reads"),
     ("big", [], "the tokenizer's vocabulary (567) is larger than the graph's embedding table"),
+    ("sparse", [], "does not take token id 5,000: the tokenizer's vocabulary (67, ids up to 5,000) is"),
     ("{vocab}", ["--pooling", "output"], "pooling 'output' needs one vector a text (--pooling)"),
     ("{vocab}", ["--max-length", "40", "@positions"], "does not run on 40 tokens, over its position table; "),
     ("{vocab}", ["--query-prefix", "€€ "], "--query-prefix '€€ ' is no text this tokenizer knows"),
+    ("{vocab}", ["--max-length", "2"], "--max-length 2 leaves no token for the text: [CLS] and [SEP] take 2"),
+    (
+        "{vocab}",
+        ["--truncation", "left", "--query-prefix", "big "],
+        "--truncation left cuts a long text's start, and --query-prefix 'big ' with it",
+    ),
+    (
+        "{vocab}",
+        ["--max-length", "4", "--document-prefix", "the big old "],
+        "--max-length 4 leaves no token for the text: --document-prefix 'the big old ', [CLS] and [SEP] take",
+    ),
     ("{vocab}", ["@image"], "a text graph takes input_ids, attention_mask and optionally token_type_ids; "),
     ("{vocab}", ["--resize", "3"], "--resize is for image graphs; a text graph (--tokenizer) takes none"),
     ("{vocab}", ["--max-length", "1"], "Invalid value for '--max-length': 1 is not in the range 2<=x<=8192"),
@@ -116,6 +138,7 @@ def test_a_bad_text_stamp_is_one_line_and_writes_nothing(
         "words": _write(tmp_path, "words.txt", "hello\nworld\n"),
         "json": _write(tmp_path, "config.json", '{"hidden_size": 384}'),
         "big": _write(tmp_path, "big.txt", tm.vocab.read_text() + "".join(f"extra{i}\n" for i in range(500))),
+        "sparse": _write(tmp_path, "sparse.json", _sparse(tm.vocab)),
     }
     graph = tm.new_raw
     if "@positions" in extra:
