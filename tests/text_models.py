@@ -177,9 +177,8 @@ def scaled_text_graph(
     stretch: float = 1.0,
     rev: np.ndarray | None = None,
 ) -> Path:
-    """A :func:`text_graph` whose context (the mean state every position carries) is taken over
-    the attention mask, so that a text's vector is the same whatever texts share its batch, as a
-    real encoder's is (:func:`text_graph`'s mean counts the batch's padding too); its states (or,
+    """A :func:`text_graph` (whose context, the mean state every position carries, is taken over
+    the attention mask: a text's vector is the same whatever texts share its batch); its states (or,
     ``pooled``, the first token's state) are multiplied by ``stretch`` and named ``embedding``:
     a raw-scale model whose vectors are ``stretch`` times longer. With ``rev`` (a ``dim × k``
     matrix) the output is named ``new`` and a second output ``rev`` = ``new @ rev`` joins it: an
@@ -188,23 +187,12 @@ def scaled_text_graph(
     model = onnx.load(str(path))
     graph = model.graph
     nodes = list(graph.node)
-    at = next(k for k, node in enumerate(nodes) if node.op_type == "ReduceMean")
-    nodes[at : at + 1] = [
-        helper.make_node("Cast", ["attention_mask"], ["context_mask"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["context_mask", "last_axis"], ["context_weights"]),
-        helper.make_node("Mul", ["tokens", "context_weights"], ["context_masked"]),
-        helper.make_node("ReduceSum", ["context_masked", "token_axis"], ["context_sum"], keepdims=1),
-        helper.make_node("ReduceSum", ["context_weights", "token_axis"], ["context_count"], keepdims=1),
-        helper.make_node("Div", ["context_sum", "context_count"], ["context"]),
-    ]
     source = "pooler_output" if pooled else "last_hidden_state"
     shape: list[object] = ["batch", dim] if pooled else ["batch", "tokens", dim]
     name = "embedding" if rev is None else "new"
     nodes.append(helper.make_node("Mul", [source, "stretch"], [name]))
     graph.initializer.extend(
         [
-            numpy_helper.from_array(np.array([2], np.int64), "last_axis"),
-            numpy_helper.from_array(np.array([1], np.int64), "token_axis"),
             numpy_helper.from_array(np.array(stretch, np.float32), "stretch"),
         ]
     )
