@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 
 from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
-from rm_qdrant.core.modelinfo import ModelInfo, check_input_shape, parse_metadata
+from rm_qdrant.core.modelinfo import METADATA_KEY, ModelInfo, check_input_shape, parse_metadata
 from rm_qdrant.errors import EncoderError, RmqError
 from rm_qdrant.models.images import MAX_PIXELS, ImageLike, as_batch, pixels
 
@@ -299,6 +299,10 @@ class OnnxEncoder(PixelDecoder):
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             names = {i.name for i in inputs}
+            meta = self._session.get_modelmeta().custom_metadata_map
+            if {"input_ids", "attention_mask"} <= names and METADATA_KEY in meta:
+                # stamped, but load_encoder could not read it as text: say what is wrong with it
+                parse_metadata(meta, [o.name for o in self._session.get_outputs()], source=str(self.path))
             if {"input_ids", "attention_mask"} <= names:
                 raise EncoderError(
                     f"{self.path} is a text graph: stamp it with 'rmq model stamp --tokenizer PATH' "

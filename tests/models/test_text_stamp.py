@@ -184,6 +184,11 @@ def test_a_tokenizer_changed_after_stamping_is_refused_at_load(folder, vocab, tm
     onnx.save(graph, str(tmp_path / "no-tokenizer.onnx"))
     with pytest.raises(EncoderError, match="needs its tokenizer"):
         load_encoder(tmp_path / "no-tokenizer.onnx")
+    entry = next(p for p in graph.metadata_props if p.key == "rm_qdrant")
+    entry.value = entry.value[:-10]  # an entry cut short: what is wrong is said, not "stamp it"
+    onnx.save(graph, str(tmp_path / "cut.onnx"))
+    with pytest.raises(EncoderError, match="'rm_qdrant' metadata is not valid JSON"):
+        load_encoder(tmp_path / "cut.onnx")
 
 
 def test_max_length_left_out_is_the_tokenizer_jsons_own(folder, vocab, tmp_path):
