@@ -44,10 +44,9 @@ from rm_qdrant import DualIndex, open_store
 from rm_qdrant.core.metrics import FRACTIONS, area, gain
 from rm_qdrant.errors import Refused
 from rm_qdrant.evaluation.evaluate import ranked_precision
-from rm_qdrant.evaluation.text_corpus import TextCorpus, TextSplit, load_text_corpus, text_demo_models
+from rm_qdrant.evaluation.text_corpus import TextCorpus, TextSplit, load_text_corpus, stamp_demo_models
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
 from rm_qdrant.models.text import load_encoder
-from rm_qdrant.models.text_stamp import stamp_text_model
 
 #: The systems of the table, in its order.
 SYSTEMS = ("naive", "fit", "calibrated", "rrf")
@@ -84,26 +83,6 @@ class TextDemo:
         }
 
 
-def stamped_models(folder: Path) -> tuple[Path, Path]:
-    """The demo's old and new graphs, stamped with their tokenizer into ``folder``."""
-    models = text_demo_models()
-    paths = []
-    names = {"old": "paraphrase-MiniLM-L3-v2", "new": "all-MiniLM-L6-v2-int8"}
-    for role, model in (("old", models.old), ("new", models.new)):
-        out = folder / f"{role}.onnx"
-        stamp_text_model(
-            model.path,
-            out,
-            outputs={"embedding": model.output},
-            tokenizer=models.tokenizer,
-            max_length=model.max_length,
-            pooling=model.pooling,
-            name=names[role],
-        )
-        paths.append(out)
-    return paths[0], paths[1]
-
-
 @dataclass(frozen=True)
 class DemoSize:
     """How much of the corpus the demo serves, and how ``rmq fit`` and ``rmq calibrate`` sample it.
@@ -130,7 +109,7 @@ def run_text_demo(
     """Stamp, index, calibrate, fit, then migrate the three pairs step by step and measure."""
     tell = on_stage or (lambda _: None)
     out.mkdir(parents=True, exist_ok=True)
-    old_graph, new_graph = stamped_models(out)
+    old_graph, new_graph = stamp_demo_models(out)
     corpus = _sized(load_text_corpus(), size)
     demo = TextDemo()
     folder = out / "qdrant-text"

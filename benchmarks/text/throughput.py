@@ -27,25 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import rm_qdrant  # noqa: E402
-from rm_qdrant.evaluation.text_corpus import load_text_corpus, text_demo_models  # noqa: E402
+from rm_qdrant.evaluation.text_corpus import load_text_corpus, stamp_demo_models  # noqa: E402
 from rm_qdrant.models.text import load_encoder  # noqa: E402
-from rm_qdrant.models.text_stamp import stamp_text_model  # noqa: E402
 from rm_qdrant.store import open_store  # noqa: E402
-
-
-def stamped_new(folder: Path) -> Path:
-    models = text_demo_models()
-    new = models.new
-    out = folder / "new.onnx"
-    stamp_text_model(
-        new.path,
-        out,
-        outputs={"embedding": new.output},
-        tokenizer=models.tokenizer,
-        max_length=new.max_length,
-        pooling=new.pooling,
-    )
-    return out
 
 
 def encoder_alone(encoder, rows: np.ndarray, batch: int) -> float:
@@ -88,7 +72,7 @@ def main() -> None:
     texts = list(load_text_corpus().gallery.texts)
     with tempfile.TemporaryDirectory(prefix="rmq-text-throughput-") as tmp:
         folder = Path(tmp)
-        graph = stamped_new(folder)
+        graph = stamp_demo_models(folder)[1]
         encoder = load_encoder(graph)
         rows = np.stack([encoder.decode(t) for t in texts])
         encoder_alone(encoder, rows[:500], args.batch)  # warm

@@ -221,7 +221,8 @@ def _stamp_image(
     )
 
 
-def _as_dict(report: StampReport) -> dict[str, object]:
+def _head(report: StampReport | TextStampReport) -> dict[str, object]:
+    """What every stamp's ``--json`` starts with: the files and the model's facts."""
     info = report.info
     return {
         "source": str(report.source),
@@ -231,6 +232,21 @@ def _as_dict(report: StampReport) -> dict[str, object]:
         "modality": info.modality,
         "distance": info.distance,
         "scale": info.scale,
+    }
+
+
+def _head_lines(report: StampReport | TextStampReport) -> list[str]:
+    """What every stamp's text starts with."""
+    lines = [f"stamped {report.source} -> {report.out} ({_facts(report.info)})"]
+    if report.replaced:
+        lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
+    return lines
+
+
+def _as_dict(report: StampReport) -> dict[str, object]:
+    info = report.info
+    return {
+        **_head(report),
         "outputs": {
             role: {"graph_output": info.output_names[role], "dim": dim, "from": report.dims_from[role]}
             for role, dim in info.outputs.items()
@@ -241,9 +257,7 @@ def _as_dict(report: StampReport) -> dict[str, object]:
 
 def _as_text(report: StampReport) -> str:
     info = report.info
-    lines = [f"stamped {report.source} -> {report.out} ({_facts(info)})"]
-    if report.replaced:
-        lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
+    lines = _head_lines(report)
     for role, dim in info.outputs.items():
         lines.append(f"  {role:9} -> {info.output_names[role]}: {dim}-d ({report.dims_from[role]})")
     lines.append(f"  input     {report.input_name}: {info.input.describe()}")
@@ -258,13 +272,7 @@ def _facts(info: ModelInfo) -> str:
 def _text_dict(report: TextStampReport) -> dict[str, object]:
     info = report.info
     return {
-        "source": str(report.source),
-        "out": str(report.out),
-        "replaced": report.replaced,
-        "name": info.name,
-        "modality": info.modality,
-        "distance": info.distance,
-        "scale": info.scale,
+        **_head(report),
         "outputs": {
             role: {"graph_output": info.output_names[role], "dim": dim} for role, dim in info.outputs.items()
         },
@@ -281,9 +289,7 @@ def _text_text(report: TextStampReport) -> str:
     info = report.info
     spec: TextSpec = info.input  # type: ignore[assignment]  # a text stamp's
     window = "given" if report.max_length_from == "given" else "the tokenizer's own truncation"
-    lines = [f"stamped {report.source} -> {report.out} ({_facts(info)})"]
-    if report.replaced:
-        lines.append(f"  replaced the rm_qdrant entry {report.source} already had")
+    lines = _head_lines(report)
     lines += _text_lines(
         info, spec, window=f"{spec.max_length} tokens ({window})", vocabulary=report.vocabulary
     )

@@ -212,3 +212,33 @@ def _checked(path: Path, sha256: str, *, what: str, fix: str = REINSTALL) -> Pat
         found = digest.hexdigest()[:12]
         raise ConfigError(f"{what} has sha256 {found}…, not the pinned {sha256[:12]}…; {fix}")
     return path
+
+
+#: The names the demo pair's graphs are stamped with.
+DEMO_NAMES = {"old": "paraphrase-MiniLM-L3-v2", "new": "all-MiniLM-L6-v2-int8"}
+
+
+def stamp_demo_models(folder: Path) -> tuple[Path, Path]:
+    """The demo pair stamped with the bundled tokenizer as ``rmq model stamp --tokenizer`` stamps
+    it: ``folder/old.onnx`` and ``folder/new.onnx``.
+
+    Raises:
+        ConfigError: a package is missing or a file differs from its pin (:func:`text_demo_models`).
+    """
+    from rm_qdrant.models.text_stamp import stamp_text_model
+
+    models = text_demo_models()
+    paths = []
+    for role, model in (("old", models.old), ("new", models.new)):
+        out = folder / f"{role}.onnx"
+        stamp_text_model(
+            model.path,
+            out,
+            outputs={"embedding": model.output},
+            tokenizer=models.tokenizer,
+            max_length=model.max_length,
+            pooling=model.pooling,
+            name=DEMO_NAMES[role],
+        )
+        paths.append(out)
+    return paths[0], paths[1]

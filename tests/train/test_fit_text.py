@@ -19,7 +19,6 @@ from click.testing import CliRunner
 import rm_qdrant
 from rm_qdrant import DualIndex, TextEncoder, load_encoder, open_store
 from rm_qdrant.cli import cli
-from rm_qdrant.models.text_stamp import stamp_text_model
 from tests.text_fit_data import mixed_texts, topic_sentences
 from tests.text_models import stamped_text_graph
 
@@ -159,23 +158,12 @@ def minilm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     paraphrase-MiniLM-L3-v2 (old, its own mean-pooled output) and all-MiniLM-L6-v2 int8 (new,
     token states that the fit pools inside the graph), with the bundled tokenizer."""
     from rm_qdrant.errors import ConfigError
-    from rm_qdrant.evaluation.text_corpus import text_demo_models
+    from rm_qdrant.evaluation.text_corpus import stamp_demo_models
 
     try:
-        models = text_demo_models()
+        return stamp_demo_models(tmp_path_factory.mktemp("minilm"))
     except ConfigError as exc:
         pytest.skip(str(exc))
-    folder = tmp_path_factory.mktemp("minilm")
-    for role, model in (("old", models.old), ("new", models.new)):
-        stamp_text_model(
-            model.path,
-            folder / f"{role}.onnx",
-            outputs={"embedding": model.output},
-            tokenizer=models.tokenizer,
-            max_length=model.max_length,
-            pooling=model.pooling,
-        )
-    return folder / "old.onnx", folder / "new.onnx"
 
 
 def test_the_real_minilm_pair_fits_with_labels_and_padding_never_reaches_a_vector(minilm, tmp_path):
