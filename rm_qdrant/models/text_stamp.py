@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ import numpy as np
 from rm_qdrant.core.inputspec import clip
 from rm_qdrant.core.modelinfo import METADATA_KEY, ModelInfo, parse_metadata
 from rm_qdrant.core.textspec import (
-    MAX_TOKENIZER_CHARS,
     MAX_TOKENS,
     TOKENIZER_KEY,
     TextSpec,
@@ -43,6 +41,9 @@ from rm_qdrant.core.textspec import (
 from rm_qdrant.errors import ConfigError, EncoderError
 from rm_qdrant.models.stamp import _check_roles, _load, _set_entry, _write
 from rm_qdrant.models.text import check_text_inputs, load_tokenizer, pool, text_feed
+from rm_qdrant.models.tokenizer_file import read_tokenizer, stated_window
+
+__all__ = ["TextStampReport", "read_tokenizer", "stamp_text_model"]
 
 #: Sentences the stamp runs the graph on (dimension, pooling and scale checks).
 _SAMPLES = (
@@ -67,72 +68,6 @@ class TextStampReport:
     vocabulary: int
     replaced: bool
     max_length_from: str = "given"
-
-
-def read_tokenizer(path: str | os.PathLike[str]) -> str:
-    """A tokenizer file as a ``tokenizers`` JSON document: the file itself, or a WordPiece
-    vocabulary (``vocab.txt``, one token a line) made into BERT's tokenizer (lower-cased when
-    no token but the special ones has a capital letter, as uncased vocabularies are).
-
-    Raises:
-        ConfigError: no such file, too large, or neither kind of tokenizer (one line).
-    """
-    from tokenizers import Tokenizer
-
-    path = Path(path)
-    text = _read_text(path)
-    if text.lstrip().startswith("{"):
-        try:
-            Tokenizer.from_str(text)
-        except Exception as exc:  # tokenizers raises its own untyped errors
-            raise ConfigError(
-                f"{path} is JSON but not a tokenizer the 'tokenizers' library reads ({clip(str(exc))}): "
-                "give the model's tokenizer.json or its vocab.txt"
-            ) from exc
-        return text
-    tokens = [line for line in text.splitlines() if line]
-    if "[UNK]" not in tokens or "[CLS]" not in tokens or "[SEP]" not in tokens:
-        raise ConfigError(
-            f"{path} is neither a tokenizers JSON file nor a WordPiece vocabulary with [UNK], [CLS] and [SEP]"
-        )
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    cased = any(t != t.lower() for t in tokens if not (t.startswith("[") and t.endswith("]")))
-    vocab = {token: index for index, token in enumerate(tokens)}
-    return str(BertWordPieceTokenizer(vocab, lowercase=not cased).to_str())
-
-
-def _read_text(path: Path) -> str:
-    """A regular file's text, at most :data:`MAX_TOKENIZER_CHARS` bytes read (a device or a pipe
-    has no size to check first: ``/dev/zero`` never ends, a FIFO waits for a writer)."""
-    try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"cannot read tokenizer {path}: not a regular file")
-        if info.st_size > MAX_TOKENIZER_CHARS:
-            raise ConfigError(f"{path} is {info.st_size:,} bytes: not a tokenizer (at most 32 MiB are read)")
-        with path.open(encoding="utf-8") as file:
-            text = file.read(MAX_TOKENIZER_CHARS + 1)  # the file may have grown since
-        if len(text) > MAX_TOKENIZER_CHARS:
-            raise ConfigError(f"{path} is over 32 MiB: not a tokenizer (at most 32 MiB are read)")
-        return text
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not a tokenizer: not UTF-8 text (byte {exc.start}); give the model's tokenizer.json "
-            "or its vocab.txt"
-        ) from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read tokenizer {path}: {exc.strerror or exc}") from exc
-
-
-def stated_window(document: str) -> int | None:
-    """The window a ``tokenizers`` JSON document states itself (``truncation.max_length``), or None."""
-    try:
-        truncation = json.loads(document).get("truncation")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    value = truncation.get("max_length") if isinstance(truncation, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _window(max_length: int | None, document: str, *, tokenizer: Path) -> tuple[int, str]:
@@ -407,14 +342,3 @@ def _set_tokenizer(model: Any, document: str) -> None:
     for index in reversed([i for i, p in enumerate(model.metadata_props) if p.key == TOKENIZER_KEY]):
         del model.metadata_props[index]
     model.metadata_props.add(key=TOKENIZER_KEY, value=document)
-
-
-def shown_tokenizer(document: str) -> str:
-    """A tokenizer for people: its model kind and vocabulary size."""
-    try:
-        raw = json.loads(document)
-        kind = raw.get("model", {}).get("type", "?")
-        size = len(raw.get("model", {}).get("vocab", {}))
-    except (ValueError, AttributeError):
-        return "unreadable"
-    return f"{kind}, {size:,} tokens"
