@@ -30,11 +30,14 @@ the mode the pair had, the one the vectors already in new were made with.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from rm_qdrant.core.inputspec import check_decode
 from rm_qdrant.core.modelinfo import items_of
-from rm_qdrant.errors import ConfigError, MigrationError, Refused
+from rm_qdrant.core.textspec import TextSpec
+from rm_qdrant.errors import ConfigError, EncoderError, MigrationError, Refused
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.models.text import load_encoder
 from rm_qdrant.operations.create import old_model_ref, plain_model_ref
 from rm_qdrant.operations.verify import SAME_OUTPUT, Agreement, agreement
 from rm_qdrant.pair.layouts import count_new, layout_of, new_where
@@ -88,6 +91,41 @@ def _check_reads(
                 f"{model.path} reads {model.info.items}, pair {pair.name!r} serves "
                 f"{items_of(pair.encoder.modality)}: a pair's models read one kind of item"
             )
+
+
+def _check_window(pair: PairRecord, encoder: OnnxEncoder) -> None:
+    """A text graph cuts documents where the pair's graph cut them (``max_length``, ``truncation``).
+
+    The sampled check sees a changed window only on documents longer than it; where those are few
+    none may be drawn, and the long documents already in new would keep vectors of another cut
+    than the ones migrated after the switch, without a word. The pair's graph is read from the
+    path it recorded; where that file is gone or changed, the check alone decides.
+
+    Raises:
+        ConfigError: the windows differ (one line naming both).
+    """
+    if pair.encoder.modality != "text" or not Path(pair.encoder.path).is_file():
+        return
+    try:
+        current = load_encoder(pair.encoder.path)
+    except (ConfigError, EncoderError):  # the file was replaced by something unreadable
+        return
+    if current.fingerprint != pair.encoder.fingerprint:
+        return
+    ours, theirs = current.info.input, encoder.info.input
+    if isinstance(ours, TextSpec) and isinstance(theirs, TextSpec):
+        if (ours.max_length, ours.truncation) != (theirs.max_length, theirs.truncation):
+            raise ConfigError(
+                f"{encoder.path} cuts documents at {theirs.max_length} tokens (keeping the "
+                f"{_kept(theirs)}), the vectors already in {pair.new_collection!r} were made cut at "
+                f"{ours.max_length} (keeping the {_kept(ours)}): longer documents would be embedded "
+                "two ways, which a sampled check need not see; switch only to a graph with the same "
+                "max_length and truncation, or start a new pair"
+            )
+
+
+def _kept(spec: TextSpec) -> str:
+    return "start" if spec.truncation == "right" else "end"
 
 
 def calibration_after(before: PairRecord, after: PairRecord) -> str | None:
@@ -161,6 +199,7 @@ def switch_encoder(
         plain = pair.encoder
     measured = None
     if count_new(store, pair):
+        _check_window(pair, encoder)
         measured = agreement(
             store,
             pair.new_collection,
