@@ -1,4 +1,5 @@
-"""Text pairs: what a sampled check cannot see (a second adversarial review)."""
+"""Text pairs: a switch to a graph that cuts long documents another way is refused (a sampled
+check cannot see it)."""
 
 from __future__ import annotations
 
