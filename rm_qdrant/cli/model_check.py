@@ -145,6 +145,11 @@ def _check_text(
     if found.unreadable:
         items = "documents" if text else "images"
         line += f"; {found.unreadable} {items} unreadable (first: {found.first_error})"
+    if found.longest is not None and found.window is not None and found.longest < found.window:
+        line += (
+            f"; the longest document compared has {found.longest} of the window's {found.window} tokens: "
+            "a graph stamped with another --max-length would match these too"
+        )
     return line if fast is None else line + "\n" + _fast_text(fast, recorded)
 
 

@@ -13,6 +13,7 @@ Euclid collection stores raw (norms 6 to 10) points the same way and still fails
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class Agreement:
         metric: the collection's distance.
         error_max, error_median: of the relative errors ``‖stored − model‖ / ‖stored‖``.
         stored_norms, model_norms: (min, median) of the stored vectors' norms and of the model's.
+        longest, window: a text model's longest compared document and window, in tokens.
     """
 
     checked: int
@@ -66,6 +68,10 @@ class Agreement:
     error_median: float = 0.0
     stored_norms: tuple[float, float] = (0.0, 0.0)
     model_norms: tuple[float, float] = (0.0, 0.0)
+    #: A text model's: tokens in the longest document compared, and the model's window. Below
+    #: it, nothing compared was cut: another ``max_length`` would have matched these too.
+    longest: int | None = None
+    window: int | None = None
 
     def mismatch(self) -> str | None:
         """Why the model does not reproduce the stored vectors under the metric, or None if it does."""
@@ -150,9 +156,11 @@ def agreement(
     """
     output = output or encoder.info.gallery_output()
     spec, records, usable = _sampled(store, collection, encoder, output, vector, sample, seed, where)
-    good, fresh, failed = _encoded(encoder, output, usable, records, rule, source)
+    good, fresh, failed, longest = _encoded(encoder, output, usable, records, rule, source)
     stored = np.stack([r.vector for r in good])
-    return _compare(stored, fresh, [r.id for r in good], spec.distance, len(records), failed)
+    found = _compare(stored, fresh, [r.id for r in good], spec.distance, len(records), failed)
+    window = getattr(encoder.info.input, "max_length", None)
+    return dataclasses.replace(found, longest=longest, window=window) if window else found
 
 
 def fidelity(
@@ -178,8 +186,8 @@ def fidelity(
     output = output or encoder.info.gallery_output()
     spec, records, usable = _sampled(store, collection, encoder, output, vector, sample, seed, None)
     exact, fast = encoder.decoding_as("exact"), encoder.decoding_as("fast")
-    good, exact_rows, failed = _encoded(exact, output, usable, records, rule, source)
-    both, fast_rows, _ = _encoded(fast, output, good, records, rule, source)
+    good, exact_rows, failed, _ = _encoded(exact, output, usable, records, rule, source)
+    both, fast_rows, _, _ = _encoded(fast, output, good, records, rule, source)
     kept = {r.id for r in both}
     exact_rows = exact_rows[[i for i, r in enumerate(good) if r.id in kept]]
     stored, ids = np.stack([r.vector for r in both]), [r.id for r in both]
@@ -229,9 +237,10 @@ def _encoded(
     records: list[Record],
     rule: UriRule | None,
     source: SourceConfig | None,
-) -> tuple[list[Record], np.ndarray, list[tuple[int, str]]]:
+) -> tuple[list[Record], np.ndarray, list[tuple[int, str]], int | None]:
     """The points of ``usable`` whose image could be read, the model's vectors of them (decoded
-    as ``encoder`` decodes), and why the others could not."""
+    as ``encoder`` decodes), why the others could not, and a text model's longest document read
+    in tokens (None for images)."""
     with ImageSource(source or SourceConfig()) as images, ThreadPoolExecutor(8) as pool:
         points = [(r.id, r.payload) for r in usable]
         loaded = load_batch(encoder, images, rule or UriRule(), points, pool, workers=8)
@@ -240,7 +249,8 @@ def _encoded(
         first = loaded.failed[0][1] if loaded.failed else "-"
         items = "documents" if encoder.info.modality == "text" else "images"
         raise ConfigError(f"none of the {len(records)} sampled {items} could be read (first: {first})")
-    return good, encoder.run_pixels(loaded.pixels, [output])[output], loaded.failed
+    longest = int(loaded.pixels[:, 1].sum(axis=1).max()) if encoder.info.modality == "text" else None
+    return good, encoder.run_pixels(loaded.pixels, [output])[output], loaded.failed, longest
 
 
 def _compare(

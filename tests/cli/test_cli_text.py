@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from rm_qdrant import load_encoder
+from rm_qdrant import load_encoder, open_store
 from rm_qdrant.core.textspec import tokenizer_sha
 from rm_qdrant.models.text_stamp import read_tokenizer
 from tests.conftest import one_error_line
-from tests.text_models import text_graph, vocabulary
+from tests.text_models import text_graph, texts, vocabulary
 from tests.text_pairs import TextModels, gallery, make_text_models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +245,23 @@ def test_model_check_refusals_are_one_line(rmq, tm, tmp_path, models, model, ext
     path = models.old if model == "image" else tm.old
     result = rmq("model", "check", path, "--collection", "articles", "--text-field", "body", *extra, ok=False)
     assert message.format(image=models.old) in one_error_line(result)
+
+
+def test_model_check_says_when_no_document_reached_the_window(rmq, tm, tmp_path):
+    """Short documents only: another --max-length would match them too, and the check says so."""
+    docs, labels = texts(30)  # seven words: 9 tokens of the window's 16
+    with open_store(tmp_path / "q", create=True) as store:
+        store.create_collection("short", dim=16, distance="cosine")
+        vectors = load_encoder(tm.old).encode(docs)["embedding"]
+        store.upsert(
+            "short", list(range(30)), vectors, [{"body": d, "label": x} for d, x in zip(docs, labels)]
+        )
+    text = rmq("model", "check", tm.old, "--collection", "short", "--text-field", "body").output
+    assert "the longest document compared has 9 of the window's 16 tokens" in text
+    report = json.loads(
+        rmq("model", "check", tm.old, "--collection", "short", "--text-field", "body", "--json").output
+    )
+    assert (report["longest"], report["window"]) == (9, 16)
+    gallery(tmp_path, tm)  # with a document past the window: nothing to say
+    text = rmq("model", "check", tm.old, "--collection", "articles", "--text-field", "body").output
+    assert "the longest document compared" not in text
