@@ -96,7 +96,11 @@ def nth_write(n: int) -> Callable[[str, tuple, dict], bool]:
 def hammer_migration(store, ids, user_vector, **migrate):
     """Run a migration of pair ``p`` while a thread writes and deletes random points through
     DualIndex (400 writes at most, paced to spread over the run). Returns (report, last),
-    ``last`` mapping each touched id to ``"deleted"`` or the version the user wrote last."""
+    ``last`` mapping each touched id to ``"deleted"`` or the version the user wrote last.
+
+    The overlap does not depend on the machine's speed: after each settled batch the migration
+    waits (up to 10 s) until the writer has made 3 more writes, so a fast migration cannot
+    end before the writer has done its part."""
     import random
     import threading
 
@@ -105,6 +109,8 @@ def hammer_migration(store, ids, user_vector, **migrate):
 
     last: dict[object, object] = {}
     done = threading.Event()
+    wrote = threading.Condition()
+    writes = [0]
 
     def user() -> None:
         rng, index, version = random.Random(5), DualIndex.open(store, "p"), 0
@@ -117,12 +123,20 @@ def hammer_migration(store, ids, user_vector, **migrate):
             else:
                 index.delete([point])
                 last[point] = "deleted"
+            with wrote:
+                writes[0] += 1
+                wrote.notify_all()
+
+    def after_batch(_: object) -> None:
+        with wrote:
+            wanted = writes[0] + 3
+            wrote.wait_for(lambda: writes[0] >= wanted or len(last) >= 400 or done.is_set(), timeout=10)
 
     thread = threading.Thread(target=user)
     thread.start()
     try:
         options = MigrateOptions(batch=50, fetch_workers=2)
-        report = run_migration(DualIndex.open(store, "p"), options, **migrate)
+        report = run_migration(DualIndex.open(store, "p"), options, on_batch=after_batch, **migrate)
     finally:
         done.set()
         thread.join()
