@@ -293,9 +293,24 @@ class OnnxEncoder(PixelDecoder):
         providers: Sequence[str] | None = None,
         decode: str = DEFAULT_DECODE,
     ):
+        path = Path(path)
+        data, session = open_session(path, threads=threads, spin=spin, providers=providers)
+        self._setup(path, data, session, batch_size=batch_size, providers=providers, decode=decode)
+
+    def _setup(
+        self,
+        path: Path,
+        data: bytes,
+        session: Any,
+        *,
+        batch_size: int,
+        providers: Sequence[str] | None,
+        decode: str,
+    ) -> None:
+        """Describe the graph at ``path`` from its bytes and its opened session (see ``__init__``)."""
         self.decoding = check_decode(decode)
-        self.path = Path(path)
-        data, self._session = open_session(self.path, threads=threads, spin=spin, providers=providers)
+        self.path = path
+        self._session = session
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             names = {i.name for i in inputs}

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,18 +179,20 @@ class TextEncoder(TextDecoder, OnnxEncoder):
             not what ``pooling`` says.
     """
 
-    def __init__(
+    __init__ = OnnxEncoder.__init__  # not TextDecoder's, which comes first in the MRO
+
+    def _setup(
         self,
-        path: str | os.PathLike[str],
+        path: Path,
+        data: bytes,
+        session: Any,
         *,
-        batch_size: int = 64,
-        threads: int = 0,
-        spin: bool = False,
-        providers: Sequence[str] | None = None,
-        decode: str = DEFAULT_DECODE,
+        batch_size: int,
+        providers: Sequence[str] | None,
+        decode: str,
     ) -> None:
-        self.path = Path(path)
-        data, self._session = open_session(self.path, threads=threads, spin=spin, providers=providers)
+        self.path = path
+        self._session = session
         outputs = [o.name for o in self._session.get_outputs()]
         meta = self._session.get_modelmeta().custom_metadata_map
         info = parse_metadata(meta, outputs, source=str(self.path))
@@ -322,16 +324,9 @@ def pool(value: np.ndarray, mask: np.ndarray, spec: TextSpec, name: str) -> np.n
     return np.ascontiguousarray(vectors, np.float32)
 
 
-def is_text_graph(path: str | os.PathLike[str]) -> bool:
-    """Whether the graph at ``path`` says it reads text (False for anything unreadable: the
+def reads_text(props: Mapping[str, str]) -> bool:
+    """Whether a graph's metadata says it reads text (False where its entry is unreadable: the
     image encoder's own checks then say what is wrong with it)."""
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # protobuf's DecodeError, OSError: OnnxEncoder reports them
-        return False
-    props = {p.key: p.value for p in model.metadata_props}
     try:
         raw = json.loads(props.get(METADATA_KEY, "{}"))
     except (ValueError, RecursionError):
@@ -339,10 +334,35 @@ def is_text_graph(path: str | os.PathLike[str]) -> bool:
     return isinstance(raw, dict) and is_text_input(raw.get("input"))
 
 
-def load_encoder(path: str | os.PathLike[str], **options: Any) -> OnnxEncoder:
+def is_text_graph(path: str | os.PathLike[str]) -> bool:
+    """Whether the graph at ``path`` says it reads text (False for anything unreadable)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf's DecodeError, OSError: OnnxEncoder reports them
+        return False
+    return reads_text({p.key: p.value for p in model.metadata_props})
+
+
+def load_encoder(
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int = 64,
+    threads: int = 0,
+    spin: bool = False,
+    providers: Sequence[str] | None = None,
+    decode: str = DEFAULT_DECODE,
+) -> OnnxEncoder:
     """The encoder for the graph at ``path``: a :class:`TextEncoder` for a text graph, else an
-    :class:`~rm_qdrant.models.encoder.OnnxEncoder` (``options`` are their arguments)."""
-    return TextEncoder(path, **options) if is_text_graph(path) else OnnxEncoder(path, **options)
+    :class:`~rm_qdrant.models.encoder.OnnxEncoder` (the arguments are theirs). The file is read
+    and its session opened once, whichever it is."""
+    path = Path(path)
+    data, session = open_session(path, threads=threads, spin=spin, providers=providers)
+    kind = TextEncoder if reads_text(session.get_modelmeta().custom_metadata_map) else OnnxEncoder
+    encoder = object.__new__(kind)
+    encoder._setup(path, data, session, batch_size=batch_size, providers=providers, decode=decode)
+    return encoder
 
 
 def decoder_for(info: ModelInfo, *, decode: str = DEFAULT_DECODE) -> Any:
