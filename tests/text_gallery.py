@@ -63,3 +63,16 @@ def text_gallery(
         text_field="body",
         **init,
     )
+
+
+def text_pair_at(tmp_path: Path, count: int) -> tuple[list[str], list[str], TextModels]:
+    """A naive text pair 't' of ``count`` labelled documents (:func:`tests.text_models.texts`) in
+    the store at ``tmp_path/q``: the documents, their labels and the models."""
+    from rm_qdrant import open_store
+    from tests.text_models import texts
+
+    docs, labels = texts(count)
+    models = text_models(tmp_path / "models")
+    with open_store(tmp_path / "q") as store:
+        text_gallery(store, models, docs, labels)
+    return docs, labels, models

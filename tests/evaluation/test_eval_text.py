@@ -12,7 +12,7 @@ import pytest
 import rm_qdrant
 from rm_qdrant import open_store
 from tests.conftest import one_error_line, settled
-from tests.text_gallery import text_gallery, text_models
+from tests.text_gallery import text_pair_at
 from tests.text_models import texts
 
 N = 40
@@ -21,11 +21,7 @@ N = 40
 @pytest.fixture
 def text_pair(tmp_path):
     """A naive text pair 't' of N labelled documents in the store at tmp_path/q; its models."""
-    docs, labels = texts(N)
-    models = text_models(tmp_path / "models")
-    with open_store(tmp_path / "q") as store:
-        text_gallery(store, models, docs, labels)
-    return docs, labels, models
+    return text_pair_at(tmp_path, N)
 
 
 def judged(docs, labels) -> list[dict]:

@@ -11,18 +11,14 @@ import pytest
 import rm_qdrant
 from rm_qdrant import open_store
 from tests.conftest import one_error_line
-from tests.text_gallery import text_gallery, text_models
-from tests.text_models import texts
+from tests.text_gallery import text_pair_at
 
 N = 60
 
 
 @pytest.fixture
 def text_pair(tmp_path):
-    docs, labels = texts(N)
-    models = text_models(tmp_path / "models")
-    with open_store(tmp_path / "q") as store:
-        text_gallery(store, models, docs, labels)
+    docs, _, models = text_pair_at(tmp_path, N)
     return docs, models
 
 
