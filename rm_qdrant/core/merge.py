@@ -39,6 +39,11 @@ class Hit:
         source: ``"old"`` or ``"new"``: the collection the hit came from.
         payload: The point's payload.
         vector: The point's vector as its side stores it (``with_vectors=True`` only).
+        rerank: In a re-ranked search's first K: ``new``, ``embedded`` or ``cached`` (the
+            distance is the new model's), or why an old hit keeps its merged distance:
+            ``late``, ``over budget``, ``unreadable`` (see :mod:`rm_qdrant.core.rerank`).
+            None elsewhere.
+        rerank_error: Why an ``unreadable`` hit could not be re-scored.
     """
 
     id: PointId
@@ -47,6 +52,8 @@ class Hit:
     source: Source
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
     vector: Any = field(default=None, compare=False, repr=False)
+    rerank: str | None = field(default=None, compare=False)
+    rerank_error: str | None = field(default=None, compare=False, repr=False)
 
 
 def check_distance(distance: str) -> str:

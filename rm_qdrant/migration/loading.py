@@ -23,10 +23,10 @@ from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.planning import ERROR
 from rm_qdrant.core.redact import redact
 from rm_qdrant.core.uris import UriRule
-from rm_qdrant.errors import ImageError, SourceError, TooLarge
+from rm_qdrant.errors import SourceError, TooLarge
 from rm_qdrant.models.encoder import OnnxEncoder, PixelDecoder
-from rm_qdrant.models.text import TextDecoder
 from rm_qdrant.pair.layouts import layout_of
+from rm_qdrant.pair.reading import read_item
 from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import ImageSource, SourceConfig, shown, source_kind
 from rm_qdrant.store import Record, Store, Where
@@ -88,40 +88,6 @@ def _uri(rule: UriRule, point_id: PointId, payload: Mapping[str, Any]) -> tuple[
     except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
         log.warning("unexpected failure reading the image uri of point %s", point_id, exc_info=True)
         return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}"
-
-
-def decode_item(encoder: PixelDecoder, data: Any, *, max_pixels: int) -> tuple[np.ndarray, bool]:
-    """``data`` decoded as ``encoder`` takes it, and whether it was cut to fit (a text longer than
-    the model's ``max_length``; an image never is)."""
-    if isinstance(encoder, TextDecoder):
-        return encoder.tokenise(data)
-    return encoder.decode(data, max_pixels=max_pixels), False
-
-
-def _decoded(
-    encoder: PixelDecoder, source: ImageSource, point_id: PointId, uri: Any, spent: list[float]
-) -> tuple[np.ndarray | None, str, bool]:
-    """The image at ``uri``, decoded as ``encoder`` takes it, or None and why it could not be read,
-    and whether it was cut (:func:`decode_item`); adds the seconds its fetch and its decode took
-    to ``spent`` ([fetch, decode])."""
-    began = time.perf_counter()
-    fetched = None
-    try:
-        data = source.fetch(uri)
-        fetched = time.perf_counter()
-        image, cut = decode_item(encoder, data, max_pixels=source.config.max_pixels)
-        return image, "", cut
-    except SourceError as exc:
-        return None, str(exc), False
-    except ImageError as exc:
-        return None, f"{shown(uri)}: {exc}", False
-    except Exception as exc:  # one point's fault must not stop a batch job: record it, go on
-        log.warning("unexpected failure reading the image of point %s", point_id, exc_info=True)
-        return None, f"unexpected {type(exc).__name__}: {redact(str(exc))[:300]}", False
-    finally:
-        ended = time.perf_counter()
-        spent[0] += (ended if fetched is None else fetched) - began
-        spent[1] += 0.0 if fetched is None else ended - fetched
 
 
 def fetch_threads(
@@ -210,7 +176,7 @@ def load_batch(
         spans.append(spent)
         for row in range(start, min(start + size, len(points))):
             if errors[row] is None:
-                image, error, cut[row] = _decoded(encoder, source, points[row][0], uris[row], spent)
+                image, error, cut[row] = read_item(encoder, source, points[row][0], uris[row], spent)
                 if image is None:
                     errors[row] = error or "the image could not be read"
                 else:

@@ -47,6 +47,7 @@ from rm_qdrant.migration.gate import Gate
 from rm_qdrant.migration.loading import NETWORK_WORKERS, FetchPace, load_batch
 from rm_qdrant.migration.ranking import order_ready, plan, prepare_order
 from rm_qdrant.models.encoder import OnnxEncoder
+from rm_qdrant.pair.claiming import claim_batch
 from rm_qdrant.pair.layouts import Layout, layout_of
 from rm_qdrant.pair.outcome import (
     BatchResult,
@@ -56,7 +57,6 @@ from rm_qdrant.pair.outcome import (
     MigrateOptions,
     MigrationReport,
     Prepared,
-    uncopyable,
     unusable_rows,
 )
 from rm_qdrant.pair.record import PairRecord
@@ -279,23 +279,7 @@ class Migrator:
 
     def _claim(self, batch: Sequence[PointId]) -> ClaimedBatch:
         """Read a batch (one collection: token it) before its images are fetched."""
-        claimed = self.layout.claim(self.store, list(batch), self.carried)
-        present, done = claimed.present, claimed.done
-        payloads = {r.id: r.payload for r in present}
-        ids = [i for i in batch if i in payloads]  # a user may have deleted some meanwhile
-        refused = {}
-        if self.layout.copies_payload:  # one payload new cannot take fails its point, not the run
-            refused = uncopyable({i: payloads[i] for i in ids if i not in done})
-        return ClaimedBatch(
-            ids,
-            payloads,
-            [i for i in ids if i in done],
-            [(i, payloads[i]) for i in ids if i not in done and i not in refused],
-            len(batch) - len(ids),
-            claimed.token,
-            {r.id: r.others for r in present} if self.carried else {},
-            list(refused.items()),
-        )
+        return claim_batch(self.layout, self.store, batch, self.carried)
 
     def _encode(self, prepared: Prepared) -> Encoded:
         return encode_loaded(self.encoder, self.output, self.pair.distance, prepared.loaded, prepared.pixels)

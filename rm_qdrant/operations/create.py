@@ -8,6 +8,7 @@ from typing import Any
 from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
 from rm_qdrant.core.paths import check_path
 from rm_qdrant.core.planning import INTERNAL_FIELDS
+from rm_qdrant.core.rerank import Rerank, as_rerank
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError, DimensionMismatch, EncoderError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -66,6 +67,7 @@ def create_pair(
     source: dict[str, Any] | None = None,
     full_scan_kb: int | None = None,
     decode: str = DEFAULT_DECODE,
+    rerank: Rerank | int | None = None,
 ) -> PairRecord:
     """Create the new collection (or the new vector) and the pair record (what ``rmq init`` does).
 
@@ -99,6 +101,8 @@ def create_pair(
             faster, and find every point, up to ~8,000 KB (Qdrant's default is 10,000).
         decode: how every command decodes the pair's images, ``exact`` (the default: the team
             pipeline's pixels) or ``fast`` (see :attr:`PairRecord.decode`).
+        rerank: the re-rank every search of the pair makes by default (K, or a
+            :class:`~rm_qdrant.core.rerank.Rerank`); None: none.
 
     Raises:
         CollectionNotFound: the old collection does not exist.
@@ -110,6 +114,7 @@ def create_pair(
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     check_decode(decode)
+    default_rerank = as_rerank(rerank)
     check_path(label_field, "--label-field")
     check_modality(encoder, [old_encoder, new_model], uri)
     if decode != DEFAULT_DECODE and encoder.info.modality == "text":
@@ -203,6 +208,7 @@ def create_pair(
         new_vector=new_vector if single else None,
         source=source or None,
         decode=decode,
+        rerank=None if default_rerank is None else default_rerank.to_dict(),
     )
     # a run of an earlier pair of this name may have written after its drop: this one starts clean
     forget_progress(store, name)

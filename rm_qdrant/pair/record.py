@@ -129,6 +129,9 @@ class PairRecord:
             ``rmq switch-encoder --decode``; a record written before it existed reads ``exact``.
         text_field: a text pair's payload field holding each document's text (``rmq init
             --text-field``); None: documents (or images) are fetched by ``uri_field``/``uri_template``.
+        rerank: the re-rank every search of the pair makes unless it says otherwise (``rmq init
+            --rerank K``, ``rmq switch-encoder --rerank K``): :meth:`Rerank.to_dict
+            <rm_qdrant.core.rerank.Rerank.to_dict>`'s fields; None: no re-rank.
     """
 
     name: str
@@ -156,6 +159,7 @@ class PairRecord:
     source: dict[str, Any] | None = None
     decode: str = DEFAULT_DECODE
     text_field: str | None = None
+    rerank: dict[str, Any] | None = None
 
     @property
     def single(self) -> bool:

@@ -12,6 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant.core.merge import Hit, PointId, distance_line
 from rm_qdrant.core.planning import user_bodies
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -20,12 +21,16 @@ from rm_qdrant.pair.record import PairRecord, load_pair, open_encoder
 from rm_qdrant.serving.observing import SearchObserver, Watch, observed
 from rm_qdrant.serving.pair_points import PairPoints, id_list
 from rm_qdrant.serving.pair_search import PairSearch
+from rm_qdrant.serving.promote import Promoter
+from rm_qdrant.serving.rerank import Reranker
 from rm_qdrant.serving.search_options import (
     PayloadSelection,
     SearchOptions,
     with_vectors_of,
 )
 from rm_qdrant.serving.status import PairStatus, pair_status
+from rm_qdrant.sources import SourceConfig
+from rm_qdrant.sources.settings import from_settings
 from rm_qdrant.store import Filter, Store
 from rm_qdrant.store.base import as_floats
 from rm_qdrant.store.bounds import check_hits, check_payloads
@@ -61,6 +66,7 @@ class DualIndex(PairSearch, PairPoints):
         exact: bool = False,
         hnsw_ef: int | None = None,
         metrics: SearchObserver | None = None,
+        source: SourceConfig | None = None,
     ) -> None:
         if pair.state == "dropping":  # its new collection or vector may be half gone
             raise ConfigError(
@@ -80,6 +86,9 @@ class DualIndex(PairSearch, PairPoints):
         self._new_dim = store.collection(pair.new_collection, pair.new_using).dim
         self._old_dim = self.layout.old_dim(store)
         self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
+        self.source = source  # how a re-rank reads items (None: the pair's recorded settings)
+        self._reranker: Reranker | None = None  # made at the first re-ranked search
+        self._promoter: Promoter | None = None  # made at the first promoting search
         # One collection: both searches run as one query (two, in order, where that fails).
         self._two_queries = not self.layout.one_query
         self._pool = (
@@ -97,6 +106,8 @@ class DualIndex(PairSearch, PairPoints):
     def pair(self, record: PairRecord) -> None:
         self._pair, self._to_distance = record, distance_line(record.distance)
         self.layout: Layout = layout_of(record)  # what the index asks, always of this record
+        if getattr(self, "_reranker", None) is not None:
+            self._reranker.pair = record
 
     @classmethod
     def open(
@@ -109,6 +120,7 @@ class DualIndex(PairSearch, PairPoints):
         exact: bool = False,
         hnsw_ef: int | None = None,
         metrics: SearchObserver | None = None,
+        source: SourceConfig | None = None,
     ) -> DualIndex:
         """Open a pair by name, loading its encoders from the paths it recorded unless given.
 
@@ -130,7 +142,9 @@ class DualIndex(PairSearch, PairPoints):
         queries_old = pair.mode == "naive" or pair.state == "rolled_back" or keeps_old
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder", decode=pair.decode)
-        return cls(store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef, metrics=metrics)
+        return cls(
+            store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef, metrics=metrics, source=source
+        )
 
     # -- queries ---------------------------------------------------------------
 
@@ -206,6 +220,8 @@ class DualIndex(PairSearch, PairPoints):
         search_params: models.SearchParams | Mapping[str, Any] | None = None,
         timeout: int | None = None,
         consistency: models.ReadConsistency | None = None,
+        rerank: Rerank | int | str | None = PAIR_DEFAULT,
+        promote: bool | None = None,
     ) -> list[list[Hit]]:
         """Search the serving collections for each row and merge each pair of lists by distance
         (equal distances by id: one order for the list and every page of it).
@@ -228,6 +244,14 @@ class DualIndex(PairSearch, PairPoints):
                 ``indexed_only``...); ``exact`` / ``hnsw_ef`` above may not contradict it.
             timeout, consistency: a server's request timeout (s) and read consistency; the embedded
                 store (in this process: no network, one replica) checks and ignores them.
+            rerank: K, or a :class:`~rm_qdrant.Rerank` (K, deadline, fetch budget, promote): the new
+                model embeds the old hits among the merged list's first K from their source and
+                the K are ordered by the new model's distances (:mod:`rm_qdrant.core.rerank`;
+                each hit says what it got on :attr:`Hit.rerank`). Default: the pair's (``rmq init
+                --rerank``); None: no re-rank. Needs the new query vectors and the encoder; a
+                rolled-back or finalized pair has no old hits to re-score.
+            promote: write the vectors a re-rank embedded to new through the migration's
+                claim/settle protocol, in the background (None: the re-rank's own setting).
 
         Example:
             >>> from qdrant_client import models
@@ -239,9 +263,40 @@ class DualIndex(PairSearch, PairPoints):
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ConfigError(f"limit must be an integer >= 0, got {limit!r}")
         check_hits(limit, offset)
-        merged = self._search(new_vectors, old_vectors, limit + offset, as_where(filter), opts)
+        plan = self._rerank_plan(rerank, promote)
+        want = limit + offset if plan is None else max(limit + offset, plan.k)
+        merged = self._search(new_vectors, old_vectors, want, as_where(filter), opts)
+        if plan is not None and self.pair.serves_old and self.pair.serves_new and merged:
+            queries = self._check(new_vectors, self._new_dim, "new")
+            promoting = self._promotions().offer if plan.promote else None
+            merged = self._rescorer().rescore(merged, queries, plan, promote=promoting)
         rows = [opts.finish(hits, limit, self.pair.distance) for hits in merged]
         return with_vectors_of(self.store, self.pair, rows) if with_vectors else rows
+
+    def _rerank_plan(self, rerank: Rerank | int | str | None, promote: bool | None) -> Rerank | None:
+        if rerank == PAIR_DEFAULT and isinstance(rerank, str):
+            recorded = self.pair.rerank
+            rerank = None if recorded is None else Rerank.from_dict(recorded)
+            if rerank is None and promote:
+                raise ConfigError(
+                    f"promote=True needs a re-rank: pair {self.pair.name!r} has none recorded (give rerank=K)"
+                )
+        elif isinstance(rerank, str):
+            raise ConfigError(f"rerank is K (an integer), a Rerank, or None, got {rerank!r}")
+        return as_rerank(rerank, promote=promote)
+
+    def _rescorer(self) -> Reranker:
+        if self._reranker is None:
+            encoder = self._encoder()
+            self._reranker = Reranker(
+                self.pair, encoder, self.source or SourceConfig(**from_settings(self.pair.source or {}))
+            )
+        return self._reranker
+
+    def _promotions(self) -> Promoter:
+        if self._promoter is None:
+            self._promoter = Promoter(self.store, self.pair.name, self._encoder())
+        return self._promoter
 
     # -- writes ----------------------------------------------------------------
 
@@ -373,9 +428,14 @@ class DualIndex(PairSearch, PairPoints):
         return self.status().fraction
 
     def close(self) -> None:
-        """Stop the search threads (the store stays open: it belongs to the caller)."""
+        """Stop the search threads and the re-rank's reads; wait for the promotions under way
+        (the store stays open: it belongs to the caller)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self._reranker is not None:
+            self._reranker.close()
+        if self._promoter is not None:
+            self._promoter.close()
 
     def __enter__(self) -> DualIndex:
         return self
