@@ -12,6 +12,7 @@ from typing import Any
 from rm_qdrant.api.common import Counted, OnStep, as_encoder, check_callback, image_items
 from rm_qdrant.api.linked import linked_at_init
 from rm_qdrant.core.inputspec import DEFAULT_DECODE, check_decode
+from rm_qdrant.core.rerank import Rerank
 from rm_qdrant.core.uris import UriRule
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -157,6 +158,7 @@ def init(
     full_scan_kb: int | None = None,
     source: Mapping[str, Any] | None = None,
     decode: str = DEFAULT_DECODE,
+    rerank: Rerank | int | None = None,
 ) -> InitReport:
     """Create the new collection (mirroring the old one's schema), or the new vector of a single
     collection, and the pair record: ``rmq init``.
@@ -189,6 +191,8 @@ def init(
         decode: how every later call decodes the pair's images: ``exact`` (the default: the
             team pipeline's pixels to the bit) or ``fast`` (JPEGs at a reduced DCT scale, nearly the
             same pixels for much less work). Recorded; only :func:`switch_encoder` changes it.
+        rerank: the re-rank every search makes by default (K, or a :class:`Rerank`); None: none.
+            :func:`set_rerank` changes it.
 
     Raises:
         ConfigError: options that do not fit together, a model that does not fit the collection.
@@ -233,6 +237,7 @@ def init(
         source=settings,
         full_scan_kb=full_scan_kb,
         decode=decode,
+        rerank=rerank,
     )
     return InitReport(record, linked_at_init(store, record))
 

@@ -15,6 +15,7 @@ from typing import Any
 from rm_qdrant.api.common import as_encoder, pair_source
 from rm_qdrant.api.linked import linked_after_finalize, linked_before_finalize
 from rm_qdrant.core.inputspec import check_decode
+from rm_qdrant.core.rerank import Rerank, as_rerank
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.operations import cutover
@@ -22,7 +23,7 @@ from rm_qdrant.operations import switch as switching
 from rm_qdrant.operations.failures import DroppedFailures, finalize_dropping_failed
 from rm_qdrant.operations.verify import Agreement
 from rm_qdrant.pair.layouts import count_new
-from rm_qdrant.pair.record import PairRecord, load_pair
+from rm_qdrant.pair.record import PairRecord, load_pair, save_unless_changed
 from rm_qdrant.sources import SourceConfig
 from rm_qdrant.store import Store
 
@@ -243,3 +244,22 @@ def switch_encoder(
         )
     migrated = count_new(store, updated) if updated.decode != before.decode else 0
     return SwitchReport(updated, before, measured, switching.calibration_after(before, updated), migrated)
+
+
+def set_rerank(store: Store, name: str, rerank: Rerank | int | None) -> PairRecord:
+    """Record the re-rank every search of pair ``name`` makes unless it says otherwise (K, or a
+    :class:`Rerank`; None: none): ``rmq switch-encoder --rerank K`` / ``--no-rerank``. A
+    serving :class:`DualIndex` sees it at its next :meth:`~DualIndex.refresh`.
+
+    Raises:
+        CollectionNotFound: no such pair.
+        ConfigError: a re-rank out of range; a pair being dropped.
+        MigrationError: the record changed while this ran (nothing written).
+    """
+    pair = load_pair(store, name)
+    if pair.state == "dropping":
+        raise ConfigError(f"pair {name!r} is being dropped: 'rmq drop-pair {name}' finishes it")
+    plan = as_rerank(rerank)
+    updated = dataclasses.replace(pair, rerank=None if plan is None else plan.to_dict())
+    save_unless_changed(store, pair, updated, "switch-encoder --rerank")
+    return updated

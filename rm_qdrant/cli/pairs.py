@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import click
 
@@ -16,11 +17,12 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     plain,
 )
+from rm_qdrant.cli.rerankopts import chosen_rerank, described, recorded, rerank_options
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.operations.drop import drop_pair
 from rm_qdrant.pair.layouts import layout_of
-from rm_qdrant.pair.record import list_pairs
+from rm_qdrant.pair.record import list_pairs, load_pair
 from rm_qdrant.sources import SourceConfig
 
 
@@ -78,6 +80,8 @@ def drop_pair_command(ctx: click.Context, name: str, force: bool, as_json: bool)
     "[default: as the pair records].",
 )
 @source_options
+@rerank_options
+@click.option("--no-rerank", is_flag=True, help="Record no re-rank: searches merge by distance alone.")
 @json_option
 @click.pass_context
 def switch_encoder_command(
@@ -89,6 +93,11 @@ def switch_encoder_command(
     sample: int,
     decode: str | None,
     source: SourceConfig,
+    rerank_k: int | None,
+    rerank_deadline: float | None,
+    rerank_budget: int | None,
+    promote: bool | None,
+    no_rerank: bool,
     as_json: bool,
 ) -> None:
     """Serve a running pair with another graph, if the vectors already in new stay valid, or
@@ -101,9 +110,22 @@ def switch_encoder_command(
     migration batch, queries, probe, eval, calibrate and fit decode that way. The points
     already in new keep the vectors of the old way; nothing is re-encoded (rmq model check
     --decode fast measures how far apart the two ways are on the pair's images).
+
+    --rerank K (with --rerank-deadline, --rerank-budget, --promote) records the re-rank every
+    search of the pair makes unless it says otherwise; --no-rerank records none. Alone, or with
+    --encoder / --decode.
     """
+    tuned = (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None)
+    if no_rerank and tuned:
+        raise click.UsageError("--no-rerank records no re-rank: give it without the other re-rank options")
     if encoder is None and decode is None:  # before the store is opened
-        raise ConfigError("give the graph to serve (--encoder), the decode mode (--decode), or both")
+        if not (tuned or no_rerank):
+            raise ConfigError(
+                "give the graph to serve (--encoder), the decode mode (--decode), the re-rank "
+                "(--rerank K, --no-rerank), or several"
+            )
+        _switch_rerank(ctx, name, no_rerank, (rerank_k, rerank_deadline, rerank_budget, promote), as_json)
+        return
     try:
         report = lifecycle.switch_encoder(
             open_cli_store(ctx),
@@ -140,7 +162,24 @@ def switch_encoder_command(
             f"\nplain new model recorded: {plain(recorded.name)} ({recorded.fingerprint}), {how}; "
             "rmq eval and rmq probe measure New with it"
         )
-    emit(report.as_dict(), as_json, text)
+    if tuned or no_rerank:
+        store = open_cli_store(ctx)
+        plan = (
+            None
+            if no_rerank
+            else chosen_rerank(recorded(updated.rerank), rerank_k, rerank_deadline, rerank_budget, promote)
+        )
+        updated = lifecycle.set_rerank(store, name, plan)
+        text += "\n" + described(plan)
+    emit({**report.as_dict(), "rerank": updated.rerank}, as_json, text)
+
+
+def _switch_rerank(ctx: click.Context, name: str, off: bool, given: tuple[Any, ...], as_json: bool) -> None:
+    """``switch-encoder`` with re-rank options alone: record them."""
+    store = open_cli_store(ctx)
+    plan = None if off else chosen_rerank(recorded(load_pair(store, name).rerank), *given)
+    updated = lifecycle.set_rerank(store, name, plan)
+    emit({"pair": name, "rerank": updated.rerank}, as_json, f"pair {name!r}: {described(plan)}")
 
 
 def _decode_line(report: lifecycle.SwitchReport) -> str:

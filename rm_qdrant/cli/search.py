@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from rm_qdrant.cli.common import FiniteFloat, emit, json_option, name_option, open_cli_store, plain
+from rm_qdrant.cli.rerankopts import chosen_rerank, recorded, rerank_options, tally
 from rm_qdrant.core.inputspec import clip
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
@@ -129,6 +130,8 @@ def _json_filter(item: str) -> Any:
 @click.option("--hnsw-ef", type=click.IntRange(min=1), help="HNSW search breadth [default: Qdrant's].")
 @click.option("--encoder", type=click.Path(), help="Override the encoder path the pair recorded.")
 @click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
+@rerank_options
+@click.option("--no-rerank", is_flag=True, help="Do not re-rank, though the pair records a re-rank.")
 @json_option
 @click.pass_context
 def search(
@@ -144,6 +147,11 @@ def search(
     hnsw_ef: int | None,
     encoder: str | None,
     old_encoder: str | None,
+    rerank_k: int | None,
+    rerank_deadline: float | None,
+    rerank_budget: int | None,
+    promote: bool | None,
+    no_rerank: bool,
     as_json: bool,
 ) -> None:
     """Search the pair with one image (its path), or on a text pair one text (the argument or
@@ -162,8 +170,16 @@ def search(
 
     A text pair's query is encoded as a query (with the model's query prefix, if it has one);
     the table shows the start of each hit's text (or its URI) where an image pair shows the image.
+
+    --rerank K (or the pair's re-rank: rmq init/switch-encoder --rerank) has the new model embed
+    the old hits among the merged first K from their source, and orders the K by the new
+    model's distances; the table's last column says what each got (embedded, cached, new; or
+    late, over budget, unreadable: kept at its merged distance). --promote writes what was
+    embedded to new before the command ends.
     """
     given = _query(query, text)
+    if no_rerank and (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None):
+        raise click.UsageError("--no-rerank turns the re-rank off: give it without the other re-rank options")
     opened = DualIndex.open(
         open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
     )
@@ -173,10 +189,20 @@ def search(
                 f"--text is for text pairs; pair {name!r} serves images: give an image path"
             )
         where = parse_filter(filters)
-        hits = dual.search(given, limit=limit, filter=where, score_threshold=score_threshold, offset=offset)
+        base = None if no_rerank else recorded(dual.pair.rerank)
+        plan = chosen_rerank(base, rerank_k, rerank_deadline, rerank_budget, promote)
+        hits = dual.search(
+            given, limit=limit, filter=where, score_threshold=score_threshold, offset=offset, rerank=plan
+        )
         pair = dual.pair
     rows = [{k: v for k, v in dataclasses.asdict(h).items() if k != "vector"} for h in hits]
-    emit(rows, as_json, "\n".join(_hit_lines(hits, pair, first=offset + 1)))
+    lines = _hit_lines(hits, pair, first=offset + 1)
+    if (done := tally(hits)) is not None:
+        lines.append(done)
+    if dual.promotions is not None:
+        counts = dual.promotions
+        lines.append(f"promoted {counts.promoted} points to new ({counts.skipped} left to the migration)")
+    emit(rows, as_json, "\n".join(lines))
 
 
 def _query(query: str | None, text: str | None) -> str:
@@ -203,12 +229,16 @@ def _hit_lines(hits: list[Hit], pair: PairRecord, *, first: int = 1) -> list[str
     head = "score" if by_score else "distance"
     what = "text" if pair.encoder.modality == "text" else "image"
     lines = [f"{'#':>3}  {head:>10}  {'source':6}  {pair.label_field[:10]:10}  id / {what}"]
+    reranked = any(h.rerank is not None for h in hits)
+    if reranked:
+        lines[0] += "  (re-rank)"
     for rank, hit in enumerate(hits, first):
         where = _shown_item(pair.uri_rule.find(hit.id, hit.payload))
         value = hit.score if by_score else hit.distance
+        state = f"  ({hit.rerank or '-'})" if reranked else ""
         lines.append(
             f"{rank:>3}  {value:10.4f}  {hit.source:6}  "
-            f"{plain(_label(hit.payload, pair.label_field)):10}  {hit.id}  {plain(where)}"
+            f"{plain(_label(hit.payload, pair.label_field)):10}  {hit.id}  {plain(where)}{state}"
         )
     if by_score and pair.old_distance is not None and any(h.source == "old" for h in hits):
         lines.append(

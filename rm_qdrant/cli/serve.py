@@ -18,6 +18,7 @@ from rm_qdrant.cli.common import (
     plain,
     quiet,
 )
+from rm_qdrant.cli.rerankopts import chosen_rerank, described, rerank_options
 from rm_qdrant.cli.sourceopts import recorded_source_options
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.pair.layouts import layout_of
@@ -91,6 +92,7 @@ from rm_qdrant.pair.layouts import layout_of
     default="exact",
 )
 @recorded_source_options
+@rerank_options
 @json_option
 @click.pass_context
 def init(
@@ -114,6 +116,10 @@ def init(
     full_scan_kb: int | None,
     decode: str,
     source_settings: dict[str, Any],
+    rerank_k: int | None,
+    rerank_deadline: float | None,
+    rerank_budget: int | None,
+    promote: bool | None,
     as_json: bool,
 ) -> None:
     """Create the new collection (mirroring the old one's schema), or the new vector of a
@@ -122,6 +128,7 @@ def init(
     The source options given are recorded: every later command that reads the pair's
     images uses them (a value given to that command overrides it for that run)."""
     given = ctx.get_parameter_source("uri_field") != click.core.ParameterSource.DEFAULT
+    rerank = chosen_rerank(None, rerank_k, rerank_deadline, rerank_budget, promote)
     report = creating.init(
         open_cli_store(ctx),
         name,
@@ -143,6 +150,7 @@ def init(
         full_scan_kb=full_scan_kb,
         source=source_settings,
         decode=decode,
+        rerank=rerank,
     )
     record = report.pair
     where = plain(record.uri_rule.describe())
@@ -152,6 +160,8 @@ def init(
         text += f"documents from {where}" + (" (the text itself)" if record.text_field else "")
     else:
         text += f"images from {where}, decoded {record.decode}"
+    if rerank is not None:
+        text += f"\n{described(rerank)} (every search, unless it says otherwise)"
     text += f"\n{plain(report.note)}" if report.note else ""
     emit(report.as_dict(), as_json, text)
 

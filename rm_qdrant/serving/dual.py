@@ -21,7 +21,7 @@ from rm_qdrant.pair.record import PairRecord, load_pair, open_encoder
 from rm_qdrant.serving.observing import SearchObserver, Watch, observed
 from rm_qdrant.serving.pair_points import PairPoints, id_list
 from rm_qdrant.serving.pair_search import PairSearch
-from rm_qdrant.serving.promote import Promoter
+from rm_qdrant.serving.promote import Promoter, PromotionCounts
 from rm_qdrant.serving.rerank import Reranker
 from rm_qdrant.serving.search_options import (
     PayloadSelection,
@@ -284,6 +284,11 @@ class DualIndex(PairSearch, PairPoints):
         elif isinstance(rerank, str):
             raise ConfigError(f"rerank is K (an integer), a Rerank, or None, got {rerank!r}")
         return as_rerank(rerank, promote=promote)
+
+    @property
+    def promotions(self) -> PromotionCounts | None:
+        """What this index's promotions did so far (None: no search promoted)."""
+        return None if self._promoter is None else self._promoter.counts
 
     def _rescorer(self) -> Reranker:
         if self._reranker is None:

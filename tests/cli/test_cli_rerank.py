@@ -1,0 +1,100 @@
+"""``rmq search --rerank``, ``rmq init --rerank`` and ``rmq switch-encoder --rerank``: what a
+user types and sees, and one line for each bad option."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rm_qdrant import open_store
+from tests.conftest import one_error_line
+
+
+def search_json(rmq, query, *args):
+    return json.loads(rmq("search", "--name", "demo", query, "--limit", 8, "--exact", "--json", *args).output)
+
+
+def test_search_rerank_reranks_and_says_what_each_hit_got(rmq, demo):
+    rmq("migrate", "--name", "demo", "--limit", 8)
+    plain = search_json(rmq, demo)
+    hits = search_json(rmq, demo, "--rerank", 8)
+    assert {h["rerank"] for h in plain} == {None}
+    assert {h["rerank"] for h in hits} <= {"new", "embedded"}
+    assert {h["rerank"] for h in hits if h["source"] == "old"} == {"embedded"}
+    table = rmq("search", "--name", "demo", demo, "--limit", 8, "--exact", "--rerank", 8).output
+    assert "(re-rank)" in table and "re-ranked:" in table and "embedded" in table
+
+
+def test_promote_moves_the_embedded_hits_to_new_before_the_command_ends(rmq, demo, tmp_path):
+    first = search_json(rmq, demo, "--rerank", 5)
+    assert {h["source"] for h in first[:5]} == {"old"}
+    out = rmq("search", "--name", "demo", demo, "--limit", 5, "--exact", "--rerank", 5, "--promote").output
+    assert "promoted 5 points to new" in out
+    status = json.loads(rmq("status", "--name", "demo", "--json").output)
+    assert status["new_count"] == 5
+    served = {h["id"]: h["source"] for h in search_json(rmq, demo, "--limit", 24)}
+    assert len(served) == 24  # every point served once
+    assert {served[h["id"]] for h in first[:5]} == {"new"}
+
+
+def test_init_records_a_default_and_switch_encoder_changes_or_clears_it(rmq, models, image_folder, tmp_path):
+    rmq("index", "--collection", "gallery", "--data", image_folder, "--encoder", models.old)
+    out = rmq(
+        "init",
+        "--name",
+        "demo",
+        "--old-collection",
+        "gallery",
+        "--encoder",
+        models.rm,
+        "--rerank",
+        6,
+        "--rerank-budget",
+        2,
+    ).output
+    assert "re-rank: first 6, deadline 0.5 s, fetch budget 2" in out
+    query = sorted(image_folder.glob("a/*"))[0]
+    hits = search_json(rmq, query)
+    assert sorted(h["rerank"] for h in hits[:6]) == ["embedded"] * 2 + ["over budget"] * 4
+    assert {h["rerank"] for h in search_json(rmq, query, "--no-rerank")} == {None}
+    out = rmq("switch-encoder", "--name", "demo", "--rerank-deadline", 2).output
+    assert "re-rank: first 6, deadline 2 s, fetch budget 2" in out
+    rmq("switch-encoder", "--name", "demo", "--no-rerank")
+    assert {h["rerank"] for h in search_json(rmq, query)} == {None}
+    with open_store(tmp_path / "q") as store:
+        from rm_qdrant import load_pair
+
+        assert load_pair(store, "demo").rerank is None
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--rerank", 0], "--rerank"),
+        (["--rerank", -1], "--rerank"),
+        (["--rerank", 10_001], "10000"),
+        (["--rerank", 5, "--rerank-deadline", 0], "--rerank-deadline"),
+        (["--rerank", 5, "--rerank-deadline", "nan"], "--rerank-deadline"),
+        (["--rerank", 5, "--rerank-budget", -1], "--rerank-budget"),
+        (["--rerank-deadline", 1], "give --rerank K too"),
+        (["--promote"], "give --rerank K too"),
+        (["--no-rerank", "--rerank", 4], "--no-rerank"),
+    ],
+)
+def test_bad_rerank_options_are_one_line(rmq, demo, args, says):
+    result = rmq("search", "--name", "demo", demo, *args, ok=False)
+    assert result.exit_code in (1, 2)
+    assert says in one_error_line(result)
+
+
+def test_every_source_down_answers_with_merged_distances_flagged(rmq, demo, image_folder, tmp_path):
+    query = tmp_path / f"query{demo.suffix}"
+    query.write_bytes(demo.read_bytes())
+    plain = search_json(rmq, query)
+    for path in [p for p in image_folder.rglob("*") if p.is_file()]:
+        path.unlink()
+    hits = search_json(rmq, query, "--rerank", 8)
+    assert [h["id"] for h in hits] == [h["id"] for h in plain]
+    assert {h["rerank"] for h in hits} == {"unreadable"}
+    assert all(h["rerank_error"] for h in hits)
