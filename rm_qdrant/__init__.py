@@ -71,6 +71,7 @@ from rm_qdrant.pair.control import Paused, pause, resume
 from rm_qdrant.pair.outcome import BatchResult, MigrateOptions, MigrationReport
 from rm_qdrant.pair.record import PairRecord, list_pairs, load_pair
 from rm_qdrant.serving.async_dual import AsyncDualIndex
+from rm_qdrant.serving.demand import DemandLog
 from rm_qdrant.serving.dual import DualIndex
 from rm_qdrant.serving.pair_points import PairPoint
 from rm_qdrant.serving.status import PairStatus, pair_status
@@ -86,6 +87,7 @@ __all__ = [
     "CalibrationReport",
     "CollectionNotFound",
     "ConfigError",
+    "DemandLog",
     "DimensionMismatch",
     "Dropped",
     "DualIndex",

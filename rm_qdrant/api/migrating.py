@@ -42,7 +42,8 @@ def migrate(
 ) -> MigrationReport:
     """Move the gallery of pair ``name`` to the new model: what ``rmq migrate --name NAME`` does.
 
-    The run ranks the gallery in backfill order once, then moves batches until the plan is
+    The run ranks the gallery in backfill order once (the ``demand`` order: at every run without
+    ``shard``, in the demand of that moment), then moves batches until the plan is
     done (``until``, ``limit``), ``stop`` is set (the batch in flight is settled first), or
     more than ``max_failure_share`` of a batch fails. All state is in the store, so a run
     stopped or killed at any moment is resumed by calling this again.

@@ -68,7 +68,7 @@ def plan_summary(store: Store, index: DualIndex, options: MigrateOptions) -> dic
     return {
         "pair": pair.name,
         "order": order,
-        "order_ready": order == pair.order and pair.order_ready,
+        "order_ready": order_ready(store, pair, order, sharded=options.shard is not None),
         "old_points": start.old_only,
         "new_points": start.new,
         "would_move_at_most": start.moves,
@@ -313,7 +313,10 @@ def migrate(
     # it goes to stderr with rmq's own messages, and stdout holds the report alone (--json).
     ray_prints = contextlib.redirect_stdout(sys.stderr) if ray is not None else contextlib.nullcontext()
     with stop_on_signals(echo=not as_json) as stop, ray_prints:
-        ranks = index.pair.state == "backfilling" and not order_ready(store, index.pair, options.order)
+        sharded = options.shard is not None
+        ranks = index.pair.state == "backfilling" and not order_ready(
+            store, index.pair, options.order, sharded=sharded
+        )
         if ranks:  # before the ranking pass, not each run (other states: the run says why it cannot)
             preflight(store, index.pair, index.encoder, source, retry_failed=retry_failed, stop=stop)
         with Progress(f"migrating {name}", hidden=as_json or prepare or quiet(ctx)) as bar:

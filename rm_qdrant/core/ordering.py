@@ -11,6 +11,11 @@ the first to move are the ones the old model serves worst (the paper's appendix)
   (the payload label field, ``label`` by default); least typical first.
 - ``centroid-unsupervised``: the same against spherical k-means centroids of the
   old vectors, for galleries without labels.
+- ``demand``: the points searches returned from old most often first (the count
+  ``rmq_demand`` that a :class:`~rm_qdrant.serving.demand.DemandLog` adds to the old
+  payload), descending; the points never returned after them, in the ``random`` order.
+  Demand changes while the gallery serves, so an unsharded run ranks again at its start
+  (see :func:`rm_qdrant.migration.ranking.order_ready`).
 - ``payload:FIELD``: any sortable payload field (numbers, or strings such as ISO
   dates), ascending; points without it go last.
 
@@ -29,16 +34,18 @@ import numpy as np
 
 from rm_qdrant.core.merge import PointId
 from rm_qdrant.core.paths import check_path, payload_value
+from rm_qdrant.core.planning import DEMAND
 from rm_qdrant.errors import ConfigError
 
-ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised", "payload:FIELD")
+DEMAND_ORDER = "demand"
+ORDERS = ("random", "confidence", "centroid", "centroid-unsupervised", DEMAND_ORDER, "payload:FIELD")
 CONFIDENCE_FIELD = "old_confidence"
 BUCKETS = 256
 
 
 def check_order(spec: str) -> str:
     """Return ``spec`` if it names an order, else raise ConfigError."""
-    if spec in ORDERS[:4]:
+    if spec in ORDERS[:-1]:
         return spec
     if spec.startswith("payload:") and len(spec) > len("payload:"):
         check_path(spec.split(":", 1)[1], "--order payload:FIELD")
@@ -53,7 +60,17 @@ def needs_vectors(spec: str) -> bool:
 
 def needs_payloads(spec: str) -> bool:
     """Whether the order reads the payloads (``random`` and ``centroid-unsupervised`` do not)."""
-    return spec in ("confidence", "centroid") or spec.startswith("payload:")
+    return spec in ("confidence", "centroid", DEMAND_ORDER) or spec.startswith("payload:")
+
+
+def demand_count(payload: Mapping[str, Any]) -> int:
+    """The searches that returned this point from old, as its payload says (0 when it has no
+    count, or one that is not a whole number >= 0: a writer that bypasses rm-qdrant may have
+    put anything there)."""
+    value = payload.get(DEMAND)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return 0
+    return int(min(value, 2**53))
 
 
 def bucket(point_id: PointId) -> int:
@@ -71,6 +88,15 @@ def shard_buckets(index: int, count: int) -> list[int]:
 def _random_keys(ids: Sequence[PointId], seed: int) -> np.ndarray:
     digests = (hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest() for i in ids)
     return np.array([int.from_bytes(d, "big") / 2.0**64 for d in digests])
+
+
+def _demand_keys(ids: Sequence[PointId], payloads: Sequence[Mapping[str, Any]], seed: int) -> np.ndarray:
+    """Minus each point's count, plus its random key in [0, 1): descending counts, and points of
+    one count (those never returned among them) in the seeded random order."""
+    if len(payloads) != len(ids):
+        raise ConfigError(f"order {DEMAND_ORDER!r} needs the payload of every point")
+    counts = np.array([demand_count(p) for p in payloads], dtype=np.float64)
+    return _random_keys(ids, seed) - counts
 
 
 def _numeric_field(payloads: Sequence[Mapping[str, Any]], field: str, hint: str) -> np.ndarray:
@@ -171,6 +197,8 @@ def order_keys(
         return np.zeros(0)
     if spec == "random":
         return _random_keys(ids, seed)
+    if spec == DEMAND_ORDER:
+        return _demand_keys(ids, payloads, seed)
     if spec == "confidence":
         return _numeric_field(
             payloads, CONFIDENCE_FIELD, "index with an old encoder that has a 'scores' output"

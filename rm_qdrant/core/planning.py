@@ -28,7 +28,9 @@ BATCH = "rmq_batch"  # one collection: the token of the batch that read this poi
 # write of its new vector requires it, and a user's rewrite of the point (a new payload) removes it
 STALE = "rmq_stale"  # two collections: the token of the sweep that is dropping this new copy, which
 # a writer's old copy made stale (see pair/bypass.py); a user's rewrite of the copy removes it
-INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH, STALE)
+DEMAND = "rmq_demand"  # how many searches returned this point from old (old points; see
+# serving/demand.py), which ``--order demand`` ranks by; a migrated copy never carries it
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH, STALE, DEMAND)
 
 
 def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:

@@ -152,8 +152,9 @@ class Migrator:
         return layout_of(self.index.pair)
 
     def ensure_order(self) -> None:
-        """Rank the old points if the order is new, changed, half-written, or some points lack a rank."""
-        if order_ready(self.store, self.pair, self.options.order):
+        """Rank the old points if the order is new, changed, half-written, or some points lack a
+        rank; for the ``demand`` order, at every unsharded run (see :func:`order_ready`)."""
+        if order_ready(self.store, self.pair, self.options.order, sharded=self.options.shard is not None):
             return
         wanted = self.options.order or self.pair.order or "random"
         if self.options.shard is not None:

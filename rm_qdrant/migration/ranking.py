@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 
 from rm_qdrant.core.merge import PointId
-from rm_qdrant.core.ordering import bucket, needs_payloads, needs_vectors, order_keys, ranks, shard_buckets
+from rm_qdrant.core.ordering import (
+    DEMAND_ORDER,
+    bucket,
+    needs_payloads,
+    needs_vectors,
+    order_keys,
+    ranks,
+    shard_buckets,
+)
 from rm_qdrant.core.planning import BUCKET, ERROR, MIGRATED, MOVING, RANK, points_to_move
 from rm_qdrant.pair.layouts import active_where, count_new, layout_of
 from rm_qdrant.pair.outcome import MigrateOptions
@@ -169,10 +177,18 @@ def plan(
     return repairs + first + [r.id for r in page if r.id not in skip][: moves - len(first)]
 
 
-def order_ready(store: Store, pair: PairRecord, wanted: str | None) -> bool:
+def order_ready(store: Store, pair: PairRecord, wanted: str | None, *, sharded: bool = False) -> bool:
     """Whether the old points are ranked in ``wanted`` (None: the pair's order, else random)
-    already, so a run needs no ranking pass first."""
+    already, so a run needs no ranking pass first.
+
+    The ``demand`` order is never ready for an unsharded run: searches add demand while the
+    gallery serves, so each run ranks again at its start and moves the points in the demand of
+    that moment. A ``sharded`` run (``--shard i/n``, which cannot rank) takes the ranks the last
+    ``rmq migrate --prepare`` wrote, as with any order: rank again with ``--prepare`` to follow
+    the demand."""
     wanted = wanted or pair.order or "random"
+    if wanted == DEMAND_ORDER and not sharded:
+        return False
     return wanted == pair.order and pair.order_ready and unranked(store, pair) == 0
 
 

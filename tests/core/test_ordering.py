@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 
 from rm_qdrant import ConfigError
-from rm_qdrant.core.ordering import BUCKETS, bucket, needs_payloads, order_keys, ranks, shard_buckets
+from rm_qdrant.core.ordering import (
+    BUCKETS,
+    ORDERS,
+    bucket,
+    check_order,
+    needs_payloads,
+    order_keys,
+    ranks,
+    shard_buckets,
+)
 
 
 def test_random_order_is_seeded_and_independent_of_listing_order():
@@ -111,3 +120,21 @@ def test_iso_times_sort_by_the_moment_they_name_whatever_their_zone():
 def test_strings_that_are_not_all_times_sort_as_text():
     payloads = [{"sku": "b"}, {"sku": "2025-01-01"}, {"sku": "a"}]
     assert np.argsort(order_keys("payload:sku", [1, 2, 3], payloads)).tolist() == [1, 2, 0]
+
+
+def test_demand_order_puts_the_most_returned_first_then_the_rest_in_random_order():
+    """What searches returned from old most often migrates first; the points never returned
+    follow in the seeded random order, and a count a writer spoiled counts as none."""
+    counts = {3: 5, 8: 1, 11: 9, 14: 2, 20: 1}
+    ids = list(range(25))
+    payloads = [{"rmq_demand": counts[i]} if i in counts else {} for i in ids]
+    payloads[0] = {"rmq_demand": "many"}
+    payloads[1] = {"rmq_demand": -4}
+    payloads[2] = {"rmq_demand": True}
+    order = np.argsort(order_keys("demand", ids, payloads, seed=4), kind="stable").tolist()
+    assert order[:3] == [11, 3, 14] and set(order[3:5]) == {8, 20}
+    rest = [i for i in ids if i not in counts]
+    random_keys = order_keys("random", ids, [], seed=4)
+    assert order[5:] == sorted(rest, key=lambda i: random_keys[i])
+    assert needs_payloads("demand") and check_order("demand") == "demand"
+    assert "demand" in ORDERS
