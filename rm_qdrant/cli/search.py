@@ -132,6 +132,11 @@ def _json_filter(item: str) -> Any:
 @click.option("--old-encoder", type=click.Path(), help="Override the old encoder path.")
 @rerank_options
 @click.option("--no-rerank", is_flag=True, help="Do not re-rank, though the pair records a re-rank.")
+@click.option(
+    "--record-demand",
+    is_flag=True,
+    help="Count the hits served from old in their rmq_demand field (rmq migrate --order demand).",
+)
 @json_option
 @click.pass_context
 def search(
@@ -152,6 +157,7 @@ def search(
     rerank_budget: int | None,
     promote: bool | None,
     no_rerank: bool,
+    record_demand: bool,
     as_json: bool,
 ) -> None:
     """Search the pair with one image (its path), or on a text pair one text (the argument or
@@ -181,7 +187,13 @@ def search(
     if no_rerank and (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None):
         raise click.UsageError("--no-rerank turns the re-rank off: give it without the other re-rank options")
     opened = DualIndex.open(
-        open_cli_store(ctx), name, encoder=encoder, old_encoder=old_encoder, exact=exact, hnsw_ef=hnsw_ef
+        open_cli_store(ctx),
+        name,
+        encoder=encoder,
+        old_encoder=old_encoder,
+        exact=exact,
+        hnsw_ef=hnsw_ef,
+        demand=record_demand,
     )
     with opened as dual:
         if text is not None and dual.pair.encoder.modality != "text":

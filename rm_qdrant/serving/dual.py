@@ -18,6 +18,7 @@ from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
 from rm_qdrant.pair.layouts import Layout, Write, layout_of
 from rm_qdrant.pair.record import PairRecord, load_pair, open_encoder
+from rm_qdrant.serving.demand import DemandLog
 from rm_qdrant.serving.observing import SearchObserver, Watch, observed
 from rm_qdrant.serving.pair_points import PairPoints, id_list
 from rm_qdrant.serving.pair_search import PairSearch
@@ -67,6 +68,7 @@ class DualIndex(PairSearch, PairPoints):
         hnsw_ef: int | None = None,
         metrics: SearchObserver | None = None,
         source: SourceConfig | None = None,
+        demand: bool = False,
     ) -> None:
         if pair.state == "dropping":  # its new collection or vector may be half gone
             raise ConfigError(
@@ -89,6 +91,8 @@ class DualIndex(PairSearch, PairPoints):
         self.source = source  # how a re-rank reads items (None: the pair's recorded settings)
         self._reranker: Reranker | None = None  # made at the first re-ranked search
         self._promoter: Promoter | None = None  # made at the first promoting search
+        #: Counts the points searches return from old, for ``rmq migrate --order demand``.
+        self.demand = DemandLog(store, pair) if demand and pair.state == "backfilling" else None
         # One collection: both searches run as one query (two, in order, where that fails).
         self._two_queries = not self.layout.one_query
         self._pool = (
@@ -121,6 +125,7 @@ class DualIndex(PairSearch, PairPoints):
         hnsw_ef: int | None = None,
         metrics: SearchObserver | None = None,
         source: SourceConfig | None = None,
+        demand: bool = False,
     ) -> DualIndex:
         """Open a pair by name, loading its encoders from the paths it recorded unless given.
 
@@ -143,7 +148,15 @@ class DualIndex(PairSearch, PairPoints):
         if pair.old_encoder is not None and (queries_old or old_encoder is not None):
             old_side = open_encoder(old_encoder, pair.old_encoder, name, "old encoder", decode=pair.decode)
         return cls(
-            store, pair, new_side, old_side, exact=exact, hnsw_ef=hnsw_ef, metrics=metrics, source=source
+            store,
+            pair,
+            new_side,
+            old_side,
+            exact=exact,
+            hnsw_ef=hnsw_ef,
+            metrics=metrics,
+            source=source,
+            demand=demand,
         )
 
     # -- queries ---------------------------------------------------------------
@@ -271,6 +284,8 @@ class DualIndex(PairSearch, PairPoints):
             promoting = self._promotions().offer if plan.promote else None
             merged = self._rescorer().rescore(merged, queries, plan, promote=promoting)
         rows = [opts.finish(hits, limit, self.pair.distance) for hits in merged]
+        if self.demand is not None:
+            self.demand.record(h.id for hits in rows for h in hits if h.source == "old")
         return with_vectors_of(self.store, self.pair, rows) if with_vectors else rows
 
     def _rerank_plan(self, rerank: Rerank | int | str | None, promote: bool | None) -> Rerank | None:
@@ -441,6 +456,8 @@ class DualIndex(PairSearch, PairPoints):
             self._reranker.close()
         if self._promoter is not None:
             self._promoter.close()
+        if self.demand is not None:
+            self.demand.close()
 
     def __enter__(self) -> DualIndex:
         return self

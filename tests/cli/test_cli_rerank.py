@@ -98,3 +98,18 @@ def test_every_source_down_answers_with_merged_distances_flagged(rmq, demo, imag
     assert [h["id"] for h in hits] == [h["id"] for h in plain]
     assert {h["rerank"] for h in hits} == {"unreadable"}
     assert all(h["rerank_error"] for h in hits)
+
+
+def test_searches_that_record_demand_send_their_old_hits_first(rmq, demo, image_folder):
+    """rmq search --record-demand counts the hits served from old; rmq migrate --order demand
+    moves the most returned first."""
+    queries = sorted(image_folder.glob("a/*"))[:2]
+    seen: dict = {}
+    for query in [queries[0], queries[0], queries[1]]:
+        for hit in search_json(rmq, query, "--limit", 3, "--record-demand"):
+            seen[hit["id"]] = seen.get(hit["id"], 0) + 1
+    top = max(seen.values())
+    first = {i for i, n in seen.items() if n == top}
+    rmq("migrate", "--name", "demo", "--order", "demand", "--limit", len(first))
+    served = {h["id"]: h["source"] for h in search_json(rmq, queries[0], "--limit", 24)}
+    assert {i for i, s in served.items() if s == "new"} == first
