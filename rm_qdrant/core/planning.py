@@ -30,7 +30,10 @@ STALE = "rmq_stale"  # two collections: the token of the sweep that is dropping 
 # a writer's old copy made stale (see pair/bypass.py); a user's rewrite of the copy removes it
 DEMAND = "rmq_demand"  # how many searches returned this point from old (old points; see
 # serving/demand.py), which ``--order demand`` ranks by; a migrated copy never carries it
-INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH, STALE, DEMAND)
+SETTLED = "rmq_settled"  # two collections: 1 on a migrated copy in new once its settle confirmed it,
+# just before old's copy is retired: a point gone from old whose copy is settled was moved (by
+# another claimant: a search's promotion, a concurrent run), not deleted by a user
+INTERNAL_FIELDS = (RANK, BUCKET, ERROR, ATTEMPTS, MIGRATED, MOVING, ORIGIN, BATCH, STALE, DEMAND, SETTLED)
 
 
 def points_to_move(*, old_active: int, new: int, until: float | None, limit: int | None) -> int:

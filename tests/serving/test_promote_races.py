@@ -36,13 +36,10 @@ from tests.serving.promoting import (
 from tests.serving.test_rerank import graphs, make_pair  # noqa: F401 - graphs is a fixture
 
 K = 10
-#: Paired (not keep-old): a claimant settling points that another claimant migrated and deleted
-#: from old meanwhile takes them for points a user deleted, and deletes their copies from new.
-LOSES_POINTS = pytest.mark.xfail(
-    strict=True,
-    reason="paired settle deletes copies of points another claimant retired meanwhile (see report)",
-)
-RACED = [pytest.param("paired", marks=LOSES_POINTS), "keep-old", "single"]
+#: Paired: a claimant settling points that another claimant migrated and deleted from old
+#: meanwhile took them for points a user deleted, and deleted their copies from new (before
+#: the settle marked its copies rmq_settled).
+RACED = ["paired", "keep-old", "single"]
 
 
 def after_claim(monkeypatch, module, action):

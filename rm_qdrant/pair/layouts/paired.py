@@ -24,6 +24,7 @@ from rm_qdrant.core.planning import (
     MOVING,
     ORIGIN,
     ORIGIN_MIGRATE,
+    SETTLED,
     Settlement,
     new_payload,
     settle,
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 #: takes DualIndex's two searches concurrently: longer than any skew between them.
 REMOVAL_GRACE = 1.0
 _OURS = Where(must={ORIGIN: ORIGIN_MIGRATE})
+#: A copy of ours that no settle confirmed yet: where old's point is gone, a user deleted it. A
+#: settled copy whose old point is gone was moved by another claimant (two may claim one point:
+#: a search's promotion and a migration batch), and stays.
+_UNSETTLED = Where(must={ORIGIN: ORIGIN_MIGRATE}, empty=(SETTLED,))
 _MARKED = Where(not_empty=(MOVING,))  # an old copy a batch or a DualIndex write is moving
 #: Rounds of bringing a batch's copies up to date with old (each needs a new update to land).
 _CATCH_UP = 3
@@ -108,10 +113,12 @@ class Paired(PairedWrites, Layout):
         if self._behind(outcome.remove_from_old, in_new, in_old):
             outcome = self._catch_up(store, prepared, outcome, in_new, in_old, dim)
             acknowledged = time.monotonic()
-        if outcome.delete_from_new:  # only where the copy is still ours: see Settlement
-            store.delete(pair.new_collection, outcome.delete_from_new, where=_OURS)
+        if outcome.delete_from_new:  # only where the copy is still ours and unsettled: see Settlement
+            store.delete(pair.new_collection, outcome.delete_from_new, where=_UNSETTLED)
         if store.capabilities.concurrent_search:  # see REMOVAL_GRACE
             time.sleep(max(0.0, acknowledged + REMOVAL_GRACE - time.monotonic()))
+        if outcome.remove_from_old:  # before old's copy goes: another claimant must not delete it
+            store.mark(pair.new_collection, outcome.remove_from_old, {SETTLED: 1}, where=_OURS)
         self.retire(store, outcome.remove_from_old)
         failed = prepared.failed + encoded.failed
         record_failures(store, pair.old_collection, failed)
