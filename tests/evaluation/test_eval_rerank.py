@@ -13,6 +13,7 @@ from PIL import Image
 
 from rm_qdrant import OnnxEncoder, create_pair, index_images, scan_image_folder
 from rm_qdrant.api.evaluating import evaluate
+from rm_qdrant.api.probing import probe
 from rm_qdrant.cli import cli
 from rm_qdrant.core.forecast import forecast
 from rm_qdrant.errors import ConfigError
@@ -25,10 +26,13 @@ AT = [0.0, 0.5, 1.0]
 
 @pytest.fixture
 def image_folder(tmp_path):
+    return faint_folder(tmp_path / "images")
+
+
+def faint_folder(root: Path) -> Path:
     """Real PNG and JPEG files whose labels the colours hint at only faintly, so that the old and
     the new model rank them differently (the suite's folder is separable by colour alone)."""
     rng = np.random.default_rng(5)
-    root = tmp_path / "images"
     for k, label in enumerate(("a", "b", "c")):
         for i in range(8):
             pixels = rng.integers(0, 256, size=(8, 8, 3)).astype(np.int16)
@@ -163,3 +167,23 @@ def test_the_probe_forecast_of_a_full_rerank_is_news_curve():
     assert plain.maps[0] < plain.maps[-1] - 0.05
     assert full.maps == pytest.approx([plain.maps[-1]] * 3)
     assert full.recall == pytest.approx([1.0] * 3)
+
+
+def test_probe_with_a_rerank_covering_the_gallery_forecasts_news_curve(store, models, image_folder):
+    items = naive_pair(store, models, image_folder)
+    plain = probe(store, "p", sample=len(items), cache=False)
+    full = probe(store, "p", sample=len(items), cache=False, rerank=len(items))
+    before, after = plain.forecasts[0], full.forecasts[0]
+    assert before.recall[0] < 0.99 and after.recall == pytest.approx([1.0] * len(after.fractions))
+    assert after.maps == pytest.approx([before.maps[-1]] * len(after.fractions))
+    assert full.rerank == len(items) and full.rerank_depth == len(items) - 1
+    assert full.as_dict()["rerank_depth"] == len(items) - 1
+
+
+@pytest.mark.parametrize("command", ["probe"])
+@pytest.mark.parametrize("k", ["0", "-1", "10001"])
+def test_probe_rerank_out_of_range_is_one_line(tmp_path, command, k):
+    store_path = tmp_path / "q"
+    result = CliRunner().invoke(cli, ["--qdrant", str(store_path), command, "--name", "p", "--rerank", k])
+    assert f"'--rerank': {k} is not in the range 1<=x<=10000" in one_error_line(result)
+    assert not store_path.exists()
