@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from rm_qdrant.core.forecast import ModeForecast, OldDistance, compare_fitted
 from rm_qdrant.core.guard import GuardVerdict, labelled_guard, labelled_verdict, rank_guard
 from rm_qdrant.core.metrics import area
+from rm_qdrant.core.rerank_rows import sample_depth
 from rm_qdrant_train.heads import Heads
 
 
@@ -42,11 +43,13 @@ def holdout_forecast(
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> list[ModeForecast]:
     """The naive merge and the fitted heads, backfilled in a random order, under the collection's
     ``metric`` with the fitted outputs as served (``unit``: normalised): the ``held`` rows (a
     holdout no head trained on) query every row, as the graph will query the whole gallery
-    (None: every row queries the rest). ``labels``: one per row, or None."""
+    (None: every row queries the rest). ``labels``: one per row, or None. ``rerank``: both merges
+    re-rank their first ``rerank`` by their own new model (``rmq fit --rerank``)."""
     new, rev = apply_heads(heads, phi_new, unit=unit)
     order = np.random.default_rng(seed).permutation(len(old))
     return compare_fitted(
@@ -60,6 +63,7 @@ def holdout_forecast(
         metric=metric,
         queries=held,
         naive_distance=naive_distance,
+        rerank=rerank,
     )
 
 
@@ -74,6 +78,7 @@ def holdout_guard(
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> GuardVerdict:
     """The label-free guard (:func:`rm_qdrant.core.guard.rank_guard`): the ``held`` rows query
     every row, backfilled in the order :func:`holdout_forecast` uses; ``naive_distance``: a
@@ -91,6 +96,7 @@ def holdout_guard(
         k=k,
         metric=metric,
         naive_distance=naive_distance,
+        rerank=rerank,
     )
 
 
@@ -105,6 +111,7 @@ def holdout_labelled(
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> GuardVerdict:
     """The labelled guard (:func:`rm_qdrant.core.guard.labelled_guard`, mAP by payload labels at
     every t): the ``held`` rows query every row, backfilled in the order :func:`holdout_forecast` uses."""
@@ -120,6 +127,7 @@ def holdout_labelled(
         queries=held,
         metric=metric,
         naive_distance=naive_distance,
+        rerank=rerank,
     )
 
 
@@ -135,21 +143,26 @@ def judge(
     metric: str = "cosine",
     unit: bool = True,
     naive_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> tuple[list[ModeForecast], GuardVerdict | None, GuardVerdict | None]:
     """Everything ``rmq fit`` decides on for fitted heads, for :func:`decide`: the forecasts, the
     label-free guard's verdict (without labels) and the labelled guard's (with them: labels decide
     wherever there are any, issue 39). The guards and the labelled forecast have the ``held`` rows
     query every row; the label-free forecast (recall@k of the new model's own top k) keeps to the
     held rows among themselves, where a top k is as coarse as a gallery's top k·n/n_held and ranks
-    recipes as they serve (``benchmarks/results/label-free-signals.md``)."""
+    recipes as they serve (``benchmarks/results/label-free-signals.md``). ``rerank``: every side
+    of every comparison re-ranks its merged first ``rerank`` of the sample by its own new model
+    (the held rows among themselves: the same share of their fewer rows)."""
     served = {"held": held, "seed": seed, "metric": metric, "unit": unit, "naive_distance": naive_distance}
+    served["rerank"] = rerank
     if labels is not None:  # the labelled forecast's per-query APs are what the labels judge by
         forecasts = holdout_forecast(heads, phi_new, old, labels, k=k, **served)
         return forecasts, None, labelled_verdict(*forecasts)
     # The label-free forecast: the holdout among itself, against the plain merge (as until now).
     rows = slice(None) if held is None else held
+    among = rerank if rerank is None or held is None else sample_depth(rerank, len(held), len(old))
     forecasts = holdout_forecast(
-        heads, phi_new[rows], old[rows], None, k=k, seed=seed, metric=metric, unit=unit
+        heads, phi_new[rows], old[rows], None, k=k, seed=seed, metric=metric, unit=unit, rerank=among
     )
     return forecasts, holdout_guard(heads, phi_new, old, k=k, **served), None
 

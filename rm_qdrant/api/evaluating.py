@@ -20,6 +20,7 @@ from rm_qdrant.api.common import (
 )
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import check_order
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank
 from rm_qdrant.errors import ConfigError, TextError
 from rm_qdrant.evaluation.baseline import (
     NO_PLAIN,
@@ -101,6 +102,8 @@ class EvalReport:
         naive: an rm pair's naive curve, served on a copy at the same fractions (``missing``
             says why there is none); None for a naive pair, whose own curve it is.
         plain_new_model: whether a plain new model was known (given or recorded).
+        rerank: the re-rank every search of the pair's curve made (None: the plain merge). The
+            naive curve beside it, and so Old and New, are served without one.
     """
 
     pair: str
@@ -109,6 +112,7 @@ class EvalReport:
     in_place: bool
     naive: NaiveCurve | None
     plain_new_model: bool
+    rerank: Rerank | None = None
 
     @property
     def auc_map(self) -> float | None:
@@ -123,6 +127,7 @@ class EvalReport:
             "points": [dataclasses.asdict(p) for p in self.points],
             **self.totals,
             "in_place": self.in_place,
+            "rerank": None if self.rerank is None else self.rerank.to_dict(),
         }
         return {**data, **_naive_data(self.points, self.naive)}
 
@@ -175,6 +180,8 @@ def evaluate(
     on_point: OnPoint | None = None,
     on_step: OnStep | None = None,
     on_copied: Callable[[], None] | None = None,
+    rerank: Rerank | int | str | None = PAIR_DEFAULT,
+    deadline: float | None = None,
     _measure: Callable[..., list[ServedPoint]] | None = None,
 ) -> EvalReport:
     """Measure mAP_t and top-1_t as the pair serves them at each backfill fraction, then AUC and
@@ -233,6 +240,7 @@ def evaluate(
     pair = load_pair(store, name)
     if pair.state != "backfilling":
         raise ConfigError(f"pair {name!r} is {pair.state}: there is no backfill left to measure")
+    plan = eval_rerank(pair, rerank, deadline)
     encoder = open_encoder(None, pair.encoder, name, "encoder", decode=pair.decode)
     items = query_items(queries, modality=encoder.info.modality, name=name)
     options = MigrateOptions(
@@ -240,11 +248,15 @@ def evaluate(
     )
     plain = plain_new_model(pair, path_text(new_model))
     shown: OnPoint = on_point or (lambda curve, point: None)
-    naive = None  # a naive pair's curve is the naive curve
+    naive = None  # a naive pair's curve is the naive curve, unless re-ranked
+    served = {"options": options, "k": k, "exact": exact}
     if pair.mode != "naive":  # measured before the curve: in_place moves the pair
-        served = {"options": options, "k": k, "exact": exact}
         naive = _rm_naive(
             store, pair, items, plain, points, on_step=on_step, on_point=lambda p: shown("naive", p), **served
+        )
+    elif plan is not None:  # Old and New are the naive pair served without the re-rank
+        naive = _plain_curve(
+            store, pair, items, points, encoder, on_step, lambda p: shown("naive", p), **served
         )
     measure = _measure or evaluate_served
     with contextlib.ExitStack() as stack:
@@ -253,12 +265,34 @@ def evaluate(
             target = stack.enter_context(_copy(store, pair, on_step))
             if on_copied is not None:
                 on_copied()
-        index = DualIndex.open(target, name, exact=exact, encoder=encoder)
+        index = DualIndex.open(target, name, exact=exact, encoder=encoder, source=options.source)
+        stack.callback(index.close)
         if index.progress() > points[0]:
             say(on_step, f"note: {index.progress():.1%} of the gallery is already in new")
-        results = measure(index, items, points, options=options, k=k, on_point=lambda p: shown("pair", p))
+        results = measure(
+            index, items, points, options=options, k=k, rerank=plan, on_point=lambda p: shown("pair", p)
+        )
     totals = summary(results, naive.ends() if naive is not None else ends_of_curve(pair, results))
-    return EvalReport(name, tuple(results), totals, in_place, naive, plain is not None)
+    return EvalReport(name, tuple(results), totals, in_place, naive, plain is not None, plan)
+
+
+def eval_rerank(pair: PairRecord, rerank: Rerank | int | str | None, deadline: float | None) -> Rerank | None:
+    """The re-rank an evaluation serves with: ``rerank`` (K or a :class:`Rerank`), the pair's
+    recorded one for :data:`PAIR_DEFAULT`, or None; ``deadline`` replaces its deadline.
+
+    Raises:
+        ConfigError: K out of range, a bad deadline, or a deadline without a re-rank.
+    """
+    if isinstance(rerank, str):
+        if rerank != PAIR_DEFAULT:
+            raise ConfigError(f"rerank is K (an integer), a Rerank, or None, got {rerank!r}")
+        rerank = None if pair.rerank is None else Rerank.from_dict(pair.rerank)
+    plan = as_rerank(rerank)
+    if deadline is None:
+        return plan
+    if plan is None:
+        raise ConfigError(f"a re-rank deadline needs a re-rank: pair {pair.name!r} records none (give K)")
+    return dataclasses.replace(plan, deadline=deadline)
 
 
 def query_items(queries: Any, *, modality: str, name: str) -> list[Query]:
@@ -313,6 +347,30 @@ def _copy(store: Store, pair: PairRecord, on_step: OnStep | None) -> Iterator[St
             step.start(layout_of(pair).stored_points(store))
             copy, _ = stack.enter_context(sandbox(store, pair, on_points=step.advance))
         yield copy
+
+
+def _plain_curve(
+    store: Store,
+    pair: PairRecord,
+    items: list[Query],
+    points: list[float],
+    encoder: OnnxEncoder,
+    on_step: OnStep | None,
+    on_point: Callable[[ServedPoint], None],
+    **served: Any,
+) -> NaiveCurve:
+    """A naive pair's own curve without the re-rank, on a copy: its t = 0 and t = 1 are Old and New."""
+    with Counted(on_step, "copying the pair for the curve without the re-rank", "points") as step:
+        step.start(layout_of(pair).stored_points(store))
+        with sandbox(store, pair, on_points=step.advance) as (copy, _):
+            index = DualIndex.open(copy, pair.name, exact=served["exact"], encoder=encoder)
+            try:
+                found = evaluate_served(
+                    index, items, points, options=served["options"], k=served["k"], on_point=on_point
+                )
+            finally:
+                index.close()
+    return NaiveCurve(tuple(found))
 
 
 def _rm_naive(

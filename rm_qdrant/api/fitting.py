@@ -41,6 +41,8 @@ from rm_qdrant.api.training import (
 )
 from rm_qdrant.core.forecast import ModeForecast, holdout_split
 from rm_qdrant.core.guard import GuardVerdict
+from rm_qdrant.core.rerank import as_rerank
+from rm_qdrant.core.rerank_rows import sample_depth
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.evaluation.probe import ProbeSample
 from rm_qdrant.models.encoder import OnnxEncoder
@@ -93,6 +95,8 @@ class FitReport:
         parity: ONNX Runtime against PyTorch on the written graph.
         seconds: the time in all.
         new_holds_points: whether the pair's new half held points when the graph was written.
+        rerank: the re-rank both sides of every comparison were scored with (``rmq fit
+            --rerank K``; None: the plain merges), and ``rerank_depth``, its depth on the sample.
     """
 
     pair: str
@@ -122,6 +126,8 @@ class FitReport:
     parity: float | None = None
     seconds: float | None = None
     new_holds_points: bool = False
+    rerank: int | None = None
+    rerank_depth: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -147,6 +153,8 @@ class FitReport:
             "labelled": None if self.labelled is None else self.labelled.as_dict(),
             "recipe": self.recipe,
             **self.selection,
+            "rerank": self.rerank,
+            "rerank_depth": self.rerank_depth,
         }
         if self.instead is not None:
             data["instead"] = list(self.instead)
@@ -175,6 +183,7 @@ def fit(
     threads: int | None = None,
     source: SourceConfig | None = None,
     on_step: OnStep | None = None,
+    rerank: int | None = None,
 ) -> FitReport:
     """Train ψ (and ρ) on pairs from the gallery, stored old vectors against the backbone's
     embeddings, and write the graph: ``rmq fit`` (needs PyTorch: ``pip install 'rm-qdrant[train,export]'``).
@@ -210,6 +219,10 @@ def fit(
             settings the pair recorded).
         on_step: told of each image or document embedded, and of what is being trained
             (:class:`Step`).
+        rerank: judge as pairs serving ``rerank=K`` would serve: both sides of every comparison
+            (the guard's, the labels', the forecasts') re-rank their merged first K by their own
+            new model (the naive merge's by the backbone, the graph's by its ``new`` output);
+            on the sample, the same share of the items (``rerank_depth``). None: the plain merges.
 
     Raises:
         Refused: the fitted graph forecasts worse than the naive merge (nothing written).
@@ -223,6 +236,7 @@ def fit(
         >>> rm_qdrant.switch_encoder(store, "photos", report.out)  # doctest: +SKIP
     """
     _check_options(sample, holdout, k, seed, loss, steps, epochs, lr, batch, on_step)
+    as_rerank(rerank)  # K checked before anything is read
     choice = choose_threads(threads, default=FIT_THREADS)  # before torch loads: it reads OMP_NUM_THREADS
     # ONNX Runtime embeds the sample (byte-identical on 1 and 2 threads, a ResNet-18 measured):
     # one thread per idle core.
@@ -250,12 +264,16 @@ def fit(
         "metric": pair.distance,  # as the pair will serve the graph
         "unit": encoder.info.derived_scale(pair.distance) == "unit",
     }
+    depth = None if rerank is None else sample_depth(rerank, len(drawn.ids), drawn.gallery)
+    if depth is not None:  # only then: a judge from before the re-rank takes the rest as it was
+        served["rerank"] = depth
     split = (train_idx, held_idx)
     fitted, judged, trained_s = train_and_judge(drawn, labels, judge, split, settings, served, pair)
     labels_from = None if judge is None else label_field or pair.label_field
     report = _report(
         name, chosen, drawn, pair, judged, fitted, (used.threads, labels_from), split, trained_s, k, seed
     )
+    report = dataclasses.replace(report, rerank=rerank, rerank_depth=depth)
     if not report.better_than_naive and not force:
         # What the guard would take instead, cheapest first, on the same split (issue 38).
         rows = (drawn.old[train_idx], drawn.new[train_idx]), (drawn.old[held_idx], drawn.new[held_idx])

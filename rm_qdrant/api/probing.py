@@ -17,6 +17,8 @@ from rm_qdrant.core.forecast import ModeForecast, holdout_split
 from rm_qdrant.core.inputspec import check_decode
 from rm_qdrant.core.ordering import check_order
 from rm_qdrant.core.paths import check_path
+from rm_qdrant.core.rerank import as_rerank
+from rm_qdrant.core.rerank_rows import sample_depth
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.evaluation.baseline import forecast_with_plain, plain_new_model
 from rm_qdrant.evaluation.probe import (
@@ -83,6 +85,8 @@ class ProbeReport:
     decode: str = "exact"
     recorded_decode: str = "exact"
     modality: str = "image"
+    rerank: int | None = None
+    rerank_depth: int | None = None
 
     @property
     def recommendation(self) -> str:
@@ -104,6 +108,8 @@ class ProbeReport:
             "decode": self.decode,
             "recorded_decode": self.recorded_decode,
             "modality": self.modality,
+            "rerank": self.rerank,
+            "rerank_depth": self.rerank_depth,
         }
 
 
@@ -122,6 +128,7 @@ def probe(
     on_step: OnStep | None = None,
     decode: str | None = None,
     cache: bool = True,
+    rerank: int | None = None,
 ) -> ProbeReport:
     """Forecast the backfill curve on a re-embedded sample of the gallery: ``rmq probe``.
 
@@ -148,6 +155,11 @@ def probe(
             otherwise than the pair is not kept for :func:`status`'s estimate.
         cache: keep the sample for :func:`status`'s estimate (False: nothing is kept anywhere,
             as for the forecast of ``rmq plan``).
+        rerank: forecast the curves of searches that re-rank their merged first ``rerank`` with
+            the new model (``rmq eval --rerank`` serves them). On the sample the depth is the same
+            share of the items, ``rerank · sample / gallery`` (at least 1: the report's
+            ``rerank_depth``), and every old hit is taken as read in time. The forecast is not
+            kept for :func:`status`'s estimate, which is of the plain merge.
 
     Raises:
         CollectionNotFound: no pair of that name.
@@ -161,6 +173,7 @@ def probe(
         ('rm', 0.912)
     """
     _check_probe_options(sample, k, seed, on_step)
+    as_rerank(rerank)  # K checked before anything is read
     if decode is not None:
         check_decode(decode)
     check_probe(store, load_pair(store, name))  # before the encoders load: a finished pair says so
@@ -186,10 +199,21 @@ def probe(
             f"payload field {label_field!r} is missing on some sampled points, or holds a list, an object or "
             "true/false instead of a class name (a string or a number): no labels to forecast mAP with"
         )
+    depth = None if rerank is None else sample_depth(rerank, len(drawn.ids), drawn.gallery)
     forecasts, advice = _curves(
-        index, drawn, plain, spec=spec, seed=seed, k=k, source=images, on_step=on_step, label_field=field
+        index,
+        drawn,
+        plain,
+        spec=spec,
+        seed=seed,
+        k=k,
+        source=images,
+        on_step=on_step,
+        label_field=field,
+        rerank=depth,
     )
-    key = store_key(store) if cache and decode == pair.decode else None  # a what-if is not kept
+    kept = cache and decode == pair.decode and rerank is None  # a what-if is not kept
+    key = store_key(store) if kept else None
     cached = None if key is None else save_sample(drawn, cache_path(key, name), k=k)
     return ProbeReport(
         pair=name,
@@ -206,6 +230,8 @@ def probe(
         decode=decode,
         recorded_decode=pair.decode,
         modality=modality,
+        rerank=rerank,
+        rerank_depth=depth,
     )
 
 
@@ -227,6 +253,7 @@ def _curves(
     source: SourceConfig,
     on_step: OnStep | None,
     label_field: str,
+    rerank: int | None = None,
 ) -> tuple[list[ModeForecast], Advice]:
     """The forecasts and the advice. An rm pair's naive curve needs the plain new model (its own
     sample); without one, the curve of the graph's new output is named for what it is (no-psi)."""
@@ -252,6 +279,7 @@ def _curves(
             label_field=label_field,
             metric=pair.distance,
             order_field=pair.label_field,  # the order rmq migrate will move it in
+            rerank=rerank,
         )
         return forecasts, advise(forecasts, k=k)
     forecasts = forecast_sample(
@@ -263,6 +291,7 @@ def _curves(
         calibration=pair.old_distance,
         metric=pair.distance,
         order_field=pair.label_field,
+        rerank=rerank,
     )
     if sample.rev is None:
         calibrated = pair.old_distance is not None

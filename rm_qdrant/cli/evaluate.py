@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
 from rm_qdrant.api.evaluating import FRACTIONS, evaluate, summary
 from rm_qdrant.cli.common import (
+    FiniteFloat,
     Steps,
     emit,
     json_option,
@@ -19,9 +21,11 @@ from rm_qdrant.cli.common import (
     new_model_option,
     open_cli_store,
     quiet,
+    rerank_option,
 )
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank
 from rm_qdrant.evaluation.baseline import NaiveCurve
 from rm_qdrant.evaluation.evaluate import ServedPoint, evaluate_served
 from rm_qdrant.sources import SourceConfig
@@ -61,6 +65,39 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _rerank_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--rerank K``, ``--no-rerank`` and ``--rerank-deadline``; the command gets ``rerank`` as
+    :func:`evaluate` takes it (K, None, or the pair's), checked before the store is read."""
+
+    @functools.wraps(command)
+    def run(*args: Any, rerank: int | None, no_rerank: bool, **kwargs: Any) -> Any:
+        if no_rerank and (rerank is not None or kwargs["rerank_deadline"] is not None):
+            raise click.UsageError(
+                "--no-rerank serves without a re-rank: give it without --rerank or --rerank-deadline"
+            )
+        chosen = None if no_rerank else PAIR_DEFAULT if rerank is None else rerank
+        return command(*args, rerank=chosen, **kwargs)
+
+    options = [
+        rerank_option(
+            "the pair's curve is served so, each old hit among the K read from its source and "
+            "embedded [default: the pair's recorded re-rank, rmq init --rerank]"
+        ),
+        click.option(
+            "--no-rerank", is_flag=True, help="Serve the curve without a re-rank, whatever the pair records."
+        ),
+        click.option(
+            "--rerank-deadline",
+            type=FiniteFloat(min=0, min_open=True),
+            metavar="SECONDS",
+            help="Seconds each query waits for its re-rank's images [default: the re-rank's own, 0.5].",
+        ),
+    ]
+    for option in reversed(options):
+        run = option(run)
+    return run
+
+
 @click.command(name="eval")
 @name_option
 @click.option(
@@ -93,6 +130,7 @@ def _percent(value: float | None) -> str:
     help="Migrate the live pair itself between the fractions (it stays migrated); by default a "
     "temporary copy is migrated and the pair is left as it is.",
 )
+@_rerank_options
 @new_model_option("New, for the paper's Gain")
 @source_options
 @json_option
@@ -107,6 +145,8 @@ def eval_command(
     batch: int,
     exact: bool,
     in_place: bool,
+    rerank: Rerank | int | str | None,
+    rerank_deadline: float | None,
     new_model: str | None,
     source: SourceConfig,
     as_json: bool,
@@ -119,7 +159,9 @@ def eval_command(
     alone); the curve's shape against its own t = 0 and t = 1 points is printed apart. An rm
     pair with a plain new model (--new-model, or the recorded one) is also served as the naive
     pair on another copy at the same fractions: that naive curve is printed beside the pair's,
-    and its t = 0 and t = 1 points are Old and New.
+    and its t = 0 and t = 1 points are Old and New. With a re-rank (--rerank K, or the pair's
+    recorded one) every search of the pair's curve re-ranks its merged first K with the new
+    model; the naive curve, Old and New are served without it.
     """
     store = open_cli_store(ctx)
     silent = quiet(ctx)
@@ -148,11 +190,14 @@ def eval_command(
             on_point=show,
             on_step=steps,
             on_copied=store.close,  # measured on the copy: other commands may open the live store meanwhile
+            rerank=rerank,
+            deadline=rerank_deadline,
             _measure=evaluate_served,  # this module's name: a test holds the measure through it
         )
     results, totals, naive = list(report.points), report.totals, report.naive
     text = "\n".join(
         [
+            _rerank_line(report.rerank, results),
             *(_naive_lines(results, naive, report.plain_new_model) if naive is not None else []),
             f"AUC_mAP {_percent(totals['auc_map'])}   AUC_CMC {_percent(totals['auc_cmc'])}"
             + ("" if in_place else f"; measured on a copy, pair {name!r} was not moved"),
@@ -160,6 +205,18 @@ def eval_command(
         ]
     )
     emit(report.as_dict(), as_json, text)
+
+
+def _rerank_line(plan: Rerank | None, points: list[ServedPoint]) -> str:
+    """With what re-rank the pair's curve was served, and how many old hits missed it."""
+    if plan is None:
+        return "served without a re-rank (the merged distances)"
+    missed = sum(p.missed for p in points)
+    return (
+        f"served with the re-rank at K = {plan.k} (deadline {plan.deadline:g} s, fetch budget "
+        f"{plan.reads} a query): {missed:,} old hits among the first K kept their merged distance "
+        "(late, over budget or unreadable); the naive curve, Old and New are served without it"
+    )
 
 
 def _naive_lines(points: list[ServedPoint], naive: NaiveCurve, plain: bool) -> list[str]:

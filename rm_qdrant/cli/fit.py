@@ -23,6 +23,7 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
+    rerank_option,
 )
 from rm_qdrant.cli.probe import curve_table
 from rm_qdrant.cli.sourceopts import source_options
@@ -60,6 +61,11 @@ from rm_qdrant.sources import SourceConfig
     "--force", is_flag=True, help="Write the graph even when it forecasts worse than the naive merge."
 )
 @threads_option("$OMP_NUM_THREADS, else 1: the same graph however busy the machine")
+@rerank_option(
+    "the guard (and the labels) weigh the graph with the re-rank against the naive merge with the "
+    "re-rank, each ordering its first K by its own new model, as a pair serving --rerank K would "
+    "[default: the plain merges]"
+)
 @source_options
 @json_option
 @click.pass_context
@@ -80,6 +86,7 @@ def fit_command(
     seed: int,
     force: bool,
     threads: int | None,
+    rerank: int | None,
     source: SourceConfig,
     as_json: bool,
 ) -> None:
@@ -119,6 +126,7 @@ def fit_command(
                 threads=threads,
                 source=source,
                 on_step=bars,
+                rerank=rerank,
             )
         except Refused as exc:
             if isinstance(exc.report, FitReport):  # what was judged, then the one line
@@ -181,9 +189,14 @@ def _text(data: dict[str, Any], forecasts: list[Any], new_holds_points: bool) ->
     else:
         verdict = "better than" if data["better_than_naive"] else "WORSE than (written with --force)"
     lines += ["", *selection_lines(data)]
+    reranked = (
+        f", both re-ranking their first {data['rerank']} (on the sample, {data['rerank_depth']})"
+        if data.get("rerank") is not None
+        else ""
+    )
     lines += [
         "",
-        f"the fitted graph ({data['recipe']}) {verdict} the naive merge: {data['measure']}",
+        f"the fitted graph ({data['recipe']}) {verdict} the naive merge{reranked}: {data['measure']}",
         f"wrote {data['out']} (outputs new and rev; ONNX Runtime vs PyTorch {data['parity']:.1e})",
     ]
     if data["learned_rho"] and new_holds_points:

@@ -18,6 +18,7 @@ from rm_qdrant.cli.common import (
     new_model_option,
     open_cli_store,
     quiet,
+    rerank_option,
 )
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.advice import crowding_fix, crowding_text
@@ -54,6 +55,10 @@ from rm_qdrant.sources import SourceConfig
     "Decode the sample's images this way: the forecast of serving with that decoding; nothing is "
     "recorded [default: as the pair records].",
 )
+@rerank_option(
+    "the forecast of searches re-ranked so (rmq eval --rerank serves them); on the sample, the same "
+    "share of the items, every old hit read in time; not kept for rmq status"
+)
 @json_option
 @click.pass_context
 def probe_command(
@@ -68,6 +73,7 @@ def probe_command(
     new_model: str | None,
     label_field: str | None,
     decode: str | None,
+    rerank: int | None,
     as_json: bool,
 ) -> None:
     """Forecast the backfill curve on a re-embedded sample of the gallery; writes nothing to Qdrant.
@@ -94,6 +100,7 @@ def probe_command(
             label_field=label_field,
             on_step=steps,
             decode=decode,
+            rerank=rerank,
         )
     data = report.as_dict()
     emit(data, as_json, _text(data, report.mode, list(report.forecasts)))
@@ -138,6 +145,7 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
         f"pair {data['pair']} ({mode}): {data['sample']} gallery points re-embedded"
         + (f", {data['unreadable']} unreadable skipped" if data["unreadable"] else "")
         + f"; {_read_as(data)}; order {data['order']}; nothing written",
+        *_rerank_lines(data),
         "",
         f"recall@{data['k']} against the new model's own neighbours (label-free{_whose(forecasts)}):",
         *recall,
@@ -162,6 +170,16 @@ def _text(data: dict[str, Any], mode: str, forecasts: list[ModeForecast]) -> str
     return "\n".join(lines)
 
 
+def _rerank_lines(data: dict[str, Any]) -> list[str]:
+    if data.get("rerank") is None:
+        return []
+    return [
+        f"every curve re-ranks its merged first {data['rerank']} with its new model: on the sample, "
+        f"the first {data['rerank_depth']} (the same share of {data['gallery']:,} points), each old "
+        "hit read in time"
+    ]
+
+
 def _read_as(data: dict[str, Any]) -> str:
     if data.get("modality") == "text":
         return "documents tokenised by the model's tokenizer"
@@ -169,6 +187,8 @@ def _read_as(data: dict[str, Any]) -> str:
 
 
 def _cache_line(data: dict[str, Any]) -> str:
+    if data.get("rerank") is not None:
+        return "a forecast with a re-rank: not kept (rmq status estimates the plain merge)"
     if data["decode"] != data["recorded_decode"]:
         return (
             f"decoded {data['decode']} as asked, the pair records {data['recorded_decode']}: a what-if, not "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rm_qdrant.core.metrics import FRACTIONS, _scores, area, migrated_at
+from rm_qdrant.core.rerank_rows import reranked_rows
 from rm_qdrant.core.spaces import distance_matrix
 
 #: A map of old-side distances before the merge (the calibrated naive merge).
@@ -235,6 +236,7 @@ class _Backfill:
     fractions: Sequence[float]
     metric: str = "cosine"
     queries: np.ndarray | None = None  # the items that query (None: every item)
+    rerank: int | None = None  # the merged top K re-ranked by the new model (None: no re-rank)
 
     @classmethod
     def of(
@@ -248,6 +250,7 @@ class _Backfill:
         fractions: Sequence[float],
         metric: str = "cosine",
         queries: np.ndarray | None = None,
+        rerank: int | None = None,
     ) -> _Backfill:
         """Checked rows (two or more, one per item in every array); the reference is ``base``'s
         top-k of each query (``queries``: the items that query the rest, every item when None).
@@ -258,8 +261,10 @@ class _Backfill:
         n = len(old)
         if n < 2 or any(a is not None and len(a) != n for a in (base, *others, order)):
             raise ValueError(f"a forecast needs two or more items and one row each; got {n} old")
+        if rerank is not None and rerank < 1:
+            raise ValueError(f"a re-rank takes k >= 1 items, got {rerank}")
         reference = reference_top_k(base, k, metric, queries)
-        return cls(order, reference, label_codes(labels), fractions, metric, queries)
+        return cls(order, reference, label_codes(labels), fractions, metric, queries, rerank)
 
     def curve(
         self,
@@ -279,6 +284,9 @@ class _Backfill:
                 merged = merged_distances(
                     new[rows], query_old[rows], new, old, migrated, old_distance, self.metric
                 )
+                if self.rerank is not None:  # the new model re-scores the merged top K
+                    rescored = distance_matrix(new[rows], new, self.metric)
+                    merged = reranked_rows(merged, rescored, self.rerank, rows)
                 parts.append(top_k(merged, k, rows))
                 if self.y is not None:
                     ap, top = _scores(merged, self.y, rows, None)  # the whole ranking, the query left out
@@ -319,6 +327,7 @@ def forecast(
     fractions: Sequence[float] = FRACTIONS,
     naive_distance: OldDistance | None = None,
     metric: str = "cosine",
+    rerank: int | None = None,
 ) -> list[ModeForecast]:
     """The naive mode's forecast, and the rm mode's when ``rev`` is given.
 
@@ -332,12 +341,14 @@ def forecast(
         labels: one label per item (None where unknown), or None for no labels.
         k: the neighbours compared.
         metric: the collection's distance (cosine, dot, euclid, manhattan).
+        rerank: re-rank each query's merged top ``rerank`` by the new model's distances (every
+            old item among them read in time: :mod:`rm_qdrant.core.rerank_rows`); None: none.
 
     Raises:
-        ValueError: fewer than two items, or arrays of different lengths.
+        ValueError: fewer than two items, arrays of different lengths, or ``rerank`` below 1.
     """
     backfill = _Backfill.of(
-        old, new, rev, order=order, labels=labels, k=k, fractions=fractions, metric=metric
+        old, new, rev, order=order, labels=labels, k=k, fractions=fractions, metric=metric, rerank=rerank
     )
     curves = [backfill.curve("naive", new, old, old, naive_distance)]
     if rev is not None:
@@ -378,12 +389,15 @@ def compare_fitted(
     metric: str = "cosine",
     queries: np.ndarray | None = None,
     naive_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> list[ModeForecast]:
     """The naive merge of the plain new model (``base``) beside a fitted encoder (``new``, ``rev``).
 
     Both curves are scored against ``base``'s own top-k, the team's new model: a fitted ρ
     that drifts away from the new model's neighbours is not rewarded for agreeing with itself.
     ``queries``: the items that query (a holdout), against every item (None: each against the rest).
+    ``rerank``: both curves re-rank their merged top K by their own new model (the naive merge's
+    by ``base``, the fitted one's by ``new``), as a pair serving ``rerank=K`` would.
     """
     backfill = _Backfill.of(
         old,
@@ -396,6 +410,7 @@ def compare_fitted(
         fractions=fractions,
         metric=metric,
         queries=queries,
+        rerank=rerank,
     )
     naive = backfill.curve("naive", base, old, old, naive_distance)  # as a calibrated pair serves it
     return [naive, backfill.curve("fitted", new, rev, old)]

@@ -47,6 +47,7 @@ from rm_qdrant.core.forecast import (
     top_k,
 )
 from rm_qdrant.core.metrics import FRACTIONS, migrated_at
+from rm_qdrant.core.rerank_rows import reranked_rows
 from rm_qdrant.core.spaces import distance_matrix
 
 #: The smallest tolerance (support, 0 to 1) at any t: a share of the gallery small enough that
@@ -176,9 +177,11 @@ def guard(
     fitted_distance: OldDistance | None = None,
     subject: str = "the fitted graph",
     baseline: str = "the naive merge",
+    rerank: int | None = None,
 ) -> GuardVerdict:
     """The naive merge of the plain new model (``base``) against a fitted encoder (``new``,
-    ``rev``), backfilled in ``order``, by the support of their top k (module docstring).
+    ``rev``), backfilled in ``order``, by the support of their top k (module docstring);
+    ``rerank``: both merges re-rank their first ``rerank`` by their own new model.
 
     Args:
         old: the holdout's stored old vectors (n, d_old).
@@ -206,6 +209,7 @@ def guard(
         fitted_distance=fitted_distance,
         prepare=lambda rows: support(old, base, k, metric=metric, rows=rows),
         score=lambda d, rows, both: top_k_support(d, both, k, rows),
+        rerank=rerank,
     )
     return judged(fractions, a, b, subject=subject, baseline=baseline)
 
@@ -224,10 +228,13 @@ def merges_per_query(
     queries: np.ndarray | None = None,
     naive_distance: OldDistance | None = None,
     fitted_distance: OldDistance | None = None,
+    rerank: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(len(fractions), queries) scores of the naive merge and of the judged one at every t:
     ``merges`` is (old, base, new, rev) over the gallery, ``queries`` the items that query (every
-    item when None), ``prepare(rows)`` what ``score(distances, rows, prepared)`` needs per chunk."""
+    item when None), ``prepare(rows)`` what ``score(distances, rows, prepared)`` needs per chunk.
+    ``rerank``: each merge's first ``rerank`` re-ranked by its own new model (``base`` for the
+    naive merge, ``new`` for the judged one), as a pair serving ``rerank=K`` orders them."""
     old, base, new, rev = merges
     n = len(old)
     masks = [migrated_at(order, t) for t in fractions]
@@ -237,9 +244,17 @@ def merges_per_query(
     for rows in query_chunks(queries, n):  # bounded memory whatever the gallery's size
         at, start = slice(start, start + len(rows)), start + len(rows)
         prepared = prepare(rows)
+        if rerank is not None:
+            by_base, by_new = (
+                distance_matrix(base[rows], base, metric),
+                distance_matrix(new[rows], new, metric),
+            )
         for i, migrated in enumerate(masks):
             naive_d = merged_distances(base[rows], old[rows], base, old, migrated, naive_distance, metric)
             fitted_d = merged_distances(new[rows], rev[rows], new, old, migrated, fitted_distance, metric)
+            if rerank is not None:
+                naive_d = reranked_rows(naive_d, by_base, rerank, rows)
+                fitted_d = reranked_rows(fitted_d, by_new, rerank, rows)
             a[i, at] = score(naive_d, rows, prepared)
             b[i, at] = score(fitted_d, rows, prepared)
     return a, b
@@ -290,6 +305,7 @@ def labelled_guard(
     metric: str = "cosine",
     naive_distance: OldDistance | None = None,
     subject: str = "the fitted graph",
+    rerank: int | None = None,
 ) -> GuardVerdict:
     """:func:`guard` judged by the labels: each query's AP over the rest of the items (the
     query's own label relevant), the fitted merge against the naive one at every t. Where a team's
@@ -315,6 +331,7 @@ def labelled_guard(
         metric=metric,
         queries=queries,
         naive_distance=naive_distance,
+        rerank=rerank,
     )
     return labelled_verdict(naive, fitted, subject=subject)
 
@@ -347,6 +364,7 @@ def rank_guard(
     metric: str = "cosine",
     naive_distance: OldDistance | None = None,
     subject: str = "the fitted graph",
+    rerank: int | None = None,
 ) -> GuardVerdict:
     """``rmq fit``'s label-free guard (issue 39): held-out ``queries`` search every item (the
     whole sample, as the graph will search the whole gallery); each hit of a merge's top k scores
@@ -356,7 +374,8 @@ def rank_guard(
     of hundreds of classes with a handful of images each (where the rest of a holdout holds almost
     none of a query's class) fools it. The fitted merge must not fall below the naive one at
     any t (two standard errors). Measured over many-class few-shot and digits pairs:
-    ``benchmarks/label_free_rules.py``.
+    ``benchmarks/label_free_rules.py``. ``rerank``: both merges re-rank their first ``rerank``
+    by their own new model before their top k is scored (``rmq fit --rerank``).
 
     Raises:
         ValueError: fewer than three items or two queries, or arrays of different lengths.
@@ -382,6 +401,7 @@ def rank_guard(
         naive_distance=naive_distance,
         prepare=ranks,
         score=score,
+        rerank=rerank,
     )
     return judged(fractions, a, b, subject=subject, measure="rank")
 

@@ -189,10 +189,12 @@ def forecast_with_plain(
     label_field: str,
     metric: str,
     order_field: str | None = None,
+    rerank: int | None = None,
 ) -> list[ModeForecast]:
     """``rmq probe``'s curves for an rm pair: the naive merge of the plain new model (old vectors
     queried by the old model) and the pair's graph, both scored against the plain new model's
-    neighbours, on the points both samples read."""
+    neighbours, on the points both samples read (``rerank``: each re-ranking its merged first
+    ``rerank`` of the sample by its own new model)."""
     if sample.rev is None:
         raise ValueError("the pair's sample has no rev output: not an rm graph")
     rows = {pid: i for i, pid in enumerate(plain.ids)}
@@ -214,5 +216,6 @@ def forecast_with_plain(
         labels=labelled,
         k=k,
         metric=metric,
+        rerank=rerank,
     )
     return [naive, dataclasses.replace(fitted, mode="rm")]

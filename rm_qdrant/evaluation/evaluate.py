@@ -24,6 +24,7 @@ import numpy as np
 from rm_qdrant.core.merge import Hit, PointId
 from rm_qdrant.core.metrics import Retrieval
 from rm_qdrant.core.paths import integer_text, payload_value
+from rm_qdrant.core.rerank import RESCORED, Rerank
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.evaluation.queries import TextQuery
 from rm_qdrant.migration.migrate import MigrateOptions, run_migration
@@ -46,6 +47,9 @@ class ServedPoint:
     fraction: float  # the fraction actually in new
     map: float
     top1: float
+    #: Old hits among the re-rank's first K that kept their merged distance (late, over budget,
+    #: unreadable), over all queries; 0 without a re-rank.
+    missed: int = 0
 
 
 def _label_counts(index: DualIndex, labels: set[str]) -> dict[str, int]:
@@ -119,9 +123,13 @@ def served_retrieval(
     k: int | None = None,
     batch: int = 64,
     root: Path | None = None,
+    rerank: Rerank | None = None,
 ) -> Retrieval:
     """mAP (or mAP@k) and top-1 of the pair as it serves now, over ``queries``: labelled images
     (:class:`ImageItem`) or a text pair's judged queries (:class:`TextQuery`).
+
+    ``rerank``: each query's merged first K re-scored by the new model (read from their source,
+    each query within its own deadline, as one search of the pair); None: the plain merge.
 
     A query nothing in the gallery is relevant to is left out (with a warning): its AP would be
     0 whatever the pair serves. ``root`` resolves the gallery's relative image paths, so that a
@@ -130,20 +138,47 @@ def served_retrieval(
     Raises:
         ConfigError: an image query has no label, or no query has a relevant gallery point.
     """
+    return served_counts(index, queries, k=k, batch=batch, root=root, rerank=rerank)[0]
+
+
+def served_counts(
+    index: DualIndex,
+    queries: Sequence[Query],
+    *,
+    k: int | None = None,
+    batch: int = 64,
+    root: Path | None = None,
+    rerank: Rerank | None = None,
+) -> tuple[Retrieval, int]:
+    """:func:`served_retrieval`, and the old hits among a re-rank's first K that kept their merged
+    distance (late, over budget, unreadable), over all queries (0 without a re-rank)."""
     text = bool(queries) and isinstance(queries[0], TextQuery)
     judge: Judge = TextJudge(index, queries) if text else ImageJudge(index, queries, root)  # type: ignore[arg-type]
     served = index.status()
     limit = (k or served.old_count + served.new_count) + 1  # one more: the query itself may come back
-    aps, tops = [], []
+    aps, tops, missed = [], [], 0
     for start in range(0, len(judge.scored), batch):
         chunk = judge.scored[start : start + batch]
-        found = index.search_batch([judge.term(q) for q in chunk], limit=limit)
+        found = _search(index, [judge.term(q) for q in chunk], limit, rerank)
         for query, hits in zip(chunk, found, strict=True):
             ap, top = ranked_precision(*judge.flags(query, hits, k), k)
             aps.append(ap)
             tops.append(top)
+            missed += sum(1 for h in hits if h.rerank is not None and h.rerank not in RESCORED)
     hits_array = np.array(tops, dtype=bool)
-    return Retrieval(float(np.mean(aps)), float(hits_array.mean()), hits_array)
+    return Retrieval(float(np.mean(aps)), float(hits_array.mean()), hits_array), missed
+
+
+def _search(index: DualIndex, terms: list[Any], limit: int, rerank: Rerank | None) -> list[list[Hit]]:
+    """The served lists of a batch of queries: encoded in one pass; with a re-rank, searched one
+    by one, so that each query has its own deadline and fetch budget, as a served search has."""
+    if rerank is None:
+        return index.search_batch(terms, limit=limit, rerank=None)
+    new, old = index.query_vectors(terms)
+    return [
+        index.search_vectors_batch(new[i : i + 1], old[i : i + 1], limit=limit, rerank=rerank)[0]
+        for i in range(len(terms))
+    ]
 
 
 def left_out(counts: Mapping[str, int], what: str, field: str, *, refuse: bool = True) -> None:
@@ -277,15 +312,17 @@ def evaluate_served(
     *,
     options: MigrateOptions | None = None,
     k: int | None = None,
+    rerank: Rerank | None = None,
     on_point: Callable[[ServedPoint], None] | None = None,
 ) -> list[ServedPoint]:
-    """Migrate to each fraction in turn (ascending) and measure what the pair serves there."""
+    """Migrate to each fraction in turn (ascending) and measure what the pair serves there
+    (``rerank``: each search re-ranked so, as :func:`served_retrieval` says)."""
     base = options or MigrateOptions()
     points = []
     for t in sorted(fractions):
         run_migration(index, dataclasses.replace(base, until=t))
-        r = served_retrieval(index, queries, k=k, root=base.source.root)
-        point = ServedPoint(t, index.progress(), r.map, r.top1)
+        r, missed = served_counts(index, queries, k=k, root=base.source.root, rerank=rerank)
+        point = ServedPoint(t, index.progress(), r.map, r.top1, missed)
         points.append(point)
         if on_point is not None:
             on_point(point)

@@ -204,12 +204,14 @@ def forecast_sample(
     calibration: OldDistance | None = None,
     metric: str = "cosine",
     order_field: str | None = None,
+    rerank: int | None = None,
 ) -> list[ModeForecast]:
     """Simulate the backfill of the sample in ``order`` (as ``rmq migrate --order`` would move it).
 
     ``calibration``: a calibrated naive pair's map, applied to the naive mode's old distances;
     ``metric``: the pair's distance, under which both halves are searched; ``order_field``: the
-    label field ``rmq migrate --order centroid`` groups by (the pair's; default ``label_field``).
+    label field ``rmq migrate --order centroid`` groups by (the pair's; default ``label_field``);
+    ``rerank``: each query's merged first ``rerank`` of the sample re-ranked by the new model.
     """
     keys = order_keys(
         order, sample.ids, sample.payloads, sample.old, seed=seed, label_field=order_field or label_field
@@ -223,6 +225,7 @@ def forecast_sample(
         k=k,
         naive_distance=calibration,
         metric=metric,
+        rerank=rerank,
     )
 
 
