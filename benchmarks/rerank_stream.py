@@ -166,7 +166,8 @@ def main() -> None:
         f"pair: digits, old and new small CNNs ({args.epochs} epochs, trained here), naive; gallery "
         f"{len(gallery)} training images, {len(tests)} test queries; Zipf s={args.zipf}: the top query "
         f"is {weights.max():.1%} of the stream, the top 10 {np.sort(weights)[-10:].sum():.1%}; "
-        f"{args.per_round} queries, then {args.batch} points migrated, a round; promoting arms re-rank K={args.k}\n"
+        f"{args.per_round} queries, then {args.batch} points migrated, a round; "
+        f"promoting arms re-rank K={args.k}\n"
     )
     results = {}
     with tempfile.TemporaryDirectory(prefix="rmq-stream-") as tmp:

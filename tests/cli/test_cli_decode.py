@@ -111,7 +111,7 @@ def test_switch_encoder_decode_changes_what_the_next_batch_uses(rmq, models, pho
 
 def test_switch_encoder_needs_a_graph_or_a_decode_mode(rmq, models, photo_folder):
     _pair(rmq, models, photo_folder, "--old-collection", "gallery")
-    assert "give the graph to serve (--encoder), the decode mode (--decode), or both" in one_error_line(
+    assert "give the graph to serve (--encoder), the decode mode (--decode), the re-rank" in one_error_line(
         rmq("switch-encoder", "--name", "p", ok=False)
     )
     line = one_error_line(
