@@ -110,18 +110,24 @@ class Promoter:
         self._closing = threading.Event()
         self._idle = threading.Condition()
         self._pending = 0
+        self._queued: set[PointId] = set()  # offered, not yet written or left alone
         self._thread = threading.Thread(target=self._run, name="rmq-promote", daemon=True)
         self._thread.start()
 
     def offer(self, offers: Sequence[Offer]) -> None:
-        """Queue points to promote (never blocks: a full queue drops them, counted)."""
+        """Queue points to promote (never blocks: a full queue drops them, counted); a point
+        queued or being written already is not queued again."""
         for item in offers:
             with self._idle:
+                if item[0] in self._queued:
+                    continue
+                self._queued.add(item[0])
                 self._pending += 1
             try:
                 self._queue.put_nowait(item)
             except queue.Full:
                 with self._idle:
+                    self._queued.discard(item[0])
                     self._pending -= 1
                     self.counts.dropped += 1
 
@@ -160,6 +166,7 @@ class Promoter:
                 self.counts.promoted += result.moved
                 self.counts.skipped += len(batch) - result.moved
             self._pending -= len(batch)
+            self._queued.difference_update(item[0] for item in batch)
             self._idle.notify_all()
 
     def close(self, timeout: float = 30.0) -> None:

@@ -153,10 +153,10 @@ class Reranker:
         for hits, query in zip(rows, queries, strict=True):
             found = {h.id: self._scored(wanted[h.id], query) for h in hits[: options.k] if h.id in wanted}
             rescored.append(reranked(hits, options.k, found, self.pair.distance))
-        if promote is not None:
-            fresh = [(c.id, c.payload, c.vector) for c in to_read.values() if c.vector is not None]
-            if fresh:
-                promote(fresh)  # type: ignore[arg-type]
+        if promote is not None:  # cached ones too: one kept from a search while promotion was paused
+            ready = [(c.id, c.payload, c.vector) for c in wanted.values() if c.vector is not None]
+            if ready:
+                promote(ready)  # type: ignore[arg-type]
         return rescored
 
     def _candidate(self, hit: Hit) -> _Candidate:

@@ -225,11 +225,10 @@ def test_a_paused_pair_gets_no_promotion(store, graphs, image_folder, layout):
     assert index._promoter.counts.promoted == 0
     assert status(store, "p").status.new_count == 4
     assert all(new_vector(store, i) is None for i in old_hits)
-    index.close()
     resume(store, "p")
-    # a fresh index: vectors its cache holds are not offered again (see the report)
-    index = DualIndex.open(store, "p", exact=True)
-    index.search(query, limit=K, rerank=K, promote=True)
+    # the same index: the vectors its cache kept while paused are offered again, and promoted
+    again = index.search(query, limit=K, rerank=K, promote=True)
+    assert {h.rerank for h in again if h.source == "old"} == {"cached"}
     assert index._promoter.wait(30)
     index.close()
     assert index._promoter.counts.promoted == len(old_hits)
