@@ -31,11 +31,13 @@ from rm_qdrant.api import (
     plan,
     probe,
     rollback,
+    set_rerank,
     status,
     switch_encoder,
 )
 from rm_qdrant.core.merge import Hit, merge, score_to_distance
 from rm_qdrant.core.modelinfo import InputSpec, ModelInfo
+from rm_qdrant.core.rerank import Rerank
 from rm_qdrant.errors import (
     AddressRefused,
     CollectionNotFound,
@@ -118,6 +120,7 @@ __all__ = [
     "PairPoint",
     "PairRecord",
     "PairStatus",
+    "Rerank",
     "Paused",
     "PlanReport",
     "ProbeReport",
@@ -163,5 +166,6 @@ __all__ = [
     "scan_image_folder",
     "score_to_distance",
     "status",
+    "set_rerank",
     "switch_encoder",
 ]

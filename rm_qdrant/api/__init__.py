@@ -17,7 +17,7 @@ Long calls report progress to an ``on_step`` callback (:class:`Step`).
 ``rmq status``            :func:`status`
 ``rmq eval``              :func:`evaluate`
 ``rmq failures``          :func:`failures`
-``rmq switch-encoder``    :func:`switch_encoder`
+``rmq switch-encoder``    :func:`switch_encoder` (``--rerank``: :func:`set_rerank`)
 ``rmq finalize``          :func:`finalize`
 ``rmq rollback``          :func:`rollback`
 ========================  ==========================================================
@@ -36,7 +36,14 @@ from rm_qdrant.api.creating import IndexSummary, InitReport, index, init
 from rm_qdrant.api.evaluating import EvalReport, evaluate
 from rm_qdrant.api.fitting import FitReport, fit
 from rm_qdrant.api.inspecting import StatusReport, failures, status
-from rm_qdrant.api.lifecycle import FinalizeReport, SwitchReport, finalize, rollback, switch_encoder
+from rm_qdrant.api.lifecycle import (
+    FinalizeReport,
+    SwitchReport,
+    finalize,
+    rollback,
+    set_rerank,
+    switch_encoder,
+)
 from rm_qdrant.api.migrating import MIGRATE_OPTIONS, migrate, optimize
 from rm_qdrant.api.plan_report import PlanReport
 from rm_qdrant.api.planning import plan
@@ -69,5 +76,6 @@ __all__ = [
     "probe",
     "rollback",
     "status",
+    "set_rerank",
     "switch_encoder",
 ]

@@ -231,3 +231,18 @@ def test_search_vectors_reranks_with_the_new_query_vector(store, graphs, image_f
     got = new_distances(new[0], OnnxEncoder(graphs.rm).encode([items[7].uri], ["new"])["new"], "euclid")
     assert np.isclose(by_vectors[0].distance, got[0], atol=1e-4)
     index.close()
+
+
+def test_async_index_reranks_as_the_index_does(store, graphs, image_folder):
+    import asyncio
+
+    from rm_qdrant import AsyncDualIndex
+
+    items = make_pair(store, graphs, image_folder, "cosine", "paired")
+
+    async def run():
+        async with await AsyncDualIndex.open(store, "p", exact=True) as index:
+            return await index.search(items[4].uri, limit=len(items), rerank=len(items))
+
+    hits = asyncio.run(run())
+    assert [h.id for h in hits] == new_ranking(graphs, items, items[4].uri, "cosine")
