@@ -162,16 +162,14 @@ def switch_encoder_command(
             f"\nplain new model recorded: {plain(recorded.name)} ({recorded.fingerprint}), {how}; "
             "rmq eval and rmq probe measure New with it"
         )
+    data = report.as_dict()
     if tuned or no_rerank:
         store = open_cli_store(ctx)
-        plan = (
-            None
-            if no_rerank
-            else chosen_rerank(recorded(updated.rerank), rerank_k, rerank_deadline, rerank_budget, promote)
-        )
-        updated = lifecycle.set_rerank(store, name, plan)
+        given = (rerank_k, rerank_deadline, rerank_budget, promote)
+        plan = None if no_rerank else chosen_rerank(recorded(updated.rerank), *given)
+        data["rerank"] = lifecycle.set_rerank(store, name, plan).rerank
         text += "\n" + described(plan)
-    emit({**report.as_dict(), "rerank": updated.rerank}, as_json, text)
+    emit(data, as_json, text)
 
 
 def _switch_rerank(ctx: click.Context, name: str, off: bool, given: tuple[Any, ...], as_json: bool) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rm_qdrant import DualIndex, OnnxEncoder, create_pair, index_images, load_pair, scan_image_folder
-from rm_qdrant.core.planning import ERROR, MOVING, ORIGIN, RANK
+from rm_qdrant.core.planning import ERROR, MOVING, ORIGIN, RANK, SETTLED
 from rm_qdrant.errors import MigrationError
 from rm_qdrant.migration.migrate import MigrateOptions, Migrator, run_migration
 from rm_qdrant.operations.cutover import finalize, rollback
@@ -50,6 +50,7 @@ def test_full_migration_moves_every_point_once_and_keeps_payloads(store, models,
         "uri": gallery[0].uri,
         "label": gallery[0].label,
         ORIGIN: "migrate",
+        SETTLED: 1,  # confirmed before old's copy went: see paired.py
         "old_confidence": pytest.approx(moved.payload["old_confidence"]),
     }
     expected = index.encoder.encode([gallery[0].uri])["new"][0]
