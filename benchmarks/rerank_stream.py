@@ -10,6 +10,8 @@ ranks a seeded shuffle). Each arm answers the same stream, ``--per-round`` queri
 then migrates ``--batch`` points in its order, until old is empty:
 
 - ``random``, ``confidence``: the migration alone (searches change nothing);
+- ``demand``: the searches record demand, the migration runs ``--order demand`` (ranked again
+  each round), no re-rank;
 - ``confidence + promotion``: searches re-rank with K and promote what they embedded;
 - ``demand + promotion``: the same, the searches record demand, the migration runs
   ``--order demand`` (ranked again each round).
@@ -42,6 +44,7 @@ from rm_qdrant.operations.indexing import scan_image_folder  # noqa: E402
 ARMS = {  # name: (order, promote, record demand)
     "random": ("random", False, False),
     "confidence": ("confidence", False, False),
+    "demand": ("demand", False, True),
     "confidence + promotion": ("confidence", True, False),
     "demand + promotion": ("demand", True, True),
 }
