@@ -20,7 +20,7 @@ from rm_qdrant.api.common import (
 )
 from rm_qdrant.core.metrics import area
 from rm_qdrant.core.ordering import check_order
-from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank, recorded_rerank
 from rm_qdrant.errors import ConfigError, TextError
 from rm_qdrant.evaluation.baseline import (
     NO_PLAIN,
@@ -286,7 +286,7 @@ def eval_rerank(pair: PairRecord, rerank: Rerank | int | str | None, deadline: f
     if isinstance(rerank, str):
         if rerank != PAIR_DEFAULT:
             raise ConfigError(f"rerank is K (an integer), a Rerank, or None, got {rerank!r}")
-        rerank = None if pair.rerank is None else Rerank.from_dict(pair.rerank)
+        rerank = recorded_rerank(pair.rerank, pair.name)
     plan = as_rerank(rerank)
     if deadline is None:
         return plan

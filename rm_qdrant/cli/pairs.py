@@ -155,18 +155,18 @@ def switch_encoder_command(
         text += "\n" + _decode_line(report)
     if calibration is not None:
         text += "\n" + _calibration_line(name, calibration)
-    recorded = updated.new_model
-    if recorded is not None and recorded != report.previous.new_model:
+    plain_ref = updated.new_model  # not "recorded": that is the re-rank's reader, below
+    if plain_ref is not None and plain_ref != report.previous.new_model:
         how = "as given" if new_model else f"the graph pair {name!r} served until now"
         text += (
-            f"\nplain new model recorded: {plain(recorded.name)} ({recorded.fingerprint}), {how}; "
+            f"\nplain new model recorded: {plain(plain_ref.name)} ({plain_ref.fingerprint}), {how}; "
             "rmq eval and rmq probe measure New with it"
         )
     data = report.as_dict()
     if tuned or no_rerank:
         store = open_cli_store(ctx)
         given = (rerank_k, rerank_deadline, rerank_budget, promote)
-        plan = None if no_rerank else chosen_rerank(recorded(updated.rerank), *given)
+        plan = None if no_rerank else chosen_rerank(recorded(updated, rerank_k), *given)
         data["rerank"] = lifecycle.set_rerank(store, name, plan).rerank
         text += "\n" + described(plan)
     emit(data, as_json, text)
@@ -175,7 +175,7 @@ def switch_encoder_command(
 def _switch_rerank(ctx: click.Context, name: str, off: bool, given: tuple[Any, ...], as_json: bool) -> None:
     """``switch-encoder`` with re-rank options alone: record them."""
     store = open_cli_store(ctx)
-    plan = None if off else chosen_rerank(recorded(load_pair(store, name).rerank), *given)
+    plan = None if off else chosen_rerank(recorded(load_pair(store, name), given[0]), *given)
     updated = lifecycle.set_rerank(store, name, plan)
     emit({"pair": name, "rerank": updated.rerank}, as_json, f"pair {name!r}: {described(plan)}")
 

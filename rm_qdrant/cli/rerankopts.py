@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +11,9 @@ import click
 
 from rm_qdrant.cli.common import FiniteFloat
 from rm_qdrant.core.merge import Hit
-from rm_qdrant.core.rerank import DEFAULT_DEADLINE, MAX_RERANK, Rerank
+from rm_qdrant.core.rerank import DEFAULT_DEADLINE, MAX_RERANK, Rerank, recorded_rerank
+from rm_qdrant.errors import ConfigError
+from rm_qdrant.pair.record import PairRecord
 
 _OPTIONS = (
     click.option(
@@ -72,9 +74,19 @@ def chosen_rerank(
     return replace(base, **tuned)
 
 
-def recorded(raw: Mapping[str, Any] | None) -> Rerank | None:
-    """A pair record's re-rank."""
-    return None if raw is None else Rerank.from_dict(raw)
+def recorded(pair: PairRecord, k: int | None) -> Rerank | None:
+    """Pair ``pair``'s recorded re-rank, the base the options tune; where ``--rerank K`` is
+    given (``k``), one this version cannot read is left out (K replaces it: the way to repair it).
+
+    Raises:
+        ConfigError: the recorded re-rank cannot be read, and no K replaces it.
+    """
+    try:
+        return recorded_rerank(pair.rerank, pair.name)
+    except ConfigError:
+        if k is None:
+            raise
+        return None
 
 
 def described(rerank: Rerank | None) -> str:

@@ -201,7 +201,7 @@ def search(
                 f"--text is for text pairs; pair {name!r} serves images: give an image path"
             )
         where = parse_filter(filters)
-        base = None if no_rerank else recorded(dual.pair.rerank)
+        base = None if no_rerank else recorded(dual.pair, rerank_k)
         plan = chosen_rerank(base, rerank_k, rerank_deadline, rerank_budget, promote)
         hits = dual.search(
             given, limit=limit, filter=where, score_threshold=score_threshold, offset=offset, rerank=plan
@@ -213,7 +213,11 @@ def search(
         lines.append(done)
     if dual.promotions is not None:
         counts = dual.promotions
-        lines.append(f"promoted {counts.promoted} points to new ({counts.skipped} left to the migration)")
+        line = f"promoted {counts.promoted} points to new ({counts.skipped} left to the migration"
+        if counts.dropped:  # a failed write is logged; one search never fills the queue
+            why = "the pair is paused or not backfilling, or the write failed"
+            line += f"; {counts.dropped} not written: {why}"
+        lines.append(line + ")")
     emit(rows, as_json, "\n".join(lines))
 
 

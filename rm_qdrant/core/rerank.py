@@ -89,6 +89,8 @@ class Rerank:
         Raises:
             ConfigError: a recorded value out of range.
         """
+        if not isinstance(raw, Mapping) or "k" not in raw:
+            raise ConfigError(f"a recorded re-rank is an object with k, got {raw!r}")
         known = {k: raw[k] for k in ("k", "deadline", "budget", "promote") if k in raw}
         return cls(**known)
 
@@ -96,6 +98,24 @@ class Rerank:
     def reads(self) -> int:
         """Most items a query reads."""
         return self.k if self.budget is None else min(self.budget, self.k)
+
+
+def recorded_rerank(raw: Any, pair: str) -> Rerank | None:
+    """Pair ``pair``'s recorded re-rank (``raw``, its record's field; None: none recorded).
+
+    Raises:
+        ConfigError: one this version cannot read (another version wrote it, or a hand edit),
+            saying how to rewrite it; a search that gives ``rerank`` itself does not read it.
+    """
+    if raw is None:
+        return None
+    try:
+        return Rerank.from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"pair {pair!r} records a re-rank this version cannot read ({exc}): "
+            f"'rmq switch-encoder --name {pair} --rerank K' (or --no-rerank) rewrites it"
+        ) from None
 
 
 def as_rerank(value: Rerank | int | None, *, promote: bool | None = None) -> Rerank | None:

@@ -12,7 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant.core.merge import Hit, PointId, distance_line
 from rm_qdrant.core.planning import user_bodies
-from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank, recorded_rerank
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -290,8 +290,7 @@ class DualIndex(PairSearch, PairPoints):
 
     def _rerank_plan(self, rerank: Rerank | int | str | None, promote: bool | None) -> Rerank | None:
         if rerank == PAIR_DEFAULT and isinstance(rerank, str):
-            recorded = self.pair.rerank
-            rerank = None if recorded is None else Rerank.from_dict(recorded)
+            rerank = recorded_rerank(self.pair.rerank, self.pair.name)
             if rerank is None and promote:
                 raise ConfigError(
                     f"promote=True needs a re-rank: pair {self.pair.name!r} has none recorded (give rerank=K)"
@@ -427,7 +426,12 @@ class DualIndex(PairSearch, PairPoints):
     def refresh(self) -> None:
         """Re-read the pair record (a long-lived server calls this to see a cutover, a rollback, or a
         new decode mode: ``rmq switch-encoder --decode``)."""
+        before = self.pair
         self.pair = pair = load_pair(self.store, self.pair.name)
+        if (pair.decode, pair.source) != (before.decode, before.source):
+            # the re-rank's encoder decodes, its cache holds vectors and its reads follow the old
+            # settings: the next re-rank makes another (a search under way ends on this one)
+            self._reranker = None
         self._carried = None
         if self.encoder is not None:
             self.encoder = self.encoder.decoding_as(pair.decode)

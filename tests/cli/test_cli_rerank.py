@@ -113,3 +113,37 @@ def test_searches_that_record_demand_send_their_old_hits_first(rmq, demo, image_
     rmq("migrate", "--name", "demo", "--order", "demand", "--limit", len(first))
     served = {h["id"]: h["source"] for h in search_json(rmq, queries[0], "--limit", 24)}
     assert {i for i, s in served.items() if s == "new"} == first
+
+
+def test_switch_encoder_with_a_graph_and_rerank_records_both(rmq, demo, models):
+    out = rmq("switch-encoder", "--name", "demo", "--encoder", models.rm, "--rerank", 4).output
+    assert "re-rank: first 4, deadline 0.5 s, fetch budget K" in out
+    hits = search_json(rmq, demo)
+    assert {h["rerank"] for h in hits[:4]} <= {"new", "embedded"} and hits[4]["rerank"] is None
+
+
+def test_an_unreadable_recorded_rerank_leaves_pairs_status_and_its_repair_working(rmq, demo, tmp_path):
+    """A pair record whose re-rank another version wrote ({"k": "x"}): a search relying on it is one
+    line naming the fix; --rerank K, --no-rerank, rmq pairs and rmq status work, and
+    switch-encoder --rerank K rewrites it."""
+    import dataclasses
+
+    from rm_qdrant.pair.record import load_pair, save_pair
+
+    with open_store(tmp_path / "q") as store:
+        save_pair(store, dataclasses.replace(load_pair(store, "demo"), rerank={"k": "x"}))
+    line = one_error_line(rmq("search", "--name", "demo", demo, ok=False))
+    assert "cannot read" in line and "rmq switch-encoder --name demo --rerank K" in line
+    assert {h["rerank"] for h in search_json(rmq, demo, "--no-rerank")} == {None}
+    assert {h["rerank"] for h in search_json(rmq, demo, "--rerank", 3)[:3]} == {"embedded"}
+    assert "demo" in rmq("pairs").output
+    rmq("status", "--name", "demo")
+    assert "re-rank: first 3" in rmq("switch-encoder", "--name", "demo", "--rerank", 3).output
+    assert {h["rerank"] for h in search_json(rmq, demo)[:3]} == {"embedded"}
+
+
+def test_promote_on_a_paused_pair_says_what_was_not_written(rmq, demo):
+    rmq("pause", "--name", "demo")
+    out = rmq("search", "--name", "demo", demo, "--limit", 3, "--rerank", 3, "--promote").output
+    assert "promoted 0 points to new (0 left to the migration; 3 not written: the pair is paused" in out
+    assert json.loads(rmq("status", "--name", "demo", "--json").output)["new_count"] == 0
