@@ -91,6 +91,7 @@ class DualIndex(PairSearch, PairPoints):
         self.source = source  # how a re-rank reads items (None: the pair's recorded settings)
         self._reranker: Reranker | None = None  # made at the first re-ranked search
         self._promoter: Promoter | None = None  # made at the first promoting search
+        self._closed = False
         #: Counts the points searches return from old, for ``rmq migrate --order demand``.
         self.demand = DemandLog(store, pair) if demand and pair.state == "backfilling" else None
         # One collection: both searches run as one query (two, in order, where that fails).
@@ -305,6 +306,8 @@ class DualIndex(PairSearch, PairPoints):
         return None if self._promoter is None else self._promoter.counts
 
     def _rescorer(self) -> Reranker:
+        if self._closed:
+            raise ConfigError("this DualIndex is closed: open another one to re-rank")
         if self._reranker is None:
             encoder = self._encoder()
             self._reranker = Reranker(
@@ -313,6 +316,8 @@ class DualIndex(PairSearch, PairPoints):
         return self._reranker
 
     def _promotions(self) -> Promoter:
+        if self._closed:
+            raise ConfigError("this DualIndex is closed: open another one to promote")
         if self._promoter is None:
             self._promoter = Promoter(self.store, self.pair.name, self._encoder())
         return self._promoter
@@ -430,7 +435,9 @@ class DualIndex(PairSearch, PairPoints):
         self.pair = pair = load_pair(self.store, self.pair.name)
         if (pair.decode, pair.source) != (before.decode, before.source):
             # the re-rank's encoder decodes, its cache holds vectors and its reads follow the old
-            # settings: the next re-rank makes another (a search under way ends on this one)
+            # settings: the next re-rank makes another (a search under way ends its reads late)
+            if self._reranker is not None:
+                self._reranker.close()
             self._reranker = None
         self._carried = None
         if self.encoder is not None:
@@ -454,6 +461,7 @@ class DualIndex(PairSearch, PairPoints):
     def close(self) -> None:
         """Stop the search threads and the re-rank's reads; wait for the promotions under way
         (the store stays open: it belongs to the caller)."""
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         if self._reranker is not None:

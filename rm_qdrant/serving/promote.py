@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 BATCH = 256
 #: Points waiting to be promoted at most; more are dropped (the migration embeds them later).
 QUEUE = 10_000
+#: Seconds the writer thread waits for more work before it ends (the next offer starts another).
+IDLE = 5.0
 
 Offer = tuple[PointId, dict[str, Any], np.ndarray]
 
@@ -111,12 +113,15 @@ class Promoter:
         self._idle = threading.Condition()
         self._pending = 0
         self._queued: set[PointId] = set()  # offered, not yet written or left alone
-        self._thread = threading.Thread(target=self._run, name="rmq-promote", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # runs while there is work (see _run)
 
     def offer(self, offers: Sequence[Offer]) -> None:
         """Queue points to promote (never blocks: a full queue drops them, counted); a point
-        queued or being written already is not queued again."""
+        queued or being written already is not queued again; after :meth:`close`, dropped."""
+        if self._closing.is_set():
+            with self._idle:
+                self.counts.dropped += len(offers)
+            return
         for item in offers:
             with self._idle:
                 if item[0] in self._queued:
@@ -130,6 +135,10 @@ class Promoter:
                     self._queued.discard(item[0])
                     self._pending -= 1
                     self.counts.dropped += 1
+        with self._idle:  # after the puts: a writer that found the queue empty has ended
+            if self._thread is None and not self._closing.is_set():
+                self._thread = threading.Thread(target=self._run, name="rmq-promote", daemon=True)
+                self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every point offered so far was written or left alone; False on timeout."""
@@ -137,11 +146,20 @@ class Promoter:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def _run(self) -> None:
-        while not (self._closing.is_set() and self._queue.empty()):
+        """Write batches until the queue stays empty for :data:`IDLE` seconds (or the promoter
+        closes with nothing left): an index that stops promoting keeps no thread."""
+        idle = 0.0
+        while True:
             try:
                 batch = [self._queue.get(timeout=0.1)]
             except queue.Empty:
+                idle += 0.1
+                with self._idle:
+                    if self._queue.empty() and (self._closing.is_set() or idle >= IDLE):
+                        self._thread = None
+                        return
                 continue
+            idle = 0.0
             while len(batch) < BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -170,6 +188,10 @@ class Promoter:
             self._idle.notify_all()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued (up to ``timeout`` seconds), then stop the thread."""
-        self._closing.set()
-        self._thread.join(timeout)
+        """Write what is queued (up to ``timeout`` seconds), then stop the thread; later offers
+        are dropped."""
+        with self._idle:
+            self._closing.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)

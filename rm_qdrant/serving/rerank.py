@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,8 +35,13 @@ from rm_qdrant.pair.record import PairRecord
 from rm_qdrant.sources import ImageSource, SourceConfig
 
 log = logging.getLogger(__name__)
-#: Threads reading one index's re-rank items (network fetches wait, local reads are short).
-READERS = 8
+#: Threads fetching one index's re-rank items over the network (they wait), and reading local
+#: files and payload texts (short; never queued behind a slow network source).
+NETWORK_READERS, LOCAL_READERS = 8, 2
+#: Longest a re-rank's network fetch may take, in all, with no retry: a slow source holds a
+#: reader thread this long at most, past any deadline worth giving a search (the pair's own
+#: timeout, if shorter, holds).
+FETCH_TIMEOUT = 2.0
 #: Memory the cache of new-model vectors may take by default.
 CACHE_BYTES = 64 * 1024 * 1024
 
@@ -116,8 +121,10 @@ class Reranker:
         self.output = encoder.info.gallery_output()
         self.cache = VectorCache(cache_bytes)
         self._stop = threading.Event()
-        self.source = ImageSource(source, stop=self._stop)
-        self._pool = ThreadPoolExecutor(READERS, "rmq-rerank")
+        capped = replace(source, timeout=min(source.timeout, FETCH_TIMEOUT), retries=0)
+        self.source = ImageSource(capped, stop=self._stop)
+        self._network = ThreadPoolExecutor(NETWORK_READERS, "rmq-rerank-net")
+        self._local = ThreadPoolExecutor(LOCAL_READERS, "rmq-rerank-local")
         self.reads = 0  # items read in all (for benchmarks and metrics)
 
     def rescore(
@@ -176,7 +183,10 @@ class Reranker:
         """Read and embed ``todo`` (closest first), waiting for the reads until ``deadline``."""
         if not todo:
             return
-        jobs: dict[Future[Any], _Candidate] = {self._pool.submit(self._item, c): c for c in todo}
+        jobs: dict[Future[Any], _Candidate] = {
+            (self._local if self.source.is_local(c.uri) else self._network).submit(self._item, c): c
+            for c in todo
+        }
         done, late = wait(jobs, timeout=max(0.0, deadline - time.monotonic()))
         for job in late:
             job.cancel()  # not begun: never read; begun: its result is dropped
@@ -230,5 +240,6 @@ class Reranker:
     def close(self) -> None:
         """Stop the reads: those not begun give up, the threads end."""
         self._stop.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._network, self._local):
+            pool.shutdown(wait=False, cancel_futures=True)
         self.source.close()

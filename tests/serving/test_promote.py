@@ -224,3 +224,23 @@ def test_writes_racing_a_promotion_win(store, graphs, image_folder, monkeypatch,
     assert len(hits) == n - 1
     check(hits, migrated=False)
     check(migrates_then_finalizes(store, query, n - 1), migrated=True)
+
+
+def test_the_promotion_thread_ends_when_idle_and_comes_back(store, graphs, image_folder, monkeypatch):
+    """An index that stops promoting keeps no thread; the next promoting search starts one."""
+
+    monkeypatch.setattr(promoting, "IDLE", 0.2)
+    items = make_pair(store, graphs, image_folder, "cosine", "paired", moved=0)
+    index = DualIndex.open(store, "p", exact=True)
+    index.search(items[0].uri, limit=4, rerank=4, promote=True)
+    promoter = index._promoter
+    assert promoter.wait(30)
+    first = promoter._thread
+    if first is not None:
+        first.join(10)
+    assert promoter._thread is None
+    index.search(items[9].uri, limit=4, rerank=4, promote=True)
+    assert promoter.wait(30) and promoter.counts.promoted >= 5
+    index.close()
+    promoter.offer([(items[1].point_id, {}, None)])  # after close: dropped, nothing waits for it
+    assert promoter.wait(1)
