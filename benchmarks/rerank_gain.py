@@ -46,9 +46,12 @@ TAGS = (
 KS = (10, 50, 100)
 CHUNK = 500
 OUT = ROOT / "benchmarks" / "results" / "rerank_gain.md"
+AT: int | None = None  # --at: mAP@AT instead of the whole ranking
 
 
-def served_map(q_new, q_old, g_new, g_old, labels, migrated, rerank: int | None) -> float:
+def served_map(
+    q_new, q_old, g_new, g_old, labels, migrated, rerank: int | None, at: int | None = None
+) -> float:
     """mAP of the merged (and, with ``rerank``, re-ranked) rankings of every query at one state:
     migrated items at the new distance, the rest at the old side's; all vectors of unit length."""
     n = len(labels)
@@ -60,12 +63,14 @@ def served_map(q_new, q_old, g_new, g_old, labels, migrated, rerank: int | None)
         dist[:, ~migrated] = 1.0 - q_old[rows] @ g_old[~migrated].T
         if rerank is not None:
             dist = reranked_rows(dist, by_new, rerank, rows)
-        aps.append(_scores(dist, labels, rows, None)[0])
+        aps.append(_scores(dist, labels, rows, at)[0])
     return float(np.concatenate(aps).mean())
 
 
 def curve(q_new, q_old, g_new, g_old, labels, order, rerank: int | None = None) -> list[float]:
-    return [served_map(q_new, q_old, g_new, g_old, labels, migrated_at(order, t), rerank) for t in FRACTIONS]
+    return [
+        served_map(q_new, q_old, g_new, g_old, labels, migrated_at(order, t), rerank, AT) for t in FRACTIONS
+    ]
 
 
 def embeddings(onnx: Path, images: list[str]) -> dict[str, np.ndarray]:
@@ -135,7 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tag", action="append", choices=TAGS, help="a pair of the fit table [default: all six]"
     )
+    parser.add_argument(
+        "--at", type=int, help="score mAP@AT (as rmq eval and the demo serve) instead of the whole ranking"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="the results file")
     args = parser.parse_args(argv)
+    global AT
+    AT = args.at
     command = "python benchmarks/rerank_gain.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
         "# Served Gain with the re-rank (K = 10, 50, 100), naive and label-free pairs",
@@ -143,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
         f"- Command: `{command.strip()}`",
         f"- Machine: {machine()}; date {datetime.date.today().isoformat()}",
         "- Scored as `benchmarks/fit_table.py` scores its rows (test images, each a query against the "
-        "others, the seeded random order, 11 points, mAP over the whole ranking). The re-rank works from "
+        "others, the seeded random order, 11 points, "
+        + ("mAP over the whole ranking" if AT is None else f"mAP@{AT}")
+        + "). The re-rank works from "
         "the embeddings: an old hit's new-model vector is the new graph's embedding of its image, every "
         "one taken as read in time; `rm_qdrant.core.rerank_rows.reranked_rows` orders each query's first "
         "K as `rm_qdrant.core.rerank.reranked` orders a served list (checked equal in "
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     text = "\n".join(lines)
     print(text)
-    OUT.write_text(text)
+    args.out.write_text(text)
 
 
 if __name__ == "__main__":
