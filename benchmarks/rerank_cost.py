@@ -10,7 +10,7 @@ train, never in the gallery) is searched for 10 hits without a re-rank and with 
 alternating which goes first so machine noise hits both alike. ``cold``: every query's
 old candidates are read from disk and embedded (the cache turned off); ``warm``: the same
 queries a second time with the cache on, the new-model vectors from it. ``--photos``: the
-gallery is the realistic photo gallery (benchmarks/photo_gallery.py: 1600x1067 to 4032x3024
+gallery is the realistic photo gallery (benchmarks/photo_gallery.py: 640x427 to 4240x2832
 JPEG, PNG, WebP), decoded to the graph's 224x224 input. Prints a Markdown table.
 """
 
@@ -112,7 +112,7 @@ def main() -> None:
     items, queries, size = gallery_items(args, Path(scratch.name))
     print(f"command: python {' '.join(sys.argv)}")
     print(f"machine: {machine()}; date: {date.today()}")
-    what = "photo gallery (1600x1067 to 4032x3024)" if args.photos else "CIFAR-10 test JPEGs (32x32)"
+    what = "photo gallery (640x427 to 4240x2832)" if args.photos else "CIFAR-10 test JPEGs (32x32)"
     print(
         f"gallery: {len(items):,} {what}, {args.moved:.0%} migrated; {len(queries)} queries, limit 10; "
         f"graph input {size}x{size}; embedded store; deadline {args.deadline} s\n"
