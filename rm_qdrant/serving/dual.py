@@ -12,7 +12,7 @@ from qdrant_client import models
 
 from rm_qdrant.core.merge import Hit, PointId, distance_line
 from rm_qdrant.core.planning import user_bodies
-from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank, as_rerank, recorded_rerank
+from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.models.encoder import OnnxEncoder
 from rm_qdrant.models.images import ImageLike, as_batch
@@ -22,8 +22,9 @@ from rm_qdrant.serving.demand import DemandLog
 from rm_qdrant.serving.observing import SearchObserver, Watch, observed
 from rm_qdrant.serving.pair_points import PairPoints, id_list
 from rm_qdrant.serving.pair_search import PairSearch
-from rm_qdrant.serving.promote import Promoter, PromotionCounts
+from rm_qdrant.serving.promote import Promoter
 from rm_qdrant.serving.rerank import Reranker
+from rm_qdrant.serving.reranking import PairRerank
 from rm_qdrant.serving.search_options import (
     PayloadSelection,
     SearchOptions,
@@ -31,7 +32,6 @@ from rm_qdrant.serving.search_options import (
 )
 from rm_qdrant.serving.status import PairStatus, pair_status
 from rm_qdrant.sources import SourceConfig
-from rm_qdrant.sources.settings import from_settings
 from rm_qdrant.store import Filter, Store
 from rm_qdrant.store.base import as_floats
 from rm_qdrant.store.bounds import check_hits, check_payloads
@@ -42,7 +42,7 @@ from rm_qdrant.store.vectors import OtherVector, VectorRows, check_others
 log = logging.getLogger(__name__)
 
 
-class DualIndex(PairSearch, PairPoints):
+class DualIndex(PairSearch, PairRerank, PairPoints):
     """The serving object: one search over the old and the new collection of a pair.
 
     Open it with :meth:`open`. Queries are encoded once per collection side: in
@@ -281,46 +281,11 @@ class DualIndex(PairSearch, PairPoints):
         want = limit + offset if plan is None else max(limit + offset, plan.k)
         merged = self._search(new_vectors, old_vectors, want, as_where(filter), opts)
         if plan is not None and self.pair.serves_old and self.pair.serves_new and merged:
-            queries = self._check(new_vectors, self._new_dim, "new")
-            promoting = self._promotions().offer if plan.promote else None
-            merged = self._rescorer().rescore(merged, queries, plan, promote=promoting)
+            merged = self._reranked(merged, self._check(new_vectors, self._new_dim, "new"), plan)
         rows = [opts.finish(hits, limit, self.pair.distance) for hits in merged]
         if self.demand is not None:
             self.demand.record(h.id for hits in rows for h in hits if h.source == "old")
         return with_vectors_of(self.store, self.pair, rows) if with_vectors else rows
-
-    def _rerank_plan(self, rerank: Rerank | int | str | None, promote: bool | None) -> Rerank | None:
-        if rerank == PAIR_DEFAULT and isinstance(rerank, str):
-            rerank = recorded_rerank(self.pair.rerank, self.pair.name)
-            if rerank is None and promote:
-                raise ConfigError(
-                    f"promote=True needs a re-rank: pair {self.pair.name!r} has none recorded (give rerank=K)"
-                )
-        elif isinstance(rerank, str):
-            raise ConfigError(f"rerank is K (an integer), a Rerank, or None, got {rerank!r}")
-        return as_rerank(rerank, promote=promote)
-
-    @property
-    def promotions(self) -> PromotionCounts | None:
-        """What this index's promotions did so far (None: no search promoted)."""
-        return None if self._promoter is None else self._promoter.counts
-
-    def _rescorer(self) -> Reranker:
-        if self._closed:
-            raise ConfigError("this DualIndex is closed: open another one to re-rank")
-        if self._reranker is None:
-            encoder = self._encoder()
-            self._reranker = Reranker(
-                self.pair, encoder, self.source or SourceConfig(**from_settings(self.pair.source or {}))
-            )
-        return self._reranker
-
-    def _promotions(self) -> Promoter:
-        if self._closed:
-            raise ConfigError("this DualIndex is closed: open another one to promote")
-        if self._promoter is None:
-            self._promoter = Promoter(self.store, self.pair.name, self._encoder())
-        return self._promoter
 
     # -- writes ----------------------------------------------------------------
 
