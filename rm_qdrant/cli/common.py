@@ -20,7 +20,6 @@ import click
 from rm_qdrant.api.common import Step
 from rm_qdrant.core.inputspec import DECODES
 from rm_qdrant.core.redact import redact
-from rm_qdrant.core.rerank import MAX_RERANK
 from rm_qdrant.errors import Refused, RmqError
 from rm_qdrant.sources.settings import (
     shown_header,
@@ -94,17 +93,6 @@ def decode_option(
         default=default,
         show_default=default is not None,
         help=help,
-    )
-
-
-def rerank_option(use: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--rerank K`` of ``rmq eval``, ``probe`` and ``fit``: the merged first K re-ranked by the
-    new model, for ``use``; the command gets it as ``rerank`` (None when not given)."""
-    return click.option(
-        "--rerank",
-        type=click.IntRange(1, MAX_RERANK),
-        metavar="K",
-        help=f"Re-rank each query's merged first K (1 to {MAX_RERANK:,}) with the new model: {use}.",
     )
 
 

@@ -13,7 +13,6 @@ import click
 
 from rm_qdrant.api.evaluating import FRACTIONS, evaluate, summary
 from rm_qdrant.cli.common import (
-    FiniteFloat,
     Steps,
     emit,
     json_option,
@@ -21,8 +20,8 @@ from rm_qdrant.cli.common import (
     new_model_option,
     open_cli_store,
     quiet,
-    rerank_option,
 )
+from rm_qdrant.cli.rerankopts import deadline_option, no_rerank_alone, rerank_option
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.ordering import ORDERS
 from rm_qdrant.core.rerank import PAIR_DEFAULT, Rerank
@@ -71,10 +70,9 @@ def _rerank_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def run(*args: Any, rerank: int | None, no_rerank: bool, **kwargs: Any) -> Any:
-        if no_rerank and (rerank is not None or kwargs["rerank_deadline"] is not None):
-            raise click.UsageError(
-                "--no-rerank serves without a re-rank: give it without --rerank or --rerank-deadline"
-            )
+        no_rerank_alone(
+            no_rerank, rerank is not None or kwargs["rerank_deadline"] is not None, "serves without a re-rank"
+        )
         chosen = None if no_rerank else PAIR_DEFAULT if rerank is None else rerank
         return command(*args, rerank=chosen, **kwargs)
 
@@ -86,11 +84,8 @@ def _rerank_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--no-rerank", is_flag=True, help="Serve the curve without a re-rank, whatever the pair records."
         ),
-        click.option(
-            "--rerank-deadline",
-            type=FiniteFloat(min=0, min_open=True),
-            metavar="SECONDS",
-            help="Seconds each query waits for its re-rank's images [default: the re-rank's own, 0.5].",
+        deadline_option(
+            "Seconds each query waits for its re-rank's images [default: the re-rank's own, 0.5]."
         ),
     ]
     for option in reversed(options):

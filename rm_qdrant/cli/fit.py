@@ -23,9 +23,9 @@ from rm_qdrant.cli.common import (
     name_option,
     open_cli_store,
     quiet,
-    rerank_option,
 )
 from rm_qdrant.cli.probe import curve_table
+from rm_qdrant.cli.rerankopts import rerank_option
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.cli.threads import show_progress, threads_option
 from rm_qdrant.errors import Refused

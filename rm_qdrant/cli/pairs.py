@@ -17,7 +17,7 @@ from rm_qdrant.cli.common import (
     open_cli_store,
     plain,
 )
-from rm_qdrant.cli.rerankopts import chosen_rerank, described, recorded, rerank_options
+from rm_qdrant.cli.rerankopts import chosen_rerank, described, no_rerank_alone, recorded, rerank_options
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.errors import ConfigError, Refused
 from rm_qdrant.operations.drop import drop_pair
@@ -116,8 +116,7 @@ def switch_encoder_command(
     --encoder / --decode.
     """
     tuned = (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None)
-    if no_rerank and tuned:
-        raise click.UsageError("--no-rerank records no re-rank: give it without the other re-rank options")
+    no_rerank_alone(no_rerank, tuned, "records no re-rank")
     if encoder is None and decode is None:  # before the store is opened
         if not (tuned or no_rerank):
             raise ConfigError(

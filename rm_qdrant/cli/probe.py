@@ -18,8 +18,8 @@ from rm_qdrant.cli.common import (
     new_model_option,
     open_cli_store,
     quiet,
-    rerank_option,
 )
+from rm_qdrant.cli.rerankopts import rerank_option
 from rm_qdrant.cli.sourceopts import source_options
 from rm_qdrant.core.advice import crowding_fix, crowding_text
 from rm_qdrant.core.forecast import Crowding, ModeForecast

@@ -1,5 +1,5 @@
-"""The re-rank options of ``rmq search``, ``rmq init`` and ``rmq switch-encoder`` (see
-:mod:`rm_qdrant.core.rerank`)."""
+"""The re-rank options of ``rmq search``, ``init``, ``switch-encoder``, ``eval``, ``probe`` and
+``fit`` (see :mod:`rm_qdrant.core.rerank`): one definition of each."""
 
 from __future__ import annotations
 
@@ -15,21 +15,43 @@ from rm_qdrant.core.rerank import DEFAULT_DEADLINE, MAX_RERANK, Rerank, recorded
 from rm_qdrant.errors import ConfigError
 from rm_qdrant.pair.record import PairRecord
 
-_OPTIONS = (
-    click.option(
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def rerank_option(use: str, *, dest: str = "rerank") -> Decorator:
+    """``--rerank K``: the merged first K re-ranked by the new model, for ``use``; the command
+    gets it as ``dest`` (None when not given)."""
+    return click.option(
         "--rerank",
-        "rerank_k",
-        type=click.IntRange(min=1, max=MAX_RERANK),
+        dest,
+        type=click.IntRange(1, MAX_RERANK),
         metavar="K",
-        help="Re-rank the merged first K with the new model: the old hits among them are embedded "
-        "from their source (the pair's source rules) and the K ordered by the new model's distances.",
+        help=f"Re-rank each query's merged first K (1 to {MAX_RERANK:,}) with the new model: {use}.",
+    )
+
+
+def deadline_option(help: str) -> Decorator:
+    """``--rerank-deadline SECONDS`` (finite, > 0)."""
+    return click.option(
+        "--rerank-deadline", type=FiniteFloat(min=0, min_open=True), metavar="SECONDS", help=help
+    )
+
+
+def no_rerank_alone(no_rerank: bool, others: bool, meaning: str) -> None:
+    """Refuse ``--no-rerank`` given with other re-rank options (``meaning``: what it does)."""
+    if no_rerank and others:
+        raise click.UsageError(f"--no-rerank {meaning}: give it without the other re-rank options")
+
+
+_OPTIONS = (
+    rerank_option(
+        "the old hits among them are embedded from their source (the pair's source rules) and the K "
+        "ordered by the new model's distances",
+        dest="rerank_k",
     ),
-    click.option(
-        "--rerank-deadline",
-        type=FiniteFloat(min=0, min_open=True),
-        metavar="SECONDS",
-        help=f"Seconds a query waits for the old hits' images [default: {DEFAULT_DEADLINE}]; "
-        "one not read by then keeps its merged distance (flagged late).",
+    deadline_option(
+        f"Seconds a query waits for the old hits' images [default: {DEFAULT_DEADLINE}]; "
+        "one not read by then keeps its merged distance (flagged late)."
     ),
     click.option(
         "--rerank-budget",

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from rm_qdrant.cli.common import FiniteFloat, emit, json_option, name_option, open_cli_store, plain
-from rm_qdrant.cli.rerankopts import chosen_rerank, recorded, rerank_options, tally
+from rm_qdrant.cli.rerankopts import chosen_rerank, no_rerank_alone, recorded, rerank_options, tally
 from rm_qdrant.core.inputspec import clip
 from rm_qdrant.core.merge import Hit
 from rm_qdrant.core.paths import integer_text, payload_value
@@ -184,8 +184,8 @@ def search(
     embedded to new before the command ends.
     """
     given = _query(query, text)
-    if no_rerank and (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None):
-        raise click.UsageError("--no-rerank turns the re-rank off: give it without the other re-rank options")
+    tuned = (rerank_k, rerank_deadline, rerank_budget, promote) != (None, None, None, None)
+    no_rerank_alone(no_rerank, tuned, "turns the re-rank off")
     opened = DualIndex.open(
         open_cli_store(ctx),
         name,
