@@ -78,6 +78,7 @@ class DualIndex(PairSearch, PairRerank, PairPoints):
         if pair.mode == "naive" and pair.serves_new and encoder is not None and old_encoder is None:
             raise ConfigError(f"pair {pair.name!r} is in naive mode and needs its old encoder")
         self.store = store
+        self._reranker: Reranker | None = None  # made at the first re-ranked search
         self.pair = pair  # and self.layout
         # The pair's decode mode: an encoder given that decodes otherwise is left as it is (a copy,
         # sharing its session, decodes the pair's way)
@@ -89,7 +90,6 @@ class DualIndex(PairSearch, PairRerank, PairPoints):
         self._old_dim = self.layout.old_dim(store)
         self._carried: dict[str, OtherVector] | None = None  # the other vectors, read at the first write
         self.source = source  # how a re-rank reads items (None: the pair's recorded settings)
-        self._reranker: Reranker | None = None  # made at the first re-ranked search
         self._promoter: Promoter | None = None  # made at the first promoting search
         self._closed = False
         #: Counts the points searches return from old, for ``rmq migrate --order demand``.
@@ -111,7 +111,7 @@ class DualIndex(PairSearch, PairRerank, PairPoints):
     def pair(self, record: PairRecord) -> None:
         self._pair, self._to_distance = record, distance_line(record.distance)
         self.layout: Layout = layout_of(record)  # what the index asks, always of this record
-        if getattr(self, "_reranker", None) is not None:
+        if self._reranker is not None:
             self._reranker.pair = record
 
     @classmethod

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -95,11 +95,8 @@ class _Rows:
     pixels: np.ndarray
     truncated: tuple[int, ...] = ()
     failed: tuple[tuple[int, str], ...] = ()
-    seconds: dict[str, float] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
     retries: int = 0
-
-    def __post_init__(self) -> None:
-        self.seconds = self.seconds or {}
 
 
 class Promoter:

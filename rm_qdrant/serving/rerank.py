@@ -158,7 +158,7 @@ class Reranker:
                 got.result = Rescored("over budget")
         rescored = []
         for hits, query in zip(rows, queries, strict=True):
-            found = {h.id: self._scored(wanted[h.id], query) for h in hits[: options.k] if h.id in wanted}
+            found = self._scored([wanted[h.id] for h in hits[: options.k] if h.id in wanted], query)
             rescored.append(reranked(hits, options.k, found, self.pair.distance))
         if promote is not None:  # cached ones too: one kept from a search while promotion was paused
             ready = [(c.id, c.payload, c.vector) for c in wanted.values() if c.vector is not None]
@@ -230,12 +230,17 @@ class Reranker:
             if got.key is not None:
                 self.cache.put(got.key, row)
 
-    def _scored(self, got: _Candidate, query: np.ndarray) -> Rescored:
-        result = got.result or Rescored("late")
-        if got.vector is None:
-            return result
-        distance = float(new_distances(query, got.vector.reshape(1, -1), self.pair.distance)[0])
-        return Rescored(result.state, distance)
+    def _scored(self, candidates: list[_Candidate], query: np.ndarray) -> dict[PointId, Rescored]:
+        """What each of one query's candidates got: the new model's distance to ``query`` where it
+        has a vector (all of them in one pass), else its state alone."""
+        found = {got.id: got.result or Rescored("late") for got in candidates}
+        with_vector = [got for got in candidates if got.vector is not None]
+        if with_vector:
+            rows = np.stack([got.vector for got in with_vector])
+            distances = new_distances(query, rows, self.pair.distance).tolist()
+            for got, distance in zip(with_vector, distances, strict=True):
+                found[got.id] = Rescored(found[got.id].state, distance)
+        return found
 
     def close(self) -> None:
         """Stop the reads: those not begun give up, the threads end."""
